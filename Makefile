@@ -1,0 +1,29 @@
+# The two commands of the README: `make report` runs the workbook, `make test` runs the tests.
+# Both create .venv and install the pinned dependencies first (scripts/setup.sh).
+PYTHON ?= python3
+VENV ?= .venv
+PROFILE ?= default
+ARGS ?=
+USE_SYSTEM_TORCH ?= auto
+PY := $(VENV)/bin/python
+export PYTHON VENV USE_SYSTEM_TORCH
+
+.PHONY: setup report test lab clean-reports check-notebooks
+
+setup:
+	@bash scripts/setup.sh
+
+## Run every notebook with the `default` profile into reports/<run-id>/ (index.html inside).
+report: setup
+	$(PY) -m helpers.run --profile $(PROFILE) $(ARGS)
+
+## Unit tests, then every notebook executed with the `quick` profile.
+test: setup
+	$(PY) -m pytest $(ARGS)
+
+## JupyterLab on the notebooks with the project's kernel (workshops, ModelArts).
+lab: setup
+	$(PY) -m jupyter lab --notebook-dir=notebooks $(ARGS)
+
+clean-reports:
+	rm -rf reports

@@ -1,0 +1,234 @@
+"""The one timing protocol every chapter uses (taught in ``00_environment_check.ipynb``).
+
+Protocol: warm-up calls are run first and never timed (a first call that compiles is reported
+separately as ``first_call_s``); the device is synchronised before and after each timed sample;
+sampling continues until both ``min_iters`` samples and ``min_seconds`` of samples exist; results
+are median / p10 / p90 / stdev% with a noise flag. Speedups are ratios of medians of two timings
+taken in the same run.
+
+``torch.utils.benchmark.Timer`` would be the library choice, but it only synchronises CUDA; on an
+NPU its numbers would measure kernel *launch* time. Hence this small, device-aware loop.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .backend import as_device, dtype_name, synchronize
+
+NOISY_STDEV_PCT = 10.0
+
+
+@dataclass
+class Timing:
+    """Per-call latency statistics in seconds; ``samples`` are per-call times."""
+
+    name: str
+    samples: list[float]
+    inner_calls: int = 1
+    first_call_s: Optional[float] = None
+    device: str = "cpu"
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.samples)
+        if len(ordered) == 1:
+            return ordered[0]
+        pos = (len(ordered) - 1) * q / 100.0
+        lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    @property
+    def p10(self) -> float:
+        return self.percentile(10)
+
+    @property
+    def p90(self) -> float:
+        return self.percentile(90)
+
+    @property
+    def stdev_pct(self) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        return 100.0 * statistics.stdev(self.samples) / statistics.mean(self.samples)
+
+    @property
+    def noisy(self) -> bool:
+        return self.stdev_pct > NOISY_STDEV_PCT
+
+    @property
+    def median_ms(self) -> float:
+        return self.median * 1e3
+
+    def summary(self) -> dict:
+        """Flat dict for tables and results.json (times in milliseconds)."""
+        return {
+            "name": self.name,
+            "median_ms": self.median * 1e3,
+            "p10_ms": self.p10 * 1e3,
+            "p90_ms": self.p90 * 1e3,
+            "stdev_pct": self.stdev_pct,
+            "noisy": self.noisy,
+            "iterations": len(self.samples),
+            "inner_calls": self.inner_calls,
+            "first_call_s": self.first_call_s,
+            "device": self.device,
+            **self.meta,
+        }
+
+    def __repr__(self) -> str:
+        flag = " NOISY" if self.noisy else ""
+        return (f"Timing({self.name}: median {self.median * 1e3:.3f} ms, p10 {self.p10 * 1e3:.3f}, "
+                f"p90 {self.p90 * 1e3:.3f}, stdev {self.stdev_pct:.1f}%, n={len(self.samples)}{flag})")
+
+
+def measure(
+    fn: Callable[[], object],
+    device="cpu",
+    *,
+    name: str = "",
+    warmup: int = 3,
+    min_iters: int = 10,
+    min_seconds: float = 0.5,
+    max_iters: int = 10_000,
+    min_sample_seconds: float = 1e-3,
+    **meta,
+) -> Timing:
+    """Time ``fn()`` with the workbook protocol and return per-call statistics.
+
+    Calls shorter than ``min_sample_seconds`` are batched ``inner_calls`` at a time inside one
+    synchronised sample, so that timer and sync overhead do not dominate microsecond kernels.
+    ``meta`` (dtype, shape, code_path, ...) is kept with the timing so figures carry their context.
+    """
+    if min_iters < 1:
+        raise ValueError(f"min_iters={min_iters} must be >= 1")
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup} must be >= 0")
+    device = as_device(device)
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    first = time.perf_counter() - t0
+    for _ in range(max(warmup - 1, 0)):
+        fn()
+    synchronize(device)
+
+    inner = 1
+    if first < min_sample_seconds:
+        # Estimate from a short probe (the first call may have included compilation).
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn()
+        synchronize(device)
+        per_call = max((time.perf_counter() - t0) / 10, 1e-9)
+        inner = max(1, min(10_000, int(min_sample_seconds / per_call)))
+
+    samples: list[float] = []
+    spent = 0.0
+    while len(samples) < max_iters and (len(samples) < min_iters or spent < min_seconds):
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        synchronize(device)
+        elapsed = time.perf_counter() - t0
+        spent += elapsed
+        samples.append(elapsed / inner)
+    meta = {k: (dtype_name(v) if isinstance(v, torch.dtype) else v) for k, v in meta.items()}
+    return Timing(name or getattr(fn, "__name__", "fn"), samples, inner, first, str(device), meta)
+
+
+@dataclass
+class Speedup:
+    """``baseline / candidate`` as a ratio of medians, with a p10/p90 spread."""
+
+    baseline: str
+    candidate: str
+    ratio: float
+    low: float
+    high: float
+
+    def __repr__(self) -> str:
+        return f"{self.candidate} vs {self.baseline}: {self.ratio:.2f}x (spread {self.low:.2f}-{self.high:.2f})"
+
+
+def speedup(baseline: Timing, candidate: Timing) -> Speedup:
+    """How many times faster ``candidate`` is than ``baseline`` (>1 means faster)."""
+    return Speedup(
+        baseline.name, candidate.name,
+        baseline.median / candidate.median,
+        baseline.p10 / candidate.p90,
+        baseline.p90 / candidate.p10,
+    )
+
+
+def table(timings: list[Timing], baseline: Optional[Timing] = None):
+    """A pandas DataFrame of timings (ms), with speedup over ``baseline`` when given."""
+    import pandas as pd
+
+    rows = []
+    for t in timings:
+        row = t.summary()
+        if baseline is not None:
+            s = speedup(baseline, t)
+            row.update(speedup=s.ratio, speedup_low=s.low, speedup_high=s.high)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def memory_bandwidth(device="cpu", size_mib: int = 256, dtype=torch.float32,
+                     min_iters: int = 10, min_seconds: float = 1.0) -> dict:
+    """Sustained read bandwidth (GB/s) of this device, from a full reduction over a large buffer.
+
+    A ``sum`` reads every byte once and writes almost nothing, so bytes/time is the read bandwidth
+    that bounds batch-1 decode (the roofline used from chapter 03 on). A copy is measured too
+    (read + write counted).
+    """
+    if size_mib < 1:
+        raise ValueError(f"size_mib={size_mib} must be >= 1")
+    device = as_device(device)
+    numel = size_mib * 1024 * 1024 // torch.tensor([], dtype=dtype).element_size()
+    src = torch.rand(numel, dtype=dtype, device=device)
+    dst = torch.empty_like(src)
+    nbytes = src.numel() * src.element_size()
+    read = measure(lambda: src.sum(), device, name="sum (read)", min_iters=min_iters,
+                   min_seconds=min_seconds)
+    copy = measure(lambda: dst.copy_(src), device, name="copy (read+write)", min_iters=min_iters,
+                   min_seconds=min_seconds)
+    del src, dst
+    return {
+        "read_gbps": nbytes / read.median / 1e9,
+        "read_gbps_p10": nbytes / read.p90 / 1e9,
+        "read_gbps_p90": nbytes / read.p10 / 1e9,
+        "copy_gbps": 2 * nbytes / copy.median / 1e9,
+        "buffer_mib": size_mib,
+        "dtype": dtype_name(dtype),
+        "device": str(device),
+        "read_timing": read.summary(),
+        "copy_timing": copy.summary(),
+        "code_path": "torch.sum over a contiguous buffer; copy_ into a second buffer",
+    }
+
+
+def reference_bandwidth(device, run_dir=None, size_mib: int = 128) -> tuple[float, str]:
+    """Read bandwidth (GB/s) for rooflines: chapter 00's figure from this run, else measured now.
+
+    The second value says where the number came from, so notebooks can print it beside the figure.
+    """
+    from .results import load_results, metric
+
+    if run_dir:
+        value = metric(load_results(run_dir, "00_environment_check"), "memory_bandwidth_gbps")
+        if value:
+            return float(value), "measured in chapter 00 of this run"
+    measured = memory_bandwidth(device, size_mib=size_mib, min_seconds=0.3)
+    return measured["read_gbps"], f"measured now ({size_mib} MiB torch.sum on {device})"

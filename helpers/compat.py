@@ -1,0 +1,174 @@
+"""Support floor, torch / torch_npu / CANN pairing, and feature detection with fallbacks.
+
+Taught in ``00_environment_check.ipynb``. Helpers call ``has_feature`` instead of assuming a
+recent torch, so they also run on the torch 2.1 of older Ascend images.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch
+
+MIN_TORCH = (2, 1, 0)
+TRANSFORMERS_RANGE = ((4, 56, 0), (6, 0, 0))  # the notebooks use dtype= and the v5 cache API
+
+# Known-good torch_npu / CANN pairs from Ascend/pytorch COMPATIBILITY.en.md (see
+# shared reference). torch_npu X.Y.Z[.postN] always pairs with torch X.Y.Z.
+KNOWN_GOOD = [
+    {"torch_npu": "2.1.0.post10", "torch": "2.1.0", "cann": "8.0.0"},
+    {"torch_npu": "2.1.0.post12", "torch": "2.1.0", "cann": "8.1.RC1"},
+    {"torch_npu": "2.1.0.post17", "torch": "2.1.0", "cann": "8.3.RC1"},
+    {"torch_npu": "2.3.1.post6", "torch": "2.3.1", "cann": "8.1.RC1"},
+    {"torch_npu": "2.4.0.post4", "torch": "2.4.0", "cann": "8.1.RC1"},
+    {"torch_npu": "2.5.1", "torch": "2.5.1", "cann": "8.1.RC1"},
+    {"torch_npu": "2.6.0.post5", "torch": "2.6.0", "cann": "8.5.0"},
+    {"torch_npu": "2.9.0.post2", "torch": "2.9.0", "cann": "9.0.0"},
+    {"torch_npu": "2.12.0", "torch": "2.12.0", "cann": "9.1.0"},
+]
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    """'2.1.0.post10' / '2.13.0+cpu' / '5.24.0.dev0' -> (major, minor, patch)."""
+    numbers = [int(n) for n in re.findall(r"\d+", str(version).split("+")[0])[:3]]
+    return tuple((numbers + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
+def check_support_floor(torch_version: Optional[str] = None) -> None:
+    """Raise ImportError with advice when torch is older than the floor."""
+    version = torch_version or torch.__version__
+    if version_tuple(version) < MIN_TORCH:
+        raise ImportError(
+            f"ascend-llama-workbook needs torch >= {'.'.join(map(str, MIN_TORCH))}, found {version}. "
+            "On Ascend, pick a CANN image with torch >= 2.1 and its paired torch_npu "
+            "(e.g. torch 2.1.0 + torch_npu 2.1.0.post10 + CANN 8.0)."
+        )
+
+
+def check_transformers(version: Optional[str] = None) -> Optional[str]:
+    """A warning text when transformers is outside the tested range, else None."""
+    if version is None:
+        try:
+            import transformers
+        except ImportError:
+            return "transformers is not installed; run make setup"
+        version = transformers.__version__
+    low, high = TRANSFORMERS_RANGE
+    if not (low <= version_tuple(version) < high):
+        return (f"transformers {version} is outside the tested range "
+                f"[{'.'.join(map(str, low))}, {'.'.join(map(str, high))}); "
+                "run make setup to install the pinned version")
+    return None
+
+
+def pairing_check(torch_version: str, torch_npu_version: Optional[str],
+                  cann: Optional[str] = None) -> dict:
+    """Does this torch_npu pair with this torch (and CANN)? Returns verdict + advice."""
+    if not torch_npu_version:
+        return {"ok": None, "verdict": "torch_npu not installed: nothing to pair", "advice": ""}
+    t, n = version_tuple(torch_version), version_tuple(torch_npu_version)
+    if t != n:
+        want = ".".join(map(str, n))
+        return {
+            "ok": False,
+            "verdict": f"torch {torch_version} does not pair with torch_npu {torch_npu_version}",
+            "advice": f"torch_npu {torch_npu_version} needs torch {want}: "
+                      f"pip install torch=={want} (CPU wheel), or a torch_npu "
+                      f"{'.'.join(map(str, t))}.x build matching torch {torch_version}",
+        }
+    row = next((r for r in KNOWN_GOOD if r["torch_npu"] == torch_npu_version), None)
+    if row is None:
+        return {"ok": True, "verdict": f"torch and torch_npu versions pair ({torch_version})",
+                "advice": "this torch_npu build is not in the known-good table; check "
+                          "Ascend/pytorch COMPATIBILITY for its CANN version"}
+    if cann and version_tuple(cann)[:2] != version_tuple(row["cann"])[:2]:
+        return {"ok": True, "verdict": f"torch/torch_npu pair; CANN {cann} differs from the "
+                                       f"documented {row['cann']}",
+                "advice": f"torch_npu {torch_npu_version} is documented with CANN {row['cann']}"}
+    return {"ok": True, "verdict": f"known-good: torch {row['torch']} + torch_npu "
+                                   f"{row['torch_npu']} + CANN {row['cann']}", "advice": ""}
+
+
+# --- features that newer torch versions added; helpers check before using them --------------
+_FEATURES = {
+    "F.rms_norm": lambda: hasattr(torch.nn.functional, "rms_norm"),
+    "nn.RMSNorm": lambda: hasattr(torch.nn, "RMSNorm"),
+    "torch.accelerator": lambda: hasattr(torch, "accelerator"),
+    "torch._weight_int8pack_mm": lambda: hasattr(torch, "_weight_int8pack_mm"),
+    "torch.compile": lambda: hasattr(torch, "compile"),
+}
+
+
+def has_feature(name: str) -> bool:
+    if name not in _FEATURES:
+        raise KeyError(f"unknown feature {name!r}; known: {', '.join(_FEATURES)}")
+    return bool(_FEATURES[name]())
+
+
+def feature_table() -> dict[str, bool]:
+    return {name: has_feature(name) for name in _FEATURES}
+
+
+# --- the guides' API names against the real torch_npu API -----------------------------------
+# "documented" is what Ascend/pytorch and op-plugin sources say (shared reference npu_api.md);
+# "here" is checked live with hasattr when torch_npu imports on this machine.
+API_CLAIMS = [
+    {"guide_name": "torch_npu.npu.rms_norm", "real_api": "torch_npu.npu_rms_norm",
+     "documented": "does not exist; npu_rms_norm(x, gamma, epsilon) -> (y, rstd)"},
+    {"guide_name": "torch_npu.npu.linear_activation", "real_api": "torch_npu.npu_swiglu",
+     "documented": "does not exist; npu_swiglu(x, dim=-1) = silu(a) * b on the two halves "
+                   "(also npu_ffn for a whole FFN)"},
+    {"guide_name": "torch_npu.npu.fused_add_norm", "real_api": "torch_npu.npu_add_rms_norm",
+     "documented": "does not exist; npu_add_rms_norm(x1, x2, gamma, epsilon) -> (y, rstd, x1 + x2)"},
+    {"guide_name": "torch_npu.npu.layer_norm", "real_api": "torch_npu.npu_layer_norm_eval",
+     "documented": "does not exist; aten layer_norm runs on NPU, npu_layer_norm_eval is the beta op"},
+    {"guide_name": "torch.npu.config.enable_auto_mixed_precision", "real_api": "torch.autocast('npu')",
+     "documented": "does not exist and assigning it is silently ignored; use torch.autocast"},
+    {"guide_name": "torch.npu.config.allow_internal_format", "real_api": "torch.npu.config.allow_internal_format",
+     "documented": "exists (set-only); default off on 910B/A2"},
+    {"guide_name": "torch.compile(model, backend='npu')", "real_api": "torchair.get_npu_backend()",
+     "documented": "exists: 'npu' is torchair's backend with the default config"},
+    {"guide_name": "mindspeed_llm.Pipeline", "real_api": "MindSpeed-LLM inference.py via "
+     "examples/mcore/llama2/generate_llama2_7b_ptd.sh", "documented": "does not exist; "
+     "mindspeed_llm exports only megatron_adaptor"},
+    {"guide_name": "BitsAndBytesConfig(load_in_8bit=True) on NPU",
+     "real_api": "torch_npu.npu_weight_quant_batchmatmul (W8A16)",
+     "documented": "no INT8 bitsandbytes backend on NPU; an 8-bit bnb model cannot be .to()-moved"},
+]
+
+_REAL_NPU_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_ffn",
+                 "npu_weight_quant_batchmatmul", "npu_quant_matmul", "npu_dynamic_quant",
+                 "npu_fusion_attention", "npu_incre_flash_attention", "npu_prompt_flash_attention",
+                 "npu_fused_infer_attention_score", "npu_layer_norm_eval")
+
+
+def _lookup(root, dotted: str) -> bool:
+    obj = root
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+def api_check(torch_npu_module=None) -> list[dict]:
+    """Each guide API name: documented verdict, and a live hasattr check when torch_npu is here."""
+    rows = []
+    for claim in API_CLAIMS:
+        row = dict(claim)
+        name = claim["guide_name"]
+        if torch_npu_module is None or not name.startswith(("torch_npu.", "torch.npu.")):
+            row["exists_here"] = None  # cannot be checked on this machine
+        else:
+            root, rest = (torch_npu_module, name[len("torch_npu."):]) if name.startswith(
+                "torch_npu.") else (torch, name[len("torch."):])
+            row["exists_here"] = _lookup(root, rest)
+        rows.append(row)
+    return rows
+
+
+def real_ops_check(torch_npu_module=None) -> list[dict]:
+    """The real fused ops, by their real names, with availability on this machine."""
+    return [{"op": f"torch_npu.{op}",
+             "available_here": None if torch_npu_module is None else hasattr(torch_npu_module, op)}
+            for op in _REAL_NPU_OPS]

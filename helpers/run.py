@@ -1,0 +1,312 @@
+"""Run the workbook headlessly: ``python -m helpers.run --profile quick``.
+
+Each notebook is executed with papermill into ``reports/<run-id>/``, with the profile's
+parameters (``profiles/<name>.yaml``) and ``-p name=value`` overrides injected. A failing or
+crashing notebook is recorded with its error and the run goes on; the exit code is non-zero when
+any notebook failed. ``run.json`` and ``index.html`` are rewritten after every notebook, so an
+interrupted run keeps what finished, and ``--resume`` skips chapters that already succeeded.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from .results import RESULTS_NAME, load_results, write_json_atomic
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+PROFILES = REPO / "profiles"
+RUNNER_PARAMETERS = ("run_dir", "profile")
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES.glob("*.yaml"))
+
+
+def load_profile(name: str) -> dict:
+    path = Path(name) if name.endswith((".yaml", ".yml")) else PROFILES / f"{name}.yaml"
+    if not path.exists():
+        raise SystemExit(f"--profile {name!r} not found; choose one of {', '.join(available_profiles())} "
+                         "or give a path to a .yaml file")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise SystemExit(f"profile {path} must be a YAML mapping")
+    data.setdefault("all", {})
+    data.setdefault("notebooks", {})
+    data["name"] = path.stem
+    return data
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """``-p batch_sizes=[1,2]`` -> {"batch_sizes": [1, 2]}; values are parsed as YAML literals."""
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"-p {pair!r}: use -p name=value")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return out
+
+
+def select_notebooks(folder: Path, only: Optional[list[str]]) -> list[Path]:
+    books = sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("_"))
+    if not only:
+        return books
+    chosen = [p for p in books if any(p.stem == o or p.stem.startswith(o) for o in only)]
+    unknown = [o for o in only if not any(p.stem == o or p.stem.startswith(o) for p in books)]
+    if unknown:
+        raise SystemExit(f"--only {' '.join(unknown)}: no such notebook; choose from "
+                         f"{', '.join(p.stem for p in books)}")
+    return chosen
+
+
+def notebook_parameters(path: Path, profile: dict, overrides: dict, run_dir: Path) -> dict:
+    """The profile's values for the parameters this notebook declares (others would only warn)."""
+    import papermill
+
+    declared = set(papermill.inspect_notebook(str(path)).keys())
+    merged = {**profile.get("all", {}), **(profile["notebooks"].get(path.stem) or {}), **overrides,
+              "run_dir": str(run_dir), "profile": profile["name"]}
+    unknown = set(overrides) - declared
+    params = {k: v for k, v in merged.items() if k in declared}
+    return {"parameters": params, "ignored_overrides": sorted(unknown)}
+
+
+def describe_failure(exc: BaseException, cell_timeout: Optional[int]) -> str:
+    name = type(exc).__name__
+    if name == "PapermillExecutionError":
+        return f"{exc.ename}: {exc.evalue}".strip()
+    if name == "DeadKernelError":
+        return ("kernel died (killed by the OS, usually out of memory, or crashed in native code); "
+                "try smaller shapes or batch sizes in the profile")
+    if name in ("CellTimeoutError", "TimeoutError") or "timed out" in str(exc).lower():
+        return f"a cell ran longer than --cell-timeout {cell_timeout} s: {exc}"
+    return f"{name}: {exc}"
+
+
+def execute(path: Path, output: Path, parameters: dict, cell_timeout: Optional[int], env: dict) -> None:
+    import papermill
+
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits the runner's environment
+    try:
+        papermill.execute_notebook(
+            str(path), str(output), parameters=parameters, kernel_name="python3",
+            cwd=str(path.parent), execution_timeout=cell_timeout, progress_bar=False,
+            log_output=False, request_save_on_cell_execute=True,
+        )
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def export_html(notebook: Path) -> Optional[Path]:
+    """An HTML copy of an executed notebook for browsers; None if nbconvert fails."""
+    try:
+        from nbconvert import HTMLExporter
+        import nbformat
+
+        body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
+        target = notebook.with_suffix(".html")
+        target.write_text(body, encoding="utf-8")
+        return target
+    except Exception:
+        return None
+
+
+def format_figure(key: str, entry: dict) -> str:
+    value = entry.get("value")
+    if isinstance(value, float):
+        value = f"{value:.4g}"
+    context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape") if entry.get(k))
+    unit = f" {entry['unit']}" if entry.get("unit") else ""
+    return f"{key} = {value}{unit}" + (f" ({context})" if context else "")
+
+
+def write_index(run_dir: Path, run: dict) -> Path:
+    rows = []
+    for entry in run["notebooks"]:
+        results = load_results(run_dir, entry["notebook"]) or {}
+        metrics = results.get("metrics", {})
+        figures = [format_figure(k, metrics[k]) for k in results.get("key_figures", []) if k in metrics]
+        links = []
+        for label, rel in (("notebook", entry.get("output")), ("html", entry.get("html")),
+                           ("results.json", f"{entry['notebook']}/{RESULTS_NAME}" if results else None)):
+            if rel:
+                links.append(f'<a href="{html.escape(rel)}">{label}</a>')
+        for art in results.get("artifacts", []):
+            links.append(f'<a href="{html.escape(art["path"])}">{html.escape(art["label"])}</a>')
+        detail = entry.get("error") or results.get("status_reason") or ""
+        rows.append(
+            f"<tr class='{entry['status']}'><td>{html.escape(entry['notebook'])}</td>"
+            f"<td>{entry['status']}</td><td>{entry.get('duration_s', 0):.1f} s</td>"
+            f"<td>{'<br>'.join(html.escape(f) for f in figures)}"
+            f"{'<br><em>' + html.escape(detail[:500]) + '</em>' if detail else ''}</td>"
+            f"<td>{' · '.join(links)}</td></tr>"
+        )
+    env = run.get("environment", {})
+    page = f"""<!doctype html><html><head><meta charset="utf-8">
+<title>ascend-llama-workbook run {html.escape(run['run_id'])}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}
+tr.ok td:nth-child(2){{color:#080}}tr.failed td:nth-child(2){{color:#b00;font-weight:bold}}
+tr.skipped td:nth-child(2){{color:#888}}</style></head><body>
+<h1>ascend-llama-workbook: run {html.escape(run['run_id'])}</h1>
+<p>Profile <b>{html.escape(run['profile'])}</b>, started {html.escape(run['started'])},
+status <b>{html.escape(run['status'])}</b>. Device: {html.escape(str(env.get('device', '?')))}
+({html.escape(str(env.get('device_name', '')))}); torch {html.escape(str(env.get('torch', '?')))},
+torch_npu {html.escape(str(env.get('torch_npu') or 'not installed'))}.</p>
+<table><tr><th>notebook</th><th>status</th><th>duration</th><th>key figures (measured in this run)</th>
+<th>files</th></tr>
+{''.join(rows)}
+</table></body></html>"""
+    target = run_dir / "index.html"
+    tmp = target.with_suffix(".html.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+def _environment_summary() -> dict:
+    try:
+        import torch
+
+        from .backend import device_properties, import_torch_npu, pick_device
+
+        device = pick_device("auto").device
+        return {"device": str(device), "device_name": device_properties(device).get("name"),
+                "torch": torch.__version__,
+                "torch_npu": getattr(import_torch_npu().module, "__version__", None)}
+    except Exception as exc:  # the index must render even if torch is broken
+        return {"device": f"unknown ({exc})"}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default="default", help=f"one of {', '.join(available_profiles())} "
+                        "or a path to a YAML file (default: default)")
+    parser.add_argument("--only", nargs="+", metavar="NB", help="notebook names or prefixes, e.g. 00 03")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a notebook parameter (YAML literal), e.g. -p device=cpu")
+    parser.add_argument("--run-id", help="folder name under --reports-dir (default: time + profile)")
+    parser.add_argument("--reports-dir", default=os.environ.get("WORKBOOK_REPORTS", str(REPO / "reports")))
+    parser.add_argument("--notebooks-dir", default=str(NOTEBOOKS))
+    parser.add_argument("--resume", action="store_true",
+                        help="with --run-id of an earlier run: skip notebooks that already succeeded")
+    parser.add_argument("--cell-timeout", type=int, default=None,
+                        help="seconds one cell may run (default: the profile's cell_timeout)")
+    parser.add_argument("--no-html", action="store_true", help="skip the HTML copies of notebooks")
+    parser.add_argument("--list", action="store_true", help="list notebooks and their parameters")
+    args = parser.parse_args(argv)
+
+    profile = load_profile(args.profile)
+    overrides = parse_overrides(args.param)
+    books = select_notebooks(Path(args.notebooks_dir), args.only)
+    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{profile['name']}"
+    run_dir = Path(args.reports_dir).resolve() / run_id
+    if args.list:
+        for book in books:
+            print(book.stem, notebook_parameters(book, profile, overrides, run_dir)["parameters"])
+        return 0
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        print(f"error: the reports folder {run_dir} is not writable ({exc.strerror or exc}); "
+              "pass --reports-dir (or set WORKBOOK_REPORTS) to a writable folder", file=sys.stderr)
+        return 2
+    cell_timeout = args.cell_timeout or profile.get("cell_timeout")
+
+    previous = {}
+    run_file = run_dir / "run.json"
+    if args.resume and run_file.exists():
+        previous = {e["notebook"]: e for e in json.loads(run_file.read_text())["notebooks"]}
+    run = {"run_id": run_id, "profile": profile["name"], "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "status": "running", "overrides": overrides, "environment": _environment_summary(),
+           "notebooks": []}
+    env = {"WORKBOOK_RUN_DIR": str(run_dir), "WORKBOOK_PROFILE": profile["name"],
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+    print(f"workbook run {run_id}: profile {profile['name']}, {len(books)} notebook(s) -> {run_dir}",
+          flush=True)
+    for i, book in enumerate(books, 1):
+        entry = {"notebook": book.stem, "status": "running"}
+        if args.resume and previous.get(book.stem, {}).get("status") in ("ok", "skipped"):
+            entry = {**previous[book.stem], "resumed": True}
+            run["notebooks"].append(entry)
+            print(f"[{i}/{len(books)}] {book.stem}: {entry['status']} in an earlier attempt, skipped",
+                  flush=True)
+            continue
+        run["notebooks"].append(entry)
+        output = run_dir / book.name
+        chosen = notebook_parameters(book, profile, overrides, run_dir)
+        entry.update(parameters=chosen["parameters"], output=book.name)
+        if chosen["ignored_overrides"]:
+            entry["ignored_overrides"] = chosen["ignored_overrides"]
+        print(f"[{i}/{len(books)}] {book.stem} ...", flush=True)
+        start = time.perf_counter()
+        try:
+            execute(book, output, chosen["parameters"], cell_timeout, env)
+            results = load_results(run_dir, book.stem) or {}
+            entry["status"] = "skipped" if results.get("status") == "skipped" else "ok"
+        except KeyboardInterrupt:
+            entry.update(status="failed", error="interrupted (Ctrl-C)")
+            run["status"] = "interrupted"
+            entry["duration_s"] = time.perf_counter() - start
+            write_json_atomic(run_file, run)
+            write_index(run_dir, run)
+            print("interrupted: finished chapters are kept; rerun with "
+                  f"--run-id {run_id} --resume to continue", file=sys.stderr)
+            return 130
+        except Exception as exc:  # noqa: BLE001  (every failure is recorded, the run goes on)
+            entry.update(status="failed", error=describe_failure(exc, cell_timeout))
+            if type(exc).__module__.split(".")[0] not in ("papermill", "nbclient"):
+                entry["traceback"] = traceback.format_exc(limit=5)
+        entry["duration_s"] = time.perf_counter() - start
+        if output.exists() and not args.no_html:
+            page = export_html(output)
+            if page is not None:
+                entry["html"] = page.name
+        print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
+              + (f": {entry['error']}" if entry.get("error") else ""), flush=True)
+        write_json_atomic(run_file, run)
+        write_index(run_dir, run)
+
+    failed = [e["notebook"] for e in run["notebooks"] if e["status"] == "failed"]
+    run["status"] = "failed" if failed else "ok"
+    run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    write_json_atomic(run_file, run)
+    index = write_index(run_dir, run)
+    latest = Path(args.reports_dir).resolve() / "latest"
+    try:
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(run_id)
+    except OSError:
+        pass
+    print(f"report: {index}")
+    if failed:
+        print(f"FAILED notebooks: {', '.join(failed)} (their executed copies show the error)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
