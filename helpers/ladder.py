@@ -165,32 +165,30 @@ def compare_with_guide(ours, label: str = "measured here"):
     import pandas as pd
 
     guide = guide_ladder()[["label", "speedup", "memory_ratio", "source"]]
-    ok = ours[ours["status"] == "ok"].copy()
-    if len(ok):
-        base_mem = ok["peak_memory_bytes"].iloc[0]
-        ok["memory_ratio"] = ok["peak_memory_bytes"] / base_mem if base_mem else None
-    else:
-        ok["memory_ratio"] = []
-    ok["source"] = label
-    ok["label"] = ok["rung"]
-    return pd.concat([guide, ok[["label", "speedup", "memory_ratio", "source"]]], ignore_index=True)
+    ours = ours.copy()
+    ok = ours["status"] == "ok"
+    base_mem = ours.loc[ok, "peak_memory_bytes"].iloc[0] if ok.any() else None
+    ours["memory_ratio"] = ours["peak_memory_bytes"] / base_mem if base_mem else None
+    ours["source"] = label
+    ours["label"] = [r if s == "ok" else f"{r} ({s})" for r, s in zip(ours["rung"], ours["status"])]
+    return pd.concat([guide, ours[["label", "speedup", "memory_ratio", "source"]]], ignore_index=True)
 
 
 def plot_comparison(ours, label: str = "measured here", figsize=(9, 4)):
     """One chart: speedup over each ladder's own baseline, the guide's bars beside ours."""
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     data = compare_with_guide(ours, label)
     fig, ax = plt.subplots(figsize=figsize)
-    colors = {src: c for src, c in zip(data["source"].unique(), ("#999999", "#1f77b4", "#ff7f0e"))}
-    ax.bar(range(len(data)), data["speedup"], color=[colors[s] for s in data["source"]])
+    colors = {src: c for src, c in zip(data["source"].unique(), ("#999999", "#1f77b4"))}
+    heights = data["speedup"].astype(float).fillna(0.0)  # failed / skipped rungs: no bar, label says why
+    ax.bar(range(len(data)), heights, color=[colors[s] for s in data["source"]])
     ax.set_xticks(range(len(data)), data["label"], rotation=30, ha="right", fontsize=8)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_ylabel("speedup over own baseline (x)")
     ax.set_title("Optimisation ladder: the guide's claim vs this run")
-    for src, color in colors.items():
-        ax.bar([], [], color=color, label=src)
-    ax.legend(fontsize=8)
+    ax.legend(handles=[Patch(color=c, label=s) for s, c in colors.items()], fontsize=8)
     fig.tight_layout()
     return fig
 
