@@ -139,29 +139,51 @@ def load_claims(path: "str | Path | None" = None):
 
 # --- evidence ---------------------------------------------------------------------------------
 
+# Column names other tables use for the same quantity (the first name is the one used here).
+SPEC_ALIASES = {
+    "hbm_bandwidth_gbps": ("hbm_bandwidth_gbps", "bandwidth_gbps", "memory_bandwidth_gbps"),
+    "fp16_tflops": ("fp16_tflops", "fp16_dense_tflops"),
+    "int8_tops": ("int8_tops", "int8_dense_tops"),
+    "memory_gb": ("memory_gb", "hbm_gb"),
+    "confidence": ("confidence", "status"),
+}
+NUMERIC_SPECS = ("hbm_bandwidth_gbps", "fp16_tflops", "int8_tops", "memory_gb")
+
+
+def _normalise_spec(raw: dict) -> Optional[dict]:
+    row = {str(k).strip(): (v.strip() if isinstance(v, str) else v) for k, v in raw.items() if k}
+    if not row.get("device"):
+        return None
+    if row.get("variant"):  # e.g. device "Ascend 910B", variant "910B4 (Atlas 800I A2 32GB)"
+        row["device"] = f"{row['device']} {row['variant']}"
+    for name, aliases in SPEC_ALIASES.items():
+        row[name] = next((row[a] for a in aliases if row.get(a) not in (None, "")), None)
+    for name in NUMERIC_SPECS:
+        try:
+            row[name] = float(row[name]) if row[name] is not None else None
+        except (TypeError, ValueError):
+            row[name] = None
+    return row
+
+
 def load_specs(path: "str | Path | None" = None) -> tuple[list[dict], str]:
-    """Device specs rows and where they came from; the fallback table when the CSV is missing/unusable."""
+    """Device specs rows and where they came from.
+
+    Rows of ``data/device_specs.csv`` come first (tagged ``table="csv"``); the fallback rows follow
+    (``table="fallback"``) and are used only for a device/figure the CSV lacks.
+    """
     path = Path(path) if path else SPECS_CSV
     rows: list[dict] = []
     try:
         with open(path, newline="", encoding="utf-8") as fh:
-            for raw in csv.DictReader(fh):
-                row = {k.strip(): (v.strip() if isinstance(v, str) else v) for k, v in raw.items() if k}
-                if not row.get("device"):
-                    continue
-                for col in ("hbm_bandwidth_gbps", "fp16_tflops", "int8_tops", "memory_gb"):
-                    try:
-                        row[col] = float(row[col]) if row.get(col) not in (None, "") else None
-                    except ValueError:
-                        row[col] = None
-                rows.append(row)
-    except OSError:
+            rows = [r for r in map(_normalise_spec, csv.DictReader(fh)) if r is not None]
+    except (OSError, csv.Error, UnicodeDecodeError):
         rows = []
+    fallback = [{**r, "table": "fallback"} for r in FALLBACK_SPECS]
     if rows:
-        known = {r["device"].lower() for r in rows}
-        extra = [dict(r) for r in FALLBACK_SPECS if r["device"].lower() not in known]
-        return rows + extra, f"{path.name} (with helpers.claims fallback rows for missing devices)"
-    return [dict(r) for r in FALLBACK_SPECS], "helpers.claims.FALLBACK_SPECS (data/device_specs.csv not found)"
+        return [{**r, "table": "csv"} for r in rows] + fallback, \
+            f"{path.name} (helpers.claims fallback rows only where it lacks a figure)"
+    return fallback, "helpers.claims.FALLBACK_SPECS (data/device_specs.csv not found or empty)"
 
 
 @dataclass
@@ -196,14 +218,15 @@ class Evidence:
         return status
 
     def spec(self, device: str, column: str) -> tuple[Optional[float], str]:
-        """The most generous value among specs rows whose device name contains ``device``."""
-        matches = [r for r in self.specs if device.lower() in str(r.get("device", "")).lower()
-                   and r.get(column) is not None]
-        if not matches:
-            return None, ""
-        best = max(matches, key=lambda r: r[column])
-        return float(best[column]), f"{best['device']}: {best[column]:g} ({best.get('source', '')}; " \
-                                    f"confidence {best.get('confidence', '?')})"
+        """The most generous value among rows whose device name contains ``device`` (CSV rows first)."""
+        for table in ("csv", "fallback"):
+            matches = [r for r in self.specs if r.get("table", "csv") == table and r.get(column) is not None
+                       and device.lower() in str(r.get("device", "")).lower()]
+            if matches:
+                best = max(matches, key=lambda r: r[column])
+                return float(best[column]), (f"{best['device']}: {best[column]:g} ({best.get('source', '')}; "
+                                             f"{best.get('confidence') or '?'}; from the {table} table)")
+        return None, ""
 
 
 def gather_evidence(run_dir: "str | Path", specs_path=None) -> Evidence:

@@ -95,7 +95,7 @@ def test_impossible_claim_names_its_bound(table, tmp_path):
 
 def test_bound_depends_on_the_specs_table(table, tmp_path):
     specs = tmp_path / "device_specs.csv"
-    pd.DataFrame([{"device": "Ascend 910B fictional", "hbm_bandwidth_gbps": 100000, "fp16_tflops": "n/a",
+    pd.DataFrame([{"device": "Ascend 910B1 fictional", "hbm_bandwidth_gbps": 100000, "fp16_tflops": "n/a",
                    "memory_gb": 64, "source": "test fixture", "confidence": "none", "extra": 1}]
                  ).to_csv(specs, index=False)
     row = table[table["claimed_value"] == "2500-3500"].iloc[0]
@@ -104,7 +104,25 @@ def test_bound_depends_on_the_specs_table(table, tmp_path):
     rows, source = claims.load_specs(specs)
     assert rows[0]["fp16_tflops"] is None and "device_specs.csv" in source
     rows, source = claims.load_specs(tmp_path / "missing.csv")
-    assert "fallback" in source.lower() or "FALLBACK" in source
+    assert "FALLBACK_SPECS" in source and all(r["table"] == "fallback" for r in rows)
+
+
+def test_specs_with_other_column_names(table, tmp_path):
+    specs = tmp_path / "device_specs.csv"
+    pd.DataFrame([
+        {"device": "Ascend 910B", "variant": "910B1 / 910B2", "memory_gb": 64, "bandwidth_gbps": 1500,
+         "fp16_dense_tflops": 300, "status": "unofficial", "source": "fixture"},
+        {"device": "Ascend 910B", "variant": "all 8 chips (8 x 910B)", "memory_gb": 512,
+         "bandwidth_gbps": 12000, "fp16_dense_tflops": "", "status": "derived", "source": "fixture"},
+    ]).to_csv(specs, index=False)
+    ev = claims.gather_evidence(tmp_path / "run", specs)
+    value, text = ev.spec("910B1", "hbm_bandwidth_gbps")
+    assert value == 1500 and "csv" in text  # not the 8-chip aggregate row
+    assert ev.spec("910B1", "fp16_tflops")[0] == 300
+    assert ev.spec("A100", "hbm_bandwidth_gbps")[1].endswith("from the fallback table)")
+    row = table[table["claimed_value"] == "2500-3500"].iloc[0]
+    v = _verdict(table, tmp_path / "run", row["id"], specs_path=specs)
+    assert v["verdict"] == "physically impossible" and "8 x 1500" in v["detail"]
 
 
 def test_npu_measurement_decides_a_bound_claim(table, tmp_path):
