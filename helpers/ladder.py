@@ -126,6 +126,70 @@ def total_speedup(table) -> Optional[float]:
     return float(ok["latency_ms"].iloc[0] / ok["latency_ms"].iloc[-1])
 
 
+# --- building blocks for chapter 06's rungs ------------------------------------------------------
+
+def model_weight_bytes(model) -> int:
+    """Bytes of every parameter and buffer (an INT8 model's int8 weights count one byte each)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return int(total + sum(b.numel() * b.element_size() for b in model.buffers()))
+
+
+def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, device, *,
+                       bandwidth_gbps: Optional[float] = None, repeats: int = 3) -> Callable[[Any], dict]:
+    """A ``measure`` for ``run_ladder`` built on ``helpers.generation.measure_generation``.
+
+    A variant is a model, or ``(model, prompts)`` for a rung that changes the batch. ``latency_ms`` is
+    one full ``generate`` of ``max_new_tokens``; ``tokens_per_s`` is the aggregate over the batch; the
+    roofline is ``batch x bandwidth / weight bytes`` of that variant (memory-bound decode, KV cache
+    ignored), so an INT8 rung gets its own, higher ceiling.
+    """
+    from .generation import measure_generation
+
+    def measure(variant) -> dict:
+        model, batch = variant if isinstance(variant, tuple) else (variant, prompts)
+        out = measure_generation(model, tokenizer, list(batch), max_new_tokens, device, repeats=repeats)
+        row = {"latency_ms": out["total_ms"], "tokens_per_s": out["tokens_per_s_aggregate"],
+               "peak_memory_bytes": out.get("peak_memory_bytes"), "batch_size": out.get("batch_size"),
+               "ttft_ms": out.get("ttft_ms"), "decode_ms_per_token": out.get("decode_ms_per_token"),
+               "dtype": out.get("dtype"), "code_path": out.get("code_path"),
+               "weight_bytes": model_weight_bytes(model)}
+        if bandwidth_gbps:
+            row["roofline_tok_s"] = (out.get("batch_size") or len(batch)) * bandwidth_gbps * 1e9 / row["weight_bytes"]
+        return row
+
+    return measure
+
+
+def apply_runtime_options(device, *, jit_compile: bool = False, allow_internal_format: bool = False) -> list[dict]:
+    """The guide's 3.1 "CANN optimisation" switches: the real ones applied, the invented one exposed.
+
+    Raises ``RungSkipped`` off an NPU (the options live in torch_npu). ``enable_auto_mixed_precision``
+    is assigned exactly as the guide does, then shown to have been silently dropped: the assignment
+    raises nothing and stores nothing, because torch_npu's config only knows allow_internal_format.
+    """
+    import torch
+
+    kind = getattr(getattr(device, "device", device), "type", None) or str(device).split(":")[0]
+    if kind != "npu":
+        raise RungSkipped(f"runtime options exist only in torch_npu; this run is on {kind}")
+    npu = torch.npu
+    rows = []
+    npu.set_compile_mode(jit_compile=jit_compile)
+    rows.append({"option": f"torch.npu.set_compile_mode(jit_compile={jit_compile})", "status": "applied",
+                 "note": "False uses the prebuilt binary kernels instead of compiling operators online"})
+    npu.config.allow_internal_format = allow_internal_format
+    rows.append({"option": f"torch.npu.config.allow_internal_format = {allow_internal_format}",
+                 "status": "applied", "note": "set-only; already off by default on 910B/A2"})
+    before = dict(vars(npu.config))
+    npu.config.enable_auto_mixed_precision = True  # the guide's line, kept to show what it does
+    stored = vars(npu.config) != before or "enable_auto_mixed_precision" in vars(npu.config)
+    rows.append({"option": "torch.npu.config.enable_auto_mixed_precision = True",
+                 "status": "stored (unexpected)" if stored else "silently ignored",
+                 "note": "no such option: the assignment raised nothing and changed nothing; mixed precision "
+                         "is torch.autocast('npu', dtype=torch.float16) or loading in float16"})
+    return rows
+
+
 # --- the guide's table (4.2 MindSpeed-LLM框架应用) ----------------------------------------------
 
 # The guide's claim, not a measurement: Llama-2-7B fp16 on one 910B, 100 new tokens implied by

@@ -113,3 +113,39 @@ def test_framework_detection_and_endpoint_validation(monkeypatch):
         ladder.check_endpoint("localhost:8000")
     with pytest.raises(ValueError, match="endpoint is empty"):
         ladder.openai_completion("", "m", "p", 4)
+
+
+def test_runtime_options_real_ones_applied_invented_one_ignored(fake_torch_npu):
+    import torch
+
+    rows = {r["option"].split(" =")[0].split("(")[0]: r for r in
+            ladder.apply_runtime_options("npu:0")}
+    assert "set_compile_mode(False)" in fake_torch_npu.CALLS
+    assert torch.npu.config._options["ALLOW_INTERNAL_FORMAT"] is False
+    assert rows["torch.npu.config.enable_auto_mixed_precision"]["status"] == "silently ignored"
+    with pytest.raises(ladder.RungSkipped, match="only in torch_npu"):
+        ladder.apply_runtime_options("cpu")
+
+
+def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model):
+    import sys
+    import types
+
+    calls = []
+
+    def measure_generation(model, tokenizer, prompts, max_new_tokens, device=None, *, repeats=3, chat=False):
+        calls.append((len(prompts), max_new_tokens, repeats))
+        return {"total_ms": 500.0, "tokens_per_s_aggregate": 8.0 * len(prompts), "peak_memory_bytes": 123,
+                "batch_size": len(prompts), "ttft_ms": 50.0, "decode_ms_per_token": 45.0,
+                "dtype": "float32", "code_path": "stub"}
+
+    monkeypatch.setitem(sys.modules, "helpers.generation",
+                        types.SimpleNamespace(measure_generation=measure_generation))
+    model, tokenizer = tiny_model
+    measure = ladder.generation_measure(tokenizer, ["a"], 4, "cpu", bandwidth_gbps=10.0, repeats=1)
+    one = measure(model)
+    four = measure((model, ["a"] * 4))
+    assert calls == [(1, 4, 1), (4, 4, 1)]
+    assert one["latency_ms"] == 500.0 and four["tokens_per_s"] == 32.0
+    assert one["weight_bytes"] == ladder.model_weight_bytes(model) > 0
+    assert four["roofline_tok_s"] == pytest.approx(4 * one["roofline_tok_s"])
