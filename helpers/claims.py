@@ -390,13 +390,16 @@ def weight_bytes(model: str = "llama2-7b", dtype: str = "float16") -> int:
     return MODEL_PARAMS[model] * BYTES_PER_PARAM[dtype]
 
 
-def _npu_measurement(ev: Evidence, dotted: Optional[str], want: str) -> Optional[dict]:
+def _npu_measurement(ev: Evidence, dotted: Optional[str], want: str, context: str = "") -> Optional[dict]:
+    """The metric when it was measured on the claim's kind of device (and, if asked, in its setting)."""
     if not dotted:
         return None
     entry = ev.entry(dotted)
-    if entry and str(entry.get("device", "")).startswith(want):
-        return entry
-    return None
+    if not entry or not str(entry.get("device", "")).startswith(want):
+        return None
+    if context and context not in str(entry.get("context", "")):
+        return None  # e.g. measured at the profile's shape, not the guide's
+    return entry
 
 
 def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -439,7 +442,7 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
                        f"claimed {shown}, but the floor is {how} (it would need {need:.3g} TB/s); {source}",
                        "bound", ratio=bound / claimed_s)
     want = "npu" if "910" in device else "cuda"
-    entry = _npu_measurement(ev, args.get("metric"), want)
+    entry = _npu_measurement(ev, args.get("metric"), want, args.get("context", ""))
     if entry is not None:
         measured = float(entry["value"])
         ok = low * 0.75 <= measured <= high * 1.25  # the guides give no tolerance; ±25 % of the range

@@ -181,3 +181,12 @@ def test_load_claims_rejects_unknown_rules(tmp_path, table):
     bad.to_csv(path, index=False)
     with pytest.raises(ValueError, match="rule='guess'"):
         claims.load_claims(path)
+
+
+def test_npu_figure_at_another_shape_does_not_decide(table, tmp_path):
+    row = table[table["args"].str.contains("rmsnorm_guide_shape_ms")].iloc[0]
+    res = Results("01_operator_verification", tmp_path)
+    res.record("rmsnorm_guide_shape_ms", 0.07, "ms", device="npu:0", context="the profile's shape, not the guide's")
+    assert _verdict(table, tmp_path, row["id"])["verdict"] == "needs an NPU to check"
+    res.record("rmsnorm_guide_shape_ms", 0.07, "ms", device="npu:0", context="the guide's shape")
+    assert _verdict(table, tmp_path, row["id"])["verdict"] == "reproduced"
