@@ -56,8 +56,10 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
 
     ``measure(variant)`` returns a dict with at least ``latency_ms`` (for the whole request) and
     ``tokens_per_s``; optional ``peak_memory_bytes``, ``roofline_tok_s`` (overrides the ladder's, e.g.
-    fewer weight bytes after INT8) and ``timing`` (a ``bench.Timing``: then the speedup and its spread
-    come from ``bench.speedup``). Extra keys are kept as columns. ``cleanup(variant)`` frees a variant
+    fewer weight bytes after INT8), ``batch_size`` and ``timing`` (a ``bench.Timing``: then the speedup
+    and its spread come from ``bench.speedup``). Speedup is over the first rung that succeeded: the
+    latency ratio at the same batch size, the throughput ratio when the batch differs (the guide's
+    "+ best batch size" rung). Extra keys are kept as columns. ``cleanup(variant)`` frees a variant
     before the next rung; ``on_rung(row)`` sees each row as it is done (to record or print it).
     Returns a pandas DataFrame with ``COLUMNS`` first.
     """
@@ -101,11 +103,14 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
             row["roofline_pct"] = 100.0 * row["tokens_per_s"] / ceiling if ceiling else None
             if baseline is None:
                 baseline = row
-            if isinstance(row.get("timing"), Timing) and isinstance(baseline.get("timing"), Timing):
+            same_batch = row.get("batch_size", 1) == baseline.get("batch_size", 1)
+            if same_batch and isinstance(row.get("timing"), Timing) and isinstance(baseline.get("timing"), Timing):
                 s = speedup(baseline["timing"], row["timing"])
                 row.update(speedup=s.ratio, speedup_low=s.low, speedup_high=s.high)
-            else:
+            elif same_batch:
                 row["speedup"] = baseline["latency_ms"] / row["latency_ms"]
+            else:  # a bigger batch serves more users per call: compare throughput, not latency
+                row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         rows.append(row)
         if on_rung is not None:
             on_rung(row)

@@ -149,3 +149,10 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
     assert one["latency_ms"] == 500.0 and four["tokens_per_s"] == 32.0
     assert one["weight_bytes"] == ladder.model_weight_bytes(model) > 0
     assert four["roofline_tok_s"] == pytest.approx(4 * one["roofline_tok_s"])
+
+
+def test_batch_rung_speedup_is_a_throughput_ratio():
+    metrics = {"b1": {"latency_ms": 100.0, "tokens_per_s": 10.0, "batch_size": 1},
+               "b4": {"latency_ms": 150.0, "tokens_per_s": 26.0, "batch_size": 4}}
+    table = ladder.run_ladder([("b1", "", lambda: "b1"), ("b4", "", lambda: "b4")], lambda v: metrics[v])
+    assert table.loc[1, "speedup"] == pytest.approx(2.6)
