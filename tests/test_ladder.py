@@ -156,3 +156,38 @@ def test_batch_rung_speedup_is_a_throughput_ratio():
                "b4": {"latency_ms": 150.0, "tokens_per_s": 26.0, "batch_size": 4}}
     table = ladder.run_ladder([("b1", "", lambda: "b1"), ("b4", "", lambda: "b4")], lambda v: metrics[v])
     assert table.loc[1, "speedup"] == pytest.approx(2.6)
+
+
+def test_openai_completion_against_a_local_server():
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen["path"] = self.path
+            seen["body"] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = json.dumps({"choices": [{"text": " Paris."}],
+                               "usage": {"prompt_tokens": 5, "completion_tokens": 3}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        out = ladder.openai_completion(f"http://127.0.0.1:{server.server_port}/v1", "llama", "Capital?", 3,
+                                       timeout=10)
+    finally:
+        server.shutdown()
+    assert out == {"text": " Paris.", "completion_tokens": 3, "prompt_tokens": 5}
+    assert seen["path"] == "/v1/completions"
+    assert seen["body"]["max_tokens"] == 3 and seen["body"]["temperature"] == 0
