@@ -47,7 +47,7 @@ def chapter_status(run_dir: "str | Path"):
         rows.append({"chapter": name, "status": status, "reason": reason[:300],
                      "figures": len((data or {}).get("metrics", {})),
                      "device": str((data or {}).get("environment", {}).get("device", "")),
-                     "duration_s": entry.get("duration_s")})
+                     "duration_s": round(entry["duration_s"], 1) if entry.get("duration_s") else None})
     return pd.DataFrame(rows)
 
 
