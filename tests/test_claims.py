@@ -1,0 +1,192 @@
+"""The claims table parses, every rule runs, and verdicts follow hand-made result folders."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from helpers import claims
+from helpers.results import Results
+
+
+@pytest.fixture(scope="module")
+def table():
+    return claims.load_claims()
+
+
+def _chapter(run_dir, chapter, metrics=None, tables=None, status="ok"):
+    res = Results(chapter, run_dir)
+    for key, (value, device) in (metrics or {}).items():
+        res.record(key, value, "", device=device, dtype="float32", shape="test fixture")
+    for name, rows in (tables or {}).items():
+        res.table(name, rows)
+    if status != "running":
+        res.finish(status, "" if status == "ok" else "skipped in this fixture")
+    return res
+
+
+def _verdict(table, run_dir, claim_id, specs_path=None):
+    out = claims.verdicts(run_dir, table[table["id"] == claim_id], specs_path=specs_path)
+    return out.iloc[0]
+
+
+def test_every_claim_parses_and_has_a_rule(table):
+    assert 40 <= len(table) <= 70
+    assert table["id"].is_unique
+    assert set(table["rule"]) <= set(claims.RULES)
+    assert set(table["kind"]) == set(claims.KINDS)
+    assert set(table["seed"]) == {"000_4306e0a898c10b2f.txt", "002_c082ff817235df57.txt"}
+    for row in table.to_dict(orient="records"):
+        args = claims.parse_args(row["args"])
+        if row["rule"] in ("ratio", "at_least", "threshold", "weight_memory", "consistency"):
+            claims.number(row["claimed_value"])
+        if row["rule"] == "bound":
+            low, high = claims.claimed_range(row["claimed_value"])
+            assert 0 < low <= high and row["unit"] in ("ms", "tok/s")
+        if "metric" in args:
+            chapter, _, key = args["metric"].partition(".")
+            assert chapter[:2].isdigit() and key, row["id"]
+
+
+def test_empty_run_gives_every_claim_a_verdict_without_rule_errors(table, tmp_path):
+    out = claims.verdicts(tmp_path, table)
+    assert set(out["verdict"]) <= set(claims.VERDICTS)
+    assert not out["detail"].str.contains("rule .* failed", regex=True).any()
+    counts = claims.verdict_counts(out)
+    assert sum(counts.values()) == len(table)
+    # Decided without any measurement: bounds, the guide's own numbers, documentation, computation.
+    assert counts["physically impossible"] >= 1
+    assert counts["internally inconsistent"] >= 2
+    assert counts["API does not exist"] >= 5
+    measured_rules = out[out["rule"].isin(["ratio", "at_least", "threshold"])]
+    assert (measured_rules["verdict"] == "not measured in this run").all()
+
+
+def _claim_for(table, metric):
+    rows = table[table["args"].str.contains(f"metric={metric}", regex=False) & (table["rule"] == "ratio")]
+    assert len(rows) == 1
+    return rows.iloc[0]["id"]
+
+
+def test_ratio_reproduced_and_contradicted(table, tmp_path):
+    cid = _claim_for(table, "04_batching.batch_throughput_ratio_4")  # the guide: 3.2x
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    _chapter(good, "04_batching", {"batch_throughput_ratio_4": (3.0, "cpu")})
+    _chapter(bad, "04_batching", {"batch_throughput_ratio_4": (1.3, "cpu")})
+    v = _verdict(table, good, cid)
+    assert v["verdict"] == "reproduced" and v["evidence"] == "measured"
+    assert v["ratio"] == pytest.approx(3.0 / 3.2)
+    assert "cpu" in v["measured_on"]
+    assert _verdict(table, bad, cid)["verdict"] == "contradicted"
+
+
+def test_absolute_tolerance_for_percentages(table, tmp_path):
+    cid = _claim_for(table, "04_batching.batch_memory_growth_pct_4")  # the guide: +15 %
+    _chapter(tmp_path, "04_batching", {"batch_memory_growth_pct_4": (2.0, "cpu")})
+    v = _verdict(table, tmp_path, cid)
+    assert v["verdict"] == "contradicted" and "tolerance 10" in v["detail"]
+
+
+def test_impossible_claim_names_its_bound(table, tmp_path):
+    row = table[table["claimed_value"] == "2500-3500"].iloc[0]
+    v = _verdict(table, tmp_path, row["id"])
+    assert v["verdict"] == "physically impossible"
+    assert "TB/s" in v["detail"] and "1600" in v["detail"]
+
+
+def test_bound_depends_on_the_specs_table(table, tmp_path):
+    specs = tmp_path / "device_specs.csv"
+    pd.DataFrame([{"device": "Ascend 910B1 fictional", "hbm_bandwidth_gbps": 100000, "fp16_tflops": "n/a",
+                   "memory_gb": 64, "source": "test fixture", "confidence": "none", "extra": 1}]
+                 ).to_csv(specs, index=False)
+    row = table[table["claimed_value"] == "2500-3500"].iloc[0]
+    v = _verdict(table, tmp_path / "run", row["id"], specs_path=specs)
+    assert v["verdict"] == "needs an NPU to check"
+    rows, source = claims.load_specs(specs)
+    assert rows[0]["fp16_tflops"] is None and "device_specs.csv" in source
+    rows, source = claims.load_specs(tmp_path / "missing.csv")
+    assert "FALLBACK_SPECS" in source and all(r["table"] == "fallback" for r in rows)
+
+
+def test_specs_with_other_column_names(table, tmp_path):
+    specs = tmp_path / "device_specs.csv"
+    pd.DataFrame([
+        {"device": "Ascend 910B", "variant": "910B1 / 910B2", "memory_gb": 64, "bandwidth_gbps": 1500,
+         "fp16_dense_tflops": 300, "status": "unofficial", "source": "fixture"},
+        {"device": "Ascend 910B", "variant": "all 8 chips (8 x 910B)", "memory_gb": 512,
+         "bandwidth_gbps": 12000, "fp16_dense_tflops": "", "status": "derived", "source": "fixture"},
+    ]).to_csv(specs, index=False)
+    ev = claims.gather_evidence(tmp_path / "run", specs)
+    value, text = ev.spec("910B1", "hbm_bandwidth_gbps")
+    assert value == 1500 and "csv" in text  # not the 8-chip aggregate row
+    assert ev.spec("910B1", "fp16_tflops")[0] == 300
+    assert ev.spec("A100", "hbm_bandwidth_gbps")[1].endswith("from the fallback table)")
+    row = table[table["claimed_value"] == "2500-3500"].iloc[0]
+    v = _verdict(table, tmp_path / "run", row["id"], specs_path=specs)
+    assert v["verdict"] == "physically impossible" and "8 x 1500" in v["detail"]
+
+
+def test_npu_measurement_decides_a_bound_claim(table, tmp_path):
+    row = table[(table["rule"] == "bound") & (table["claimed_value"] == "16.5")].iloc[0]
+    npu, cpu = tmp_path / "npu", tmp_path / "cpu"
+    _chapter(npu, "03_end_to_end", {"decode_tok_s_batch1": (16.1, "npu:0")})
+    _chapter(cpu, "03_end_to_end", {"decode_tok_s_batch1": (18.0, "cpu")})
+    assert _verdict(table, npu, row["id"])["verdict"] == "reproduced"
+    assert _verdict(table, cpu, row["id"])["verdict"] == "needs an NPU to check"
+
+
+def test_api_verdicts_use_chapter_00_table(table, tmp_path):
+    cid = table[table["args"] == "name=torch_npu.npu.rms_norm"].iloc[0]["id"]
+    v = _verdict(table, tmp_path, cid)
+    assert v["verdict"] == "API does not exist" and "npu_rms_norm" in v["detail"]
+    assert v["evidence"] == "documentation"
+    rows = [{"guide_name": "torch_npu.npu.rms_norm", "real_api": "torch_npu.npu_rms_norm",
+             "documented": "does not exist", "exists_here": True}]
+    _chapter(tmp_path, "00_environment_check", tables={"api_check": rows})
+    v = _verdict(table, tmp_path, cid)
+    assert v["verdict"] == "API exists" and v["evidence"] == "measured"
+
+
+def test_failed_or_skipped_chapters_are_named(table, tmp_path):
+    cid = _claim_for(table, "05_int8_quantization.int8_decode_speedup_batch1")
+    _chapter(tmp_path, "05_int8_quantization", status="running")
+    assert "did not finish" in _verdict(table, tmp_path, cid)["detail"]
+    _chapter(tmp_path, "05_int8_quantization", status="skipped")
+    v = _verdict(table, tmp_path, cid)
+    assert v["verdict"] == "not measured in this run" and "skipped in this fixture" in v["detail"]
+
+
+def test_guide_internal_inconsistencies(table, tmp_path):
+    out = claims.verdicts(tmp_path, table[table["rule"] == "consistency"])
+    by_value = dict(zip(out["claimed_value"], out["verdict"]))
+    assert by_value["16.2"] == "internally inconsistent"   # vs 16.5 and 16.6
+    assert by_value["38.5"] == "internally inconsistent"   # vs 29.3
+    assert by_value["6012"] == "internally consistent"     # 100 tokens at 16.6 tok/s
+
+
+def test_numbers_and_bad_rows():
+    assert claims.number("29.3/16.5") == pytest.approx(29.3 / 16.5)
+    assert claims.number(">1000") == 1000
+    assert claims.claimed_range("0.05-0.1") == (0.05, 0.1)
+    assert claims.claimed_range("6012/2100") == (6012 / 2100, 6012 / 2100)
+    with pytest.raises(ValueError):
+        claims.number("__import__('os')")
+    with pytest.raises(ValueError, match="not key=value"):
+        claims.parse_args("metric")
+
+
+def test_load_claims_rejects_unknown_rules(tmp_path, table):
+    bad = table.head(2).copy()
+    bad.loc[bad.index[0], "rule"] = "guess"
+    path = tmp_path / "claims.csv"
+    bad.to_csv(path, index=False)
+    with pytest.raises(ValueError, match="rule='guess'"):
+        claims.load_claims(path)
+
+
+def test_npu_figure_at_another_shape_does_not_decide(table, tmp_path):
+    row = table[table["args"].str.contains("rmsnorm_guide_shape_ms")].iloc[0]
+    res = Results("01_operator_verification", tmp_path)
+    res.record("rmsnorm_guide_shape_ms", 0.07, "ms", device="npu:0", context="the profile's shape, not the guide's")
+    assert _verdict(table, tmp_path, row["id"])["verdict"] == "needs an NPU to check"
+    res.record("rmsnorm_guide_shape_ms", 0.07, "ms", device="npu:0", context="the guide's shape")
+    assert _verdict(table, tmp_path, row["id"])["verdict"] == "reproduced"

@@ -1,0 +1,193 @@
+"""helpers.ladder with stub rungs: failures are recorded and the ladder goes on."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from helpers import bench, ladder
+
+
+def _measure(latency_ms):
+    return lambda variant: {"latency_ms": latency_ms[variant], "tokens_per_s": 100e3 / latency_ms[variant],
+                            "peak_memory_bytes": 1000}
+
+
+def test_failing_rung_is_recorded_and_the_ladder_continues():
+    def broken():
+        raise RuntimeError("fused op missing\nsecond line")
+
+    def skipped():
+        raise ladder.RungSkipped("runtime options exist only on an NPU")
+
+    rungs = [("eager", "baseline", lambda: "a"), ("broken", "raises", broken),
+             ladder.Rung("npu options", "skipped here", skipped), ("fast", "twice as fast", lambda: "b")]
+    seen = []
+    table = ladder.run_ladder(rungs, _measure({"a": 200.0, "b": 100.0}), roofline_tok_s=1000.0,
+                              on_rung=seen.append)
+    assert list(table["status"]) == ["ok", "failed", "skipped", "ok"]
+    assert table.loc[1, "error"] == "RuntimeError: fused op missing"
+    assert "runtime options" in table.loc[2, "error"]
+    assert table.loc[3, "speedup"] == pytest.approx(2.0)
+    assert table.loc[0, "speedup"] == pytest.approx(1.0)
+    assert table.loc[3, "roofline_pct"] == pytest.approx(100.0)
+    assert pd.isna(table.loc[1, "speedup"])
+    assert [r["rung"] for r in seen] == ["eager", "broken", "npu options", "fast"]
+    assert ladder.total_speedup(table) == pytest.approx(2.0)
+    assert list(table.columns[:len(ladder.COLUMNS)]) == list(ladder.COLUMNS)
+
+
+def test_measure_errors_and_missing_keys_fail_only_their_rung():
+    def measure(variant):
+        if variant == "bad":
+            return {"latency_ms": 5.0}
+        return {"latency_ms": 10.0, "tokens_per_s": 10.0, "roofline_tok_s": 20.0}
+
+    freed = []
+    table = ladder.run_ladder([("a", "", lambda: "ok"), ("b", "", lambda: "bad")], measure,
+                              cleanup=freed.append)
+    assert list(table["status"]) == ["ok", "failed"]
+    assert "tokens_per_s" in table.loc[1, "error"]
+    assert table.loc[0, "roofline_pct"] == pytest.approx(50.0)
+    assert freed == ["ok", "bad"]
+    assert ladder.total_speedup(table) is None
+
+
+def test_first_rung_failing_makes_the_next_ok_rung_the_baseline():
+    def boom():
+        raise ValueError("no model")
+
+    table = ladder.run_ladder([("a", "", boom), ("b", "", lambda: "b"), ("c", "", lambda: "c")],
+                              _measure({"b": 300.0, "c": 100.0}))
+    assert table.loc[1, "speedup"] == pytest.approx(1.0)
+    assert table.loc[2, "speedup"] == pytest.approx(3.0)
+
+
+def test_timings_give_speedup_with_spread():
+    slow = bench.Timing("slow", [0.20, 0.21, 0.19])
+    fast = bench.Timing("fast", [0.10, 0.11, 0.09])
+    timings = {"s": slow, "f": fast}
+    table = ladder.run_ladder(
+        [("s", "", lambda: "s"), ("f", "", lambda: "f")],
+        lambda v: {"latency_ms": timings[v].median_ms, "tokens_per_s": 1 / timings[v].median,
+                   "timing": timings[v]})
+    expected = bench.speedup(slow, fast)
+    assert table.loc[1, "speedup"] == pytest.approx(expected.ratio)
+    assert table.loc[1, "speedup_low"] == pytest.approx(expected.low)
+    assert isinstance(table.loc[1, "timing"], dict)  # JSON-able for results.table
+
+
+def test_bad_rungs_are_rejected_before_any_work():
+    with pytest.raises(ValueError, match="rungs is empty"):
+        ladder.run_ladder([], lambda v: {})
+    with pytest.raises(ValueError, match="not valid"):
+        ladder.run_ladder([("a", "no callable", None)], lambda v: {})
+    with pytest.raises(ValueError, match="unique"):
+        ladder.run_ladder([("a", "", lambda: 1), ("a", "", lambda: 2)], lambda v: {})
+
+
+def test_guide_ladder_ratios_and_comparison():
+    guide = ladder.guide_ladder()
+    assert guide["speedup"].iloc[-1] == pytest.approx(6012 / 2100)
+    assert guide["throughput_ratio"].iloc[-1] == pytest.approx(47.2 / 16.6)
+    assert guide["memory_ratio"].iloc[-1] == pytest.approx(7.8 / 13.6)
+    ours = ladder.run_ladder([("a", "", lambda: "a"), ("b", "", lambda: "b")], _measure({"a": 2.0, "b": 1.0}))
+    both = ladder.compare_with_guide(ours)
+    assert set(both["source"]) == {"guide's claim (910B, Llama-2-7B fp16)", "measured here"}
+    fig = ladder.plot_comparison(ours)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_framework_detection_and_endpoint_validation(monkeypatch):
+    monkeypatch.setattr(ladder.importlib.util, "find_spec", lambda name: None)
+    rows = {r["framework"]: r for r in ladder.detect_frameworks("")}
+    assert rows["MindSpeed-LLM"]["status"] == "not installed here"
+    assert "generate_llama2_7b_ptd.sh" in rows["MindSpeed-LLM"]["commands"]
+    assert "--tensor-parallel-size" in rows["vLLM-Ascend"]["commands"]
+    monkeypatch.setattr(ladder.importlib.util, "find_spec", lambda name: object())
+    rows = {r["framework"]: r for r in ladder.detect_frameworks("http://localhost:8000/v1/")}
+    assert rows["vLLM-Ascend"]["status"] == "installed"
+    assert rows["OpenAI-compatible endpoint"]["status"] == "given: http://localhost:8000/v1"
+    with pytest.raises(ValueError, match="endpoint="):
+        ladder.check_endpoint("localhost:8000")
+    with pytest.raises(ValueError, match="endpoint is empty"):
+        ladder.openai_completion("", "m", "p", 4)
+
+
+def test_runtime_options_real_ones_applied_invented_one_ignored(fake_torch_npu):
+    import torch
+
+    rows = {r["option"].split(" =")[0].split("(")[0]: r for r in
+            ladder.apply_runtime_options("npu:0")}
+    assert "set_compile_mode(False)" in fake_torch_npu.CALLS
+    assert torch.npu.config._options["ALLOW_INTERNAL_FORMAT"] is False
+    assert rows["torch.npu.config.enable_auto_mixed_precision"]["status"] == "silently ignored"
+    with pytest.raises(ladder.RungSkipped, match="only in torch_npu"):
+        ladder.apply_runtime_options("cpu")
+
+
+def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model):
+    import sys
+    import types
+
+    calls = []
+
+    def measure_generation(model, tokenizer, prompts, max_new_tokens, device=None, *, repeats=3, chat=False):
+        calls.append((len(prompts), max_new_tokens, repeats))
+        return {"total_ms": 500.0, "tokens_per_s_aggregate": 8.0 * len(prompts), "peak_memory_bytes": 123,
+                "batch_size": len(prompts), "ttft_ms": 50.0, "decode_ms_per_token": 45.0,
+                "dtype": "float32", "code_path": "stub"}
+
+    monkeypatch.setitem(sys.modules, "helpers.generation",
+                        types.SimpleNamespace(measure_generation=measure_generation))
+    model, tokenizer = tiny_model
+    measure = ladder.generation_measure(tokenizer, ["a"], 4, "cpu", bandwidth_gbps=10.0, repeats=1)
+    one = measure(model)
+    four = measure((model, ["a"] * 4))
+    assert calls == [(1, 4, 1), (4, 4, 1)]
+    assert one["latency_ms"] == 500.0 and four["tokens_per_s"] == 32.0
+    assert one["weight_bytes"] == ladder.model_weight_bytes(model) > 0
+    assert four["roofline_tok_s"] == pytest.approx(4 * one["roofline_tok_s"])
+
+
+def test_batch_rung_speedup_is_a_throughput_ratio():
+    metrics = {"b1": {"latency_ms": 100.0, "tokens_per_s": 10.0, "batch_size": 1},
+               "b4": {"latency_ms": 150.0, "tokens_per_s": 26.0, "batch_size": 4}}
+    table = ladder.run_ladder([("b1", "", lambda: "b1"), ("b4", "", lambda: "b4")], lambda v: metrics[v])
+    assert table.loc[1, "speedup"] == pytest.approx(2.6)
+
+
+def test_openai_completion_against_a_local_server():
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen["path"] = self.path
+            seen["body"] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = json.dumps({"choices": [{"text": " Paris."}],
+                               "usage": {"prompt_tokens": 5, "completion_tokens": 3}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        out = ladder.openai_completion(f"http://127.0.0.1:{server.server_port}/v1", "llama", "Capital?", 3,
+                                       timeout=10)
+    finally:
+        server.shutdown()
+    assert out == {"text": " Paris.", "completion_tokens": 3, "prompt_tokens": 5}
+    assert seen["path"] == "/v1/completions"
+    assert seen["body"]["max_tokens"] == 3 and seen["body"]["temperature"] == 0
