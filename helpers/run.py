@@ -93,6 +93,16 @@ def describe_failure(exc: BaseException, cell_timeout: Optional[int]) -> str:
     return f"{name}: {exc}"
 
 
+def failure_kind(exc: BaseException) -> str:
+    """error | kernel_died | timeout, so reports can tell a crash from a failing cell."""
+    name = type(exc).__name__
+    if name == "DeadKernelError":
+        return "kernel_died"
+    if name in ("CellTimeoutError", "TimeoutError") or "timed out" in str(exc).lower():
+        return "timeout"
+    return "error"
+
+
 def execute(path: Path, output: Path, parameters: dict, cell_timeout: Optional[int], env: dict) -> None:
     import papermill
 
@@ -112,6 +122,28 @@ def execute(path: Path, output: Path, parameters: dict, cell_timeout: Optional[i
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def mark_failure(notebook: Path, message: str) -> None:
+    """Put a red banner on top of a kept notebook whose failure papermill did not annotate.
+
+    papermill adds its error banner for a failing cell, but not when the kernel died or the
+    run was interrupted; then the kept copy would look like a clean partial run.
+    """
+    try:
+        import nbformat
+
+        nb = nbformat.read(str(notebook), as_version=4)
+        if any("workbook-failure" in c.metadata.get("tags", []) for c in nb.cells):
+            return
+        banner = nbformat.v4.new_markdown_cell(
+            f'<span style="color:red; font-size:1.4em;">Run failed: {html.escape(message)}</span>\n\n'
+            "Cells below ran until the failure; later cells have no output.",
+            metadata={"tags": ["workbook-failure"]})
+        nb.cells.insert(0, banner)
+        nbformat.write(nb, str(notebook))
+    except Exception:  # noqa: BLE001  (the run.json entry still carries the error)
+        pass
 
 
 def export_html(notebook: Path) -> Optional[Path]:
@@ -290,7 +322,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             results = load_results(run_dir, book.stem) or {}
             entry["status"] = "skipped" if results.get("status") == "skipped" else "ok"
         except KeyboardInterrupt:
-            entry.update(status="failed", error="interrupted (Ctrl-C)")
+            entry.update(status="failed", error="interrupted (Ctrl-C)", failure="interrupted")
+            if output.exists():
+                mark_failure(output, entry["error"])
             run["status"] = "interrupted"
             entry["duration_s"] = time.perf_counter() - start
             write_json_atomic(run_file, run)
@@ -299,9 +333,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"--run-id {run_id} --resume to continue", file=sys.stderr)
             return 130
         except Exception as exc:  # noqa: BLE001  (every failure is recorded, the run goes on)
-            entry.update(status="failed", error=describe_failure(exc, cell_timeout))
+            entry.update(status="failed", error=describe_failure(exc, cell_timeout),
+                         failure=failure_kind(exc))
             if type(exc).__module__.split(".")[0] not in ("papermill", "nbclient"):
                 entry["traceback"] = traceback.format_exc(limit=5)
+            if entry["failure"] != "error" and output.exists():
+                mark_failure(output, entry["error"])
         entry["duration_s"] = time.perf_counter() - start
         if output.exists() and not args.no_html:
             page = export_html(output)
