@@ -6,6 +6,7 @@ Runs ``python -m helpers.run`` as a subprocess on the fixture notebooks in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,10 +21,15 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "runner_notebooks"
 
 
+# Credentials a user may have exported; none may reach a report file.
+SECRETS = {"HF_TOKEN": "hf_" + "C" * 34, "AWS_SECRET_ACCESS_KEY": "aws-secret-value-456",
+           "MODELSCOPE_API_TOKEN": "ms-secret-value-123", "OBS_SECRET_KEY": "obs-secret-value-789"}
+
+
 def run_cli(*args, timeout=240):
     return subprocess.run([sys.executable, "-m", "helpers.run", "--notebooks-dir", str(FIXTURES),
                            "--no-html", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **SECRETS})
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +117,21 @@ def test_profile_values_and_overrides_are_injected(failing_run):
     assert after["parameters"]["value"] == 3  # the notebook's own section wins over `all`
     assert _entry(run, "01_ok")["parameters"]["run_dir"] == str(run_dir)
     assert run["overrides"] == {"nap": 0}
+    assert _entry(run, "04_after")["ignored_overrides"] == ["nap"]  # only 05_naps declares it
 
 
 def test_the_kernel_tcp_warning_is_silenced(failing_run):
     proc, _, _ = failing_run
     assert "without encryption" not in proc.stderr + proc.stdout
+
+
+def test_run_files_never_include_secrets(failing_run):
+    _, run_dir, _ = failing_run
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert len(files) >= 6
+    for path in files:
+        text = path.read_text(errors="replace")
+        assert not any(value in text for value in SECRETS.values()), path.name
 
 
 # --- in-process checks of the argument handling (no kernels) ---------------------------------
