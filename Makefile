@@ -5,8 +5,10 @@ VENV ?= .venv
 PROFILE ?= default
 ARGS ?=
 USE_SYSTEM_TORCH ?= auto
+# 1: print the venv/pip commands setup would run, install nothing
+SETUP_DRY_RUN ?= 0
 PY := $(VENV)/bin/python
-export PYTHON VENV USE_SYSTEM_TORCH
+export PYTHON VENV USE_SYSTEM_TORCH SETUP_DRY_RUN
 
 .PHONY: setup report test lab clean-reports check-notebooks
 

@@ -1,7 +1,11 @@
 """Reusable code of the ascend-llama-workbook; each module names the notebook that teaches it.
 
-Importing ``helpers`` checks the support floor (Python >= 3.10, torch >= 2.1) with a clear
-message, and sets quiet defaults for notebook output (no progress bars, no torchao .so noise).
+Importing ``helpers`` checks the support floor (Python >= 3.10, torch >= 2.1, the transformers
+range of the notebooks) with a clear message, and sets quiet defaults for notebook output (no
+progress bars, no torchao .so noise).
+
+This file must stay parseable by Python 3.8 (the guide's image), so that an old interpreter gets
+the message below instead of a SyntaxError: no f-strings with '=', no walrus, no match, no PEP 604.
 """
 import os
 import sys
@@ -9,7 +13,7 @@ import sys
 MIN_PYTHON = (3, 10)
 MIN_TORCH = (2, 1, 0)
 
-if sys.version_info < MIN_PYTHON:  # must stay parseable by old Pythons: keep this file simple
+if sys.version_info < MIN_PYTHON:
     raise ImportError(
         "ascend-llama-workbook needs Python >= %d.%d, this is %s. On ModelArts pick an image with "
         "Python 3.10+ and torch >= 2.1 (for example a PyTorch 2.1+ / CANN 8.x image), not the "
@@ -24,6 +28,63 @@ for _name, _value in (
 ):
     os.environ.setdefault(_name, _value)
 
+TORCH_NPU_AUTOLOAD_HINT = (
+    "torch_npu is installed but could not be loaded. If this machine has an NPU, run "
+    "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (older CANN) or "
+    "'source /usr/local/Ascend/cann/set_env.sh' (CANN 8.5 and newer) before starting Jupyter. "
+    "On a machine without an NPU, uninstall torch_npu or export TORCH_DEVICE_BACKEND_AUTOLOAD=0 "
+    "so that 'import torch' does not try to load it."
+)
+_CANN_ENV_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH")
+
+# Why TORCH_DEVICE_BACKEND_AUTOLOAD was turned off by this package, or None.
+AUTOLOAD_DISABLED_REASON = None
+
+
+def _torch_npu_autoload_registered():
+    """Does an installed package register a torch.backends entry point for torch_npu?"""
+    try:
+        from importlib.metadata import entry_points
+
+        return any(ep.name == "torch_npu" or ep.value.split(":")[0].split(".")[0] == "torch_npu"
+                   for ep in entry_points(group="torch.backends"))
+    except Exception:
+        return False
+
+
+def _guard_torch_npu_autoload():
+    """Turn off torch's auto-loading of torch_npu when CANN's environment is clearly absent.
+
+    Since torch 2.5, torch_npu registers itself to load inside 'import torch'; without CANN that
+    load fails and takes 'import torch' down with it. The helpers import torch_npu explicitly
+    (``backend.import_torch_npu``), so auto-loading adds nothing for them: switching it off lets
+    device='auto' fall back to CPU/CUDA, while device='npu' still fails with the reason.
+    """
+    global AUTOLOAD_DISABLED_REASON
+    if "torch" in sys.modules or "TORCH_DEVICE_BACKEND_AUTOLOAD" in os.environ:
+        return
+    if any(os.environ.get(name) for name in _CANN_ENV_VARS):
+        return  # set_env.sh was sourced: let torch_npu load as its docs describe
+    if not _torch_npu_autoload_registered():
+        return
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    AUTOLOAD_DISABLED_REASON = (
+        "torch_npu is installed but CANN's set_env.sh has not been sourced (no %s), so "
+        "TORCH_DEVICE_BACKEND_AUTOLOAD=0 was set for this process; torch_npu is imported "
+        "explicitly when a device is picked." % "/".join(_CANN_ENV_VARS)
+    )
+
+
+_guard_torch_npu_autoload()
+
+try:
+    import torch  # noqa: F401
+except Exception as _exc:  # torch_npu's auto-load raises RuntimeError from inside torch
+    if "backend extension" in str(_exc) or "torch_npu" in str(_exc):
+        raise ImportError("'import torch' failed while auto-loading torch_npu (%s: %s). %s"
+                          % (type(_exc).__name__, _exc, TORCH_NPU_AUTOLOAD_HINT)) from _exc
+    raise
+
 import logging  # noqa: E402
 
 # transformers imports torchao during from_pretrained; on CPU torchao logs that its CUDA-only
@@ -32,8 +93,9 @@ import logging  # noqa: E402
 for _logger in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_logger).setLevel(logging.ERROR)
 
-from .compat import check_support_floor  # noqa: E402
+from .compat import check_support_floor, check_transformers_floor  # noqa: E402
 
 check_support_floor()
+check_transformers_floor()
 
 __version__ = "0.1.0"

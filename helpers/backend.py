@@ -21,14 +21,9 @@ import torch
 DEVICE_CHOICES = ("auto", "npu", "cuda", "cpu")
 
 # torch_npu registers a ``torch.backends`` entry point; on a machine with the wheel but without
-# CANN, even ``import torch`` fails unless this variable is 0. The message users see names it.
-AUTOLOAD_HINT = (
-    "torch_npu is installed but could not be loaded. If CANN is installed, run "
-    "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (older CANN) or "
-    "'source /usr/local/Ascend/cann/set_env.sh' (CANN 8.5 and newer) before starting Jupyter. "
-    "On a machine without an NPU, uninstall torch_npu or export TORCH_DEVICE_BACKEND_AUTOLOAD=0 "
-    "so that 'import torch' does not try to load it."
-)
+# CANN, even ``import torch`` fails unless TORCH_DEVICE_BACKEND_AUTOLOAD=0. The message users see
+# names it (defined in the package so that ``import helpers`` can use it before torch loads).
+from . import TORCH_NPU_AUTOLOAD_HINT as AUTOLOAD_HINT  # noqa: E402
 
 
 @dataclass
@@ -120,6 +115,10 @@ def pick_device(requested: str = "auto") -> DeviceChoice:
             why = "no NPU or CUDA device found"
             if npu.error and npu.error != "torch_npu is not installed":
                 why += f" (torch_npu failed to load: {npu.error})"
+            from . import AUTOLOAD_DISABLED_REASON
+
+            if AUTOLOAD_DISABLED_REASON:
+                why += f"; {AUTOLOAD_DISABLED_REASON}"
             reason = f"auto: {why}; running on the CPU"
         else:
             reason = f"auto: {kind} is available"
@@ -168,30 +167,51 @@ def _cpu_rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _proc_status_bytes(field: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class _CpuPeak:
-    """Process RSS high-water mark since the last reset (Linux ``VmHWM`` when resettable)."""
+    """Process RSS high-water mark since the last reset.
+
+    Linux keeps the high-water mark in ``VmHWM``; writing ``5`` to ``/proc/self/clear_refs``
+    (Linux >= 4.0) resets it to the current RSS. Containers may forbid that write, and other
+    systems have no /proc: then the lifetime ``VmHWM`` would be wrong, so ``resettable`` is
+    False and the reading is the larger of the RSS at reset and now (a lower bound of the peak,
+    stated by ``peak_memory_kind``).
+    """
 
     baseline = 0
+    resettable: Optional[bool] = None
 
     @classmethod
     def reset(cls) -> None:
-        # Writing 5 to clear_refs resets VmHWM on Linux; elsewhere fall back to current RSS.
+        cls.baseline = _cpu_rss_bytes()
         try:
             with open("/proc/self/clear_refs", "w") as fh:
                 fh.write("5")
         except OSError:
-            pass
-        cls.baseline = _cpu_rss_bytes()
+            cls.resettable = False
+            return
+        hwm = _proc_status_bytes("VmHWM")
+        rss = _proc_status_bytes("VmRSS")
+        # After a real reset the mark is the current RSS (allow for pages touched meanwhile).
+        cls.resettable = hwm is not None and rss is not None and hwm <= rss + 64 * 2**20
+        cls.baseline = rss or cls.baseline
 
     @classmethod
     def read(cls) -> int:
-        try:
-            with open("/proc/self/status") as fh:
-                for line in fh:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
+        if cls.resettable:
+            hwm = _proc_status_bytes("VmHWM")
+            if hwm is not None:
+                return hwm
         return max(cls.baseline, _cpu_rss_bytes())
 
 
@@ -213,7 +233,11 @@ def peak_memory_bytes(device) -> int:
 
 
 def peak_memory_kind(device) -> str:
-    return "process peak RSS" if as_device(device).type == "cpu" else "max_memory_allocated"
+    if as_device(device).type != "cpu":
+        return "max_memory_allocated"
+    if _CpuPeak.resettable is False:
+        return "process RSS, larger of reset and read (peak not resettable here)"
+    return "process peak RSS"
 
 
 def free_memory(device) -> None:
@@ -226,11 +250,23 @@ def free_memory(device) -> None:
         module.empty_cache()
 
 
+def _oom_types() -> tuple:
+    # torch.OutOfMemoryError is new in torch 2.5; torch 2.1 only has torch.cuda.OutOfMemoryError.
+    found = [MemoryError]
+    for owner, name in ((torch, "OutOfMemoryError"), (torch.cuda, "OutOfMemoryError")):
+        cls = getattr(owner, name, None)
+        if isinstance(cls, type):
+            found.append(cls)
+    return tuple(found)
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    """True for CUDA/NPU/CPU allocation failures (torch_npu raises RuntimeError 'NPU out of memory')."""
+    if isinstance(exc, _oom_types()):
         return True
     text = str(exc).lower()
-    return "out of memory" in text or "oom" in text.split()
+    return ("out of memory" in text or "oom" in re.findall(r"[a-z]+", text)
+            or "failed to allocate memory" in text or "defaultcpuallocator: can't allocate" in text)
 
 
 def working_dtype(device) -> tuple[torch.dtype, str]:
@@ -292,6 +328,16 @@ REPORTED_ENV_VARS = (
     "CUDA_VISIBLE_DEVICES", "TORCH_DEVICE_BACKEND_AUTOLOAD", "OMP_NUM_THREADS",
     "HF_ENDPOINT", "HF_HUB_OFFLINE", "WORKBOOK_CACHE", "WORKBOOK_PROFILE",
 )
+
+
+def _without_credentials(value: str) -> str:
+    """``https://user:token@mirror/`` -> ``https://***@mirror/``: a mirror URL may embed a token."""
+    return re.sub(r"(?<=://)[^/@\s]+@", "***@", value)
+
+
+def reported_environment() -> dict:
+    """The allow-listed environment variables, with credentials inside URLs masked."""
+    return {k: _without_credentials(os.environ[k]) for k in REPORTED_ENV_VARS if k in os.environ}
 
 
 def cann_version() -> Optional[str]:
@@ -377,7 +423,7 @@ def environment_report(device=None) -> dict:
         "cpu_model": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "workbook_commit": git_commit(),
-        "env": {k: os.environ[k] for k in REPORTED_ENV_VARS if k in os.environ},
+        "env": reported_environment(),
     }
     try:
         import transformers

@@ -45,20 +45,48 @@ def check_support_floor(torch_version: Optional[str] = None) -> None:
         )
 
 
+def _installed_version(package: str) -> Optional[str]:
+    """The installed distribution's version without importing it (importing transformers is slow)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def check_transformers(version: Optional[str] = None) -> Optional[str]:
     """A warning text when transformers is outside the tested range, else None."""
     if version is None:
-        try:
-            import transformers
-        except ImportError:
+        version = _installed_version("transformers")
+        if version is None:
             return "transformers is not installed; run make setup"
-        version = transformers.__version__
     low, high = TRANSFORMERS_RANGE
     if not (low <= version_tuple(version) < high):
         return (f"transformers {version} is outside the tested range "
                 f"[{'.'.join(map(str, low))}, {'.'.join(map(str, high))}); "
                 "run make setup to install the pinned version")
     return None
+
+
+def check_transformers_floor(version: Optional[str] = None) -> None:
+    """Raise ImportError below the tested transformers range; warn above it (may still work)."""
+    import warnings
+
+    if version is None:
+        version = _installed_version("transformers")
+        if version is None:
+            return  # reported by the chapters that need it, with the setup command
+    low, _ = TRANSFORMERS_RANGE
+    if version_tuple(version) < low:
+        raise ImportError(
+            f"ascend-llama-workbook needs transformers >= {'.'.join(map(str, low))} (the notebooks "
+            f"pass dtype= and use the v5 cache API), found {version}. Run make setup, or "
+            "pip install -r requirements-common.txt in this environment."
+        )
+    message = check_transformers(version)
+    if message:
+        warnings.warn(message, stacklevel=2)
 
 
 def pairing_check(torch_version: str, torch_npu_version: Optional[str],
@@ -69,12 +97,17 @@ def pairing_check(torch_version: str, torch_npu_version: Optional[str],
     t, n = version_tuple(torch_version), version_tuple(torch_npu_version)
     if t != n:
         want = ".".join(map(str, n))
+        known = [r["torch_npu"] for r in KNOWN_GOOD if version_tuple(r["torch"]) == t]
+        other = (f"torch_npu {known[-1]} (known-good for torch {'.'.join(map(str, t))})" if known
+                 else f"a torch_npu {'.'.join(map(str, t))}.x build")
         return {
             "ok": False,
             "verdict": f"torch {torch_version} does not pair with torch_npu {torch_npu_version}",
             "advice": f"torch_npu {torch_npu_version} needs torch {want}: "
-                      f"pip install torch=={want} (CPU wheel), or a torch_npu "
-                      f"{'.'.join(map(str, t))}.x build matching torch {torch_version}",
+                      f"pip install torch=={want} (CPU wheel), or install {other} to match "
+                      f"torch {torch_version}",
+            "matching_torch": want,
+            "matching_torch_npu": known[-1] if known else None,
         }
     row = next((r for r in KNOWN_GOOD if r["torch_npu"] == torch_npu_version), None)
     if row is None:

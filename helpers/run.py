@@ -93,6 +93,16 @@ def describe_failure(exc: BaseException, cell_timeout: Optional[int]) -> str:
     return f"{name}: {exc}"
 
 
+def failure_kind(exc: BaseException) -> str:
+    """error | kernel_died | timeout, so reports can tell a crash from a failing cell."""
+    name = type(exc).__name__
+    if name == "DeadKernelError":
+        return "kernel_died"
+    if name in ("CellTimeoutError", "TimeoutError") or "timed out" in str(exc).lower():
+        return "timeout"
+    return "error"
+
+
 def execute(path: Path, output: Path, parameters: dict, cell_timeout: Optional[int], env: dict) -> None:
     import papermill
 
@@ -103,6 +113,8 @@ def execute(path: Path, output: Path, parameters: dict, cell_timeout: Optional[i
             str(path), str(output), parameters=parameters, kernel_name="python3",
             cwd=str(path.parent), execution_timeout=cell_timeout, progress_bar=False,
             log_output=False, request_save_on_cell_execute=True,
+            # ipykernel warns on stderr that local TCP is unencrypted; it is harmless noise here.
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
         )
     finally:
         for k, v in old.items():
@@ -110,6 +122,28 @@ def execute(path: Path, output: Path, parameters: dict, cell_timeout: Optional[i
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def mark_failure(notebook: Path, message: str) -> None:
+    """Put a red banner on top of a kept notebook whose failure papermill did not annotate.
+
+    papermill adds its error banner for a failing cell, but not when the kernel died or the
+    run was interrupted; then the kept copy would look like a clean partial run.
+    """
+    try:
+        import nbformat
+
+        nb = nbformat.read(str(notebook), as_version=4)
+        if any("workbook-failure" in c.metadata.get("tags", []) for c in nb.cells):
+            return
+        banner = nbformat.v4.new_markdown_cell(
+            f'<span style="color:red; font-size:1.4em;">Run failed: {html.escape(message)}</span>\n\n'
+            "Cells below ran until the failure; later cells have no output.",
+            metadata={"tags": ["workbook-failure"]})
+        nb.cells.insert(0, banner)
+        nbformat.write(nb, str(notebook))
+    except Exception:  # noqa: BLE001  (the run.json entry still carries the error)
+        pass
 
 
 def export_html(notebook: Path) -> Optional[Path]:
@@ -193,6 +227,16 @@ def _environment_summary() -> dict:
         return {"device": f"unknown ({exc})"}
 
 
+def _point_latest(latest: Path, run_id: str) -> None:
+    """``reports/latest`` -> this run, set at the start so an interrupted run can be resumed."""
+    try:
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(run_id)
+    except OSError:
+        pass
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -205,7 +249,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--reports-dir", default=os.environ.get("WORKBOOK_REPORTS", str(REPO / "reports")))
     parser.add_argument("--notebooks-dir", default=str(NOTEBOOKS))
     parser.add_argument("--resume", action="store_true",
-                        help="with --run-id of an earlier run: skip notebooks that already succeeded")
+                        help="skip notebooks that already succeeded in the run given by --run-id "
+                        "(default: the run reports/latest points to)")
     parser.add_argument("--cell-timeout", type=int, default=None,
                         help="seconds one cell may run (default: the profile's cell_timeout)")
     parser.add_argument("--no-html", action="store_true", help="skip the HTML copies of notebooks")
@@ -215,8 +260,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     profile = load_profile(args.profile)
     overrides = parse_overrides(args.param)
     books = select_notebooks(Path(args.notebooks_dir), args.only)
+    reports = Path(args.reports_dir).resolve()
+    latest = reports / "latest"
+    if args.resume and not args.run_id:
+        if not latest.is_symlink():
+            raise SystemExit("--resume needs --run-id of an earlier run (no reports/latest to resume)")
+        args.run_id = os.readlink(latest)
     run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{profile['name']}"
-    run_dir = Path(args.reports_dir).resolve() / run_id
+    run_dir = reports / run_id
     if args.list:
         for book in books:
             print(book.stem, notebook_parameters(book, profile, overrides, run_dir)["parameters"])
@@ -235,7 +286,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     previous = {}
     run_file = run_dir / "run.json"
     if args.resume and run_file.exists():
-        previous = {e["notebook"]: e for e in json.loads(run_file.read_text())["notebooks"]}
+        try:
+            previous = {e["notebook"]: e for e in json.loads(run_file.read_text())["notebooks"]}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"warning: {run_file} is unreadable ({exc}); rerunning every notebook",
+                  file=sys.stderr)
+    _point_latest(latest, run_id)
     run = {"run_id": run_id, "profile": profile["name"], "started": time.strftime("%Y-%m-%d %H:%M:%S"),
            "status": "running", "overrides": overrides, "environment": _environment_summary(),
            "notebooks": []}
@@ -266,7 +322,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             results = load_results(run_dir, book.stem) or {}
             entry["status"] = "skipped" if results.get("status") == "skipped" else "ok"
         except KeyboardInterrupt:
-            entry.update(status="failed", error="interrupted (Ctrl-C)")
+            entry.update(status="failed", error="interrupted (Ctrl-C)", failure="interrupted")
+            if output.exists():
+                mark_failure(output, entry["error"])
             run["status"] = "interrupted"
             entry["duration_s"] = time.perf_counter() - start
             write_json_atomic(run_file, run)
@@ -275,9 +333,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"--run-id {run_id} --resume to continue", file=sys.stderr)
             return 130
         except Exception as exc:  # noqa: BLE001  (every failure is recorded, the run goes on)
-            entry.update(status="failed", error=describe_failure(exc, cell_timeout))
+            entry.update(status="failed", error=describe_failure(exc, cell_timeout),
+                         failure=failure_kind(exc))
             if type(exc).__module__.split(".")[0] not in ("papermill", "nbclient"):
                 entry["traceback"] = traceback.format_exc(limit=5)
+            if entry["failure"] != "error" and output.exists():
+                mark_failure(output, entry["error"])
         entry["duration_s"] = time.perf_counter() - start
         if output.exists() and not args.no_html:
             page = export_html(output)
@@ -293,13 +354,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     write_json_atomic(run_file, run)
     index = write_index(run_dir, run)
-    latest = Path(args.reports_dir).resolve() / "latest"
-    try:
-        if latest.is_symlink() or latest.exists():
-            latest.unlink()
-        latest.symlink_to(run_id)
-    except OSError:
-        pass
     print(f"report: {index}")
     if failed:
         print(f"FAILED notebooks: {', '.join(failed)} (their executed copies show the error)",

@@ -1,0 +1,142 @@
+"""Support floor, torch / torch_npu pairing, feature detection and the guide-API table."""
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import compat
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_package_init_parses_on_python_38():
+    """On the guide's py38 image the floor message must appear, not a SyntaxError."""
+    ast.parse((REPO / "helpers" / "__init__.py").read_text(), feature_version=(3, 8))
+    ast.parse((REPO / "scripts" / "detect_system_torch.py").read_text(), feature_version=(3, 8))
+
+
+def test_old_python_gets_the_image_advice(monkeypatch):
+    source = (REPO / "helpers" / "__init__.py").read_text()
+    monkeypatch.setattr(sys, "version_info", (3, 8, 10, "final", 0))
+    monkeypatch.setattr(sys, "version", "3.8.10 (default)")
+    with pytest.raises(ImportError) as err:
+        exec(compile(source, "helpers/__init__.py", "exec"), {"__name__": "helpers_py38_check"})
+    message = str(err.value)
+    assert "Python >= 3.10" in message and "3.8.10" in message
+    assert "euler2.9-py38-torch2.1.0" in message and "Python 3.10+" in message
+
+
+def test_torch_floor():
+    compat.check_support_floor("2.1.0")
+    compat.check_support_floor("2.13.0+cpu")
+    with pytest.raises(ImportError, match=r"torch >= 2\.1\.0, found 2\.0\.1.*torch_npu"):
+        compat.check_support_floor("2.0.1")
+
+
+def test_transformers_range():
+    assert compat.check_transformers("5.24.0") is None
+    assert "outside the tested range" in compat.check_transformers("6.1.0")
+    compat.check_transformers_floor("5.24.0")
+    with pytest.raises(ImportError, match=r"transformers >= 4\.56\.0.*found 4\.38\.2.*make setup"):
+        compat.check_transformers_floor("4.38.2")
+    with pytest.warns(UserWarning, match="outside the tested range"):
+        compat.check_transformers_floor("6.0.0")
+
+
+def test_installed_transformers_is_in_range():
+    assert compat.check_transformers() is None
+
+
+def test_pairing_mismatch_names_both_versions_and_the_matching_one():
+    out = compat.pairing_check("2.13.0+cpu", "2.1.0.post10")
+    assert out["ok"] is False
+    assert "2.13.0+cpu" in out["verdict"] and "2.1.0.post10" in out["verdict"]
+    assert "needs torch 2.1.0" in out["advice"] and out["matching_torch"] == "2.1.0"
+
+
+def test_pairing_mismatch_suggests_a_known_torch_npu_for_this_torch():
+    out = compat.pairing_check("2.6.0", "2.5.1")
+    assert out["matching_torch_npu"] == "2.6.0.post5" and "torch_npu 2.6.0.post5" in out["advice"]
+
+
+def test_pairing_ok_known_good_and_cann_drift():
+    good = compat.pairing_check("2.1.0", "2.1.0.post10", "8.0.0")
+    assert good["ok"] is True and good["verdict"].startswith("known-good")
+    drift = compat.pairing_check("2.1.0", "2.1.0.post10", "8.3.RC1")
+    assert drift["ok"] is True and "8.3.RC1" in drift["verdict"] and "8.0.0" in drift["advice"]
+    unknown = compat.pairing_check("2.7.1", "2.7.1")
+    assert unknown["ok"] is True and "not in the known-good table" in unknown["advice"]
+    assert compat.pairing_check("2.13.0", None)["ok"] is None
+
+
+def test_known_good_rows_pair_with_themselves():
+    for row in compat.KNOWN_GOOD:
+        assert compat.version_tuple(row["torch"]) == compat.version_tuple(row["torch_npu"])
+
+
+FEATURES = {
+    "F.rms_norm": (torch.nn.functional, "rms_norm"),
+    "nn.RMSNorm": (torch.nn, "RMSNorm"),
+    "torch.accelerator": (torch, "accelerator"),
+    "torch._weight_int8pack_mm": (torch, "_weight_int8pack_mm"),
+    "torch.compile": (torch, "compile"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FEATURES))
+def test_has_feature_follows_what_torch_has(monkeypatch, name):
+    owner, attr = FEATURES[name]
+    assert compat.has_feature(name) is True  # torch 2.13 here has all of them
+    monkeypatch.delattr(owner, attr)
+    assert compat.has_feature(name) is False
+    assert compat.feature_table()[name] is False
+
+
+def test_unknown_feature_is_an_error_listing_the_known_ones():
+    with pytest.raises(KeyError, match="known: F.rms_norm"):
+        compat.has_feature("torch.magic")
+
+
+def test_api_check_without_torch_npu_cannot_verify():
+    rows = compat.api_check(None)
+    assert {r["guide_name"] for r in rows} >= {"torch_npu.npu.rms_norm", "torch_npu.npu.fused_add_norm"}
+    assert all(r["exists_here"] is None for r in rows)
+    assert all(r["available_here"] is None for r in compat.real_ops_check(None))
+
+
+def test_api_check_with_the_fake_torch_npu(fake_torch_npu):
+    rows = {r["guide_name"]: r for r in compat.api_check(fake_torch_npu)}
+    assert rows["torch_npu.npu.rms_norm"]["exists_here"] is False  # the guide's name is wrong
+    ops = {r["op"]: r["available_here"] for r in compat.real_ops_check(fake_torch_npu)}
+    assert ops["torch_npu.npu_rms_norm"] is True and ops["torch_npu.npu_add_rms_norm"] is True
+    assert ops["torch_npu.npu_fusion_attention"] is False  # not faked
+
+
+def test_vermin_finds_nothing_newer_than_python_310():
+    """helpers/ and tests/ must run on the support floor, Python 3.10."""
+    vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
+    if not Path(vermin).exists():
+        pytest.fail("vermin is not installed; it is pinned in requirements-common.txt")
+    # -t=3.10- : fail (exit 1) when any file needs more than 3.10; --violations lists only those.
+    # --eval-annotations and --feature union-types catch PEP 604 uses outside `from __future__`.
+    proc = subprocess.run([vermin, "-t=3.10-", "--no-tips", "--violations", "--eval-annotations",
+                           "--backport", "typing", "--backport", "dataclasses", "helpers", "tests",
+                           "scripts/detect_system_torch.py"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_vermin_would_catch_a_newer_construct(tmp_path):
+    vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
+    bad = tmp_path / "new.py"
+    bad.write_text("import tomllib\nprint(tomllib)\n")  # tomllib is Python 3.11+
+    proc = subprocess.run([vermin, "-t=3.10-", "--no-tips", "--violations", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
