@@ -17,7 +17,10 @@ On an NPU the same host-side count applies (each dispatched op launches at least
 """
 from __future__ import annotations
 
+import os
+import sys
 from collections import Counter
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -62,6 +65,26 @@ def _counted(event) -> bool:
     return True
 
 
+@contextmanager
+def _quiet_native_stderr():
+    """The profiler's C++ side prints a start/stop line per session to file descriptor 2, which
+    notebooks would show; it carries no information, so it goes to /dev/null for that moment."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def count_ops(fn: Callable[[], object], device="cpu", *, warmup: int = 1) -> dict:
     """Profile one call of ``fn`` (after ``warmup`` calls, so compilation is excluded).
 
@@ -77,7 +100,7 @@ def count_ops(fn: Callable[[], object], device="cpu", *, warmup: int = 1) -> dic
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    with _quiet_native_stderr(), profile(activities=activities) as prof:
         fn()
         synchronize(device)
     counter: Counter = Counter()
