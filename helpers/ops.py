@@ -328,14 +328,18 @@ def apply_fused_modules(model: nn.Module, impl: str = "auto") -> dict:
     """Replace a loaded Llama's RMSNorm and MLP modules in place; return what was replaced.
 
     ``impl="auto"`` resolves from the model's device: the torch_npu ops on NPU; ``F.rms_norm`` and
-    a merged gate_up matmul with eager SwiGLU elsewhere. ``"reference"`` / ``"compiled"`` / ``"npu"``
-    force one path (``"torch"`` applies to the norms only; MLPs then use the reference SwiGLU).
+    a merged gate_up matmul on CUDA; on CPU the reference norm (``F.rms_norm`` is no faster there, and
+    the reference matches ``LlamaRMSNorm`` bit for bit, so 16-bit logits do not drift) and the merged
+    gate_up matmul. ``"reference"`` / ``"compiled"`` / ``"npu"`` force one path (``"torch"`` applies
+    to the norms only; MLPs then use the reference SwiGLU).
     Logits stay equal to the original model's within the dtype's tolerance (tests check this).
     """
     _check_impl(impl, RMS_IMPLS)
     first = next(model.parameters(), None)
     if first is None:
         raise ValueError("model has no parameters; pass a loaded Llama-style model")
+    if impl == "auto" and _device_kind(first) == "cpu":
+        impl = "reference"
     norm_impl = resolve_impl(impl, first, "rms_norm")
     act_impl = resolve_impl("reference" if impl == "torch" else impl, first, "swiglu")
     counts = {"rmsnorm": 0, "mlp": 0, "impl": norm_impl, "swiglu_impl": act_impl, "skipped_mlp": 0}

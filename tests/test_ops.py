@@ -293,3 +293,13 @@ def test_count_ops_sees_fusion():
     assert fused["ops"] < unfused["ops"] and fused["by_op"].get("inductor kernel", 0) >= 1
     half = profiling.count_ops(lambda: ops.rms_norm_reference(x.half(), w.half()))
     assert "aten::to" in half["by_op"] or "aten::_to_copy" in half["by_op"]
+
+
+def test_apply_fused_modules_auto_on_cpu_is_bit_exact_in_bf16(tiny_model):
+    model, _ = tiny_model
+    ids = torch.tensor([[5, 17, 99, 3]])
+    ref = copy.deepcopy(model).to(torch.bfloat16)
+    fused = copy.deepcopy(ref)
+    counts = ops.apply_fused_modules(fused, impl="auto")
+    assert counts["impl"] == "reference" and counts["swiglu_impl"] == "reference"
+    torch.testing.assert_close(_logits(fused, ids), _logits(ref, ids), atol=0, rtol=0)
