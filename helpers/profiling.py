@@ -67,7 +67,7 @@ def _counted(event) -> bool:
 
 @contextmanager
 def _quiet_native_stderr():
-    """The profiler's C++ side prints a start/stop line per session to file descriptor 2, which
+    """The profiler's C++ side prints a start/stop line per profiling run to file descriptor 2, which
     notebooks would show; it carries no information, so it goes to /dev/null for that moment."""
     try:
         sys.stderr.flush()
