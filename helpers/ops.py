@@ -1,0 +1,373 @@
+"""Llama's small operators, each with one plain reference and a fused path per backend.
+
+Taught in ``01_operator_verification.ipynb`` (RMSNorm, residual add + RMSNorm) and
+``02_ffn_fusion.ipynb`` (SwiGLU FFN, graph mode); later chapters call ``apply_fused_modules`` to
+measure "fused" end to end.
+
+Every operator takes ``impl``:
+
+* ``"reference"`` - the textbook formula, written out so a reader can check it (float32 inside,
+  like ``transformers``' ``LlamaRMSNorm``);
+* ``"npu"`` - the real torch_npu fused op (``npu_rms_norm``, ``npu_add_rms_norm``,
+  ``npu_swiglu``); the guides' ``torch_npu.npu.rms_norm`` / ``fused_add_norm`` /
+  ``linear_activation`` do not exist;
+* ``"torch"`` - the best stock PyTorch op (``F.rms_norm`` where this torch has it, otherwise the
+  reference);
+* ``"compiled"`` - the reference under ``torch.compile`` (inductor fuses the elementwise chain;
+  torchair on an NPU);
+* ``"auto"`` - ``"npu"`` for NPU tensors, ``"torch"`` elsewhere.
+
+``resolve_impl`` says which of these really runs, so notebooks can label each figure's code path.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import backend, compat
+
+RMS_IMPLS = ("auto", "reference", "npu", "torch", "compiled")
+SWIGLU_IMPLS = ("auto", "reference", "npu", "compiled")
+FFN_VARIANTS = ("unfused", "merged", "fused_act", "graph")
+
+
+# --- argument checks: fail before any work, naming the parameter -----------------------------
+
+def _device_kind(device) -> str:
+    """``"npu"`` / ``"cuda"`` / ``"cpu"`` from a tensor, device or string (``torch.device("npu")``
+    only parses once torch_npu is imported, so strings are read as text)."""
+    if isinstance(device, torch.Tensor):
+        return device.device.type
+    if isinstance(device, backend.DeviceChoice):
+        return device.device.type
+    if isinstance(device, torch.device):
+        return device.type
+    return str(device).split(":")[0].strip().lower()
+
+
+def _check_impl(impl: str, choices, parameter: str = "impl") -> None:
+    if impl not in choices:
+        raise ValueError(f"{parameter}={impl!r} is not valid; choose one of {', '.join(map(repr, choices))}")
+
+
+def _check_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError(f"x must be a tensor with at least one dim; got {type(x).__name__}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight (gamma) must have shape ({x.shape[-1]},) to match the last dim of x "
+                         f"{tuple(x.shape)}; got {shape}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps={eps!r} is not valid; it must be a number > 0 such as 1e-6")
+
+
+def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
+    """The implementation that really runs for ``impl`` on ``device`` (``auto`` and fallbacks
+    resolved); ``op`` is ``"rms_norm"``, ``"add_rms_norm"`` or ``"swiglu"``."""
+    choices = SWIGLU_IMPLS if op == "swiglu" else RMS_IMPLS
+    _check_impl(impl, choices)
+    kind = _device_kind(device)
+    if impl == "auto":
+        if kind == "npu":
+            return "npu"
+        impl = "reference" if op == "swiglu" else "torch"
+    if impl == "torch" and not compat.has_feature("F.rms_norm"):
+        return "reference"  # torch < 2.4 (the 2.1 of older Ascend images) has no F.rms_norm
+    return impl
+
+
+def _torch_npu():
+    found = backend.import_torch_npu()
+    if not found.ok:
+        raise RuntimeError(f"impl='npu' needs torch_npu, which could not be imported: {found.error}. "
+                           f"{found.hint or ''} Use impl='auto' to pick an implementation for this device.")
+    return found.module
+
+
+# --- graph mode ---------------------------------------------------------------------------------
+
+def npu_graph_backend(mode: Optional[str] = None):
+    """torchair's backend for ``torch.compile`` (GE graph mode), built the documented way.
+
+    ``backend="npu"`` is the same with the default config; building it explicitly lets ``mode``
+    ("max-autotune" = GE graph, "reduce-overhead" = aclgraph) be chosen.
+    """
+    try:
+        import torchair  # ships inside torch_npu builds that include it
+    except ImportError as exc:
+        raise RuntimeError(
+            "graph mode on an NPU needs torchair, which could not be imported "
+            f"({exc}); it ships with torch_npu - reinstall a torch_npu build that includes it. "
+            "torch.compile(backend='npu') would silently run eagerly without it.") from exc
+    config = torchair.CompilerConfig()
+    if mode is not None:
+        config.mode = mode
+    return torchair.get_npu_backend(compiler_config=config)
+
+
+def graph_mode(module, device, **options):
+    """``(torch.compile(module, backend=...), backend_name)``: torchair on NPU, inductor elsewhere.
+
+    ``options`` go to ``torch.compile`` (``dynamic``, ``fullgraph``, ...); on NPU ``mode`` goes to
+    torchair's ``CompilerConfig.mode`` instead, since torch's ``mode=`` only applies to inductor.
+    """
+    kind = _device_kind(device)
+    if kind not in ("npu", "cuda", "cpu"):
+        raise ValueError(f"device={device!r} is not valid for graph_mode; use npu, cuda or cpu")
+    if not compat.has_feature("torch.compile"):
+        raise RuntimeError("graph mode needs torch.compile (torch >= 2.0)")
+    if kind == "npu":
+        mode = options.pop("mode", None)
+        options.setdefault("dynamic", False)  # GE graphs are built per static shape
+        return torch.compile(module, backend=npu_graph_backend(mode), **options), "torchair"
+    if kind == "cpu":
+        # Wraps each generated C++ kernel in a profiler range, so helpers.profiling can count it.
+        options.setdefault("options", {"cpp.enable_kernel_profile": True})
+    return torch.compile(module, backend="inductor", **options), "inductor"
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(fn: Callable, device) -> Callable:
+    """One compiled wrapper per function and device kind, so repeated calls reuse its graphs."""
+    key = (fn, _device_kind(device))
+    if key not in _COMPILED:
+        _COMPILED[key] = graph_mode(fn, device, dynamic=False)[0]
+    return _COMPILED[key]
+
+
+# --- RMSNorm ------------------------------------------------------------------------------------
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, in float32 then cast back, as LlamaRMSNorm does."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, impl: str = "auto") -> torch.Tensor:
+    """RMSNorm over the last dim; ``impl`` in ``RMS_IMPLS`` (see the module docstring)."""
+    _check_impl(impl, RMS_IMPLS)
+    _check_norm(x, weight, eps)
+    impl = resolve_impl(impl, x, "rms_norm")
+    if impl == "npu":
+        return _torch_npu().npu_rms_norm(x, weight, epsilon=eps)[0]  # returns (y, rstd)
+    if impl == "torch":
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if impl == "compiled":
+        return _compiled(rms_norm_reference, x)(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)
+
+
+# --- residual add + RMSNorm -----------------------------------------------------------------------
+
+def add_rms_norm_reference(x, residual, weight, eps: float = 1e-6):
+    """(rms_norm(x + residual), x + residual): the add and the norm as separate ops."""
+    new_residual = x + residual
+    return rms_norm_reference(new_residual, weight, eps), new_residual
+
+
+def _add_rms_norm_torch(x, residual, weight, eps):
+    new_residual = x + residual
+    return F.rms_norm(new_residual, (x.shape[-1],), weight, eps), new_residual
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                 impl: str = "auto"):
+    """``(normed, new_residual)`` with ``new_residual = x + residual`` feeding the next block.
+
+    On NPU one ``npu_add_rms_norm`` kernel does both; it returns ``(y, rstd, x1 + x2)``.
+    """
+    _check_impl(impl, RMS_IMPLS)
+    _check_norm(x, weight, eps)
+    if not isinstance(residual, torch.Tensor) or residual.shape != x.shape:
+        shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
+        raise ValueError(f"residual must have the shape of x {tuple(x.shape)}; got {shape}")
+    impl = resolve_impl(impl, x, "add_rms_norm")
+    if impl == "npu":
+        y, _rstd, new_residual = _torch_npu().npu_add_rms_norm(x, residual, weight, eps)
+        return y, new_residual
+    if impl == "torch":
+        return _add_rms_norm_torch(x, residual, weight, eps)
+    if impl == "compiled":
+        return _compiled(add_rms_norm_reference, x)(x, residual, weight, eps)
+    return add_rms_norm_reference(x, residual, weight, eps)
+
+
+# --- SwiGLU and the FFN ---------------------------------------------------------------------------
+
+def swiglu_reference(gate_up: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """silu(first half) * second half along ``dim`` (npu_swiglu's definition)."""
+    gate, up = gate_up.chunk(2, dim=dim)
+    return F.silu(gate) * up
+
+
+def swiglu(gate_up: torch.Tensor, dim: int = -1, impl: str = "auto") -> torch.Tensor:
+    """SwiGLU activation of a merged gate_up tensor; ``impl`` in ``SWIGLU_IMPLS``."""
+    _check_impl(impl, SWIGLU_IMPLS)
+    if not isinstance(gate_up, torch.Tensor) or gate_up.dim() == 0 or gate_up.shape[dim] % 2:
+        shape = tuple(gate_up.shape) if isinstance(gate_up, torch.Tensor) else type(gate_up).__name__
+        raise ValueError(f"gate_up must have an even size along dim={dim} (gate and up halves); got {shape}")
+    impl = resolve_impl(impl, gate_up, "swiglu")
+    if impl == "npu":
+        return _torch_npu().npu_swiglu(gate_up, dim=dim)
+    if impl == "compiled":
+        return _compiled(swiglu_reference, gate_up)(gate_up, dim)
+    return swiglu_reference(gate_up, dim)
+
+
+def _check_ffn(x, w_gate, w_up, w_down) -> None:
+    """nn.Linear layout: w_gate / w_up are (I, H), w_down is (H, I)."""
+    for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D weight in nn.Linear layout (out, in)")
+    hidden = x.shape[-1]
+    if w_gate.shape != w_up.shape or w_gate.shape[1] != hidden:
+        raise ValueError(f"w_gate and w_up must both be (intermediate, hidden) = (I, {hidden}) in nn.Linear "
+                         f"(out, in) layout; got w_gate {tuple(w_gate.shape)}, w_up {tuple(w_up.shape)}")
+    if w_down.shape != (hidden, w_gate.shape[0]):
+        raise ValueError(f"w_down must be (hidden, intermediate) = ({hidden}, {w_gate.shape[0]}); "
+                         f"got {tuple(w_down.shape)}")
+
+
+def ffn_reference(x, w_gate, w_up, w_down) -> torch.Tensor:
+    """Llama's FFN as three separate matmuls: down(silu(gate(x)) * up(x)); weights are (out, in)."""
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def merge_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """One (2I, H) weight, gate rows first, so one matmul yields the halves npu_swiglu expects."""
+    return torch.cat([w_gate, w_up], dim=0).contiguous()
+
+
+def ffn_merged(x, w_gate_up, w_down, impl: str = "reference") -> torch.Tensor:
+    """One gate_up matmul, SwiGLU (``impl`` as in ``swiglu``), then down."""
+    return F.linear(swiglu(F.linear(x, w_gate_up), impl=impl), w_down)
+
+
+def make_ffn(w_gate, w_up, w_down, variant: str, device=None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A callable ``f(x)`` for one FFN variant (see ``FFN_VARIANTS``), for timing and profiling.
+
+    * ``unfused``  - gate, up, silu, mul, down as separate ops (the reference);
+    * ``merged``   - gate and up weights concatenated: one matmul instead of two;
+    * ``fused_act``- merged, plus one fused SwiGLU kernel (``npu_swiglu`` on NPU, a compiled
+      silu*mul elsewhere);
+    * ``graph``    - the unfused FFN under ``graph_mode`` (torchair / inductor).
+    """
+    _check_impl(variant, FFN_VARIANTS, "variant")
+    device = device if device is not None else w_gate.device
+    if variant == "unfused":
+        return lambda x: ffn_reference(x, w_gate, w_up, w_down)
+    if variant == "graph":
+        compiled = graph_mode(ffn_reference, device, dynamic=False)[0]
+        return lambda x: compiled(x, w_gate, w_up, w_down)
+    w_gate_up = merge_gate_up(w_gate, w_up)
+    if variant == "merged":
+        return lambda x: ffn_merged(x, w_gate_up, w_down, impl="reference")
+    act = "npu" if _device_kind(device) == "npu" else "compiled"
+    return lambda x: ffn_merged(x, w_gate_up, w_down, impl=act)
+
+
+# --- modules for a loaded Llama -----------------------------------------------------------------
+
+class FusedRMSNorm(nn.Module):
+    """Drop-in for ``LlamaRMSNorm`` that dispatches through ``rms_norm``."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, impl: str = "auto"):
+        super().__init__()
+        _check_impl(impl, RMS_IMPLS)
+        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.variance_epsilon = eps
+        self.impl = impl
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon, impl=self.impl)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, impl={self.impl!r}"
+
+
+class FusedLlamaMLP(nn.Module):
+    """``LlamaMLP`` with gate and up merged into one Linear and a SwiGLU activation."""
+
+    def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, impl: str = "auto"):
+        super().__init__()
+        _check_impl(impl, SWIGLU_IMPLS)
+        hidden, inter = gate_proj.in_features, gate_proj.out_features
+        bias = gate_proj.bias is not None
+        ref = gate_proj.weight
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias, device=ref.device, dtype=ref.dtype)
+        with torch.no_grad():
+            self.gate_up_proj.weight.copy_(merge_gate_up(gate_proj.weight, up_proj.weight))
+            if bias:
+                self.gate_up_proj.bias.copy_(torch.cat([gate_proj.bias, up_proj.bias]))
+        self.down_proj = down_proj
+        self.impl = impl
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(swiglu(self.gate_up_proj(x), impl=self.impl))
+
+
+def _is_rmsnorm(module: nn.Module) -> bool:
+    return (type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor)
+            and hasattr(module, "variance_epsilon"))
+
+
+def _is_silu_mlp(module: nn.Module) -> bool:
+    if not all(isinstance(getattr(module, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+        return False
+    act = getattr(module, "act_fn", None)
+    return isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+def apply_fused_modules(model: nn.Module, impl: str = "auto") -> dict:
+    """Replace a loaded Llama's RMSNorm and MLP modules in place; return what was replaced.
+
+    ``impl="auto"`` resolves from the model's device: the torch_npu ops on NPU; ``F.rms_norm`` and
+    a merged gate_up matmul on CUDA; on CPU the reference norm (``F.rms_norm`` is no faster there, and
+    the reference matches ``LlamaRMSNorm`` bit for bit, so 16-bit logits do not drift) and the merged
+    gate_up matmul. ``"reference"`` / ``"compiled"`` / ``"npu"`` force one path (``"torch"`` applies
+    to the norms only; MLPs then use the reference SwiGLU).
+    Logits stay equal to the original model's within the dtype's tolerance (tests check this).
+    """
+    _check_impl(impl, RMS_IMPLS)
+    first = next(model.parameters(), None)
+    if first is None:
+        raise ValueError("model has no parameters; pass a loaded Llama-style model")
+    if impl == "auto" and _device_kind(first) == "cpu":
+        impl = "reference"
+    norm_impl = resolve_impl(impl, first, "rms_norm")
+    act_impl = resolve_impl("reference" if impl == "torch" else impl, first, "swiglu")
+    counts = {"rmsnorm": 0, "mlp": 0, "impl": norm_impl, "swiglu_impl": act_impl, "skipped_mlp": 0}
+    targets = []
+    for name, module in model.named_modules():
+        if _is_rmsnorm(module):
+            targets.append((name, FusedRMSNorm(module.weight, module.variance_epsilon, norm_impl), "rmsnorm"))
+        elif all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj")):
+            if _is_silu_mlp(module):
+                fused = FusedLlamaMLP(module.gate_proj, module.up_proj, module.down_proj, act_impl)
+                targets.append((name, fused, "mlp"))
+            else:
+                counts["skipped_mlp"] += 1  # not SiLU-gated: SwiGLU would change the model
+    for name, new, kind in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, new)
+        counts[kind] += 1
+    return counts
+
+
+# --- bytes moved, for GB/s figures --------------------------------------------------------------
+
+def rms_norm_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """Minimum traffic of one RMSNorm: read x and weight once, write y once."""
+    return 2 * x.numel() * x.element_size() + weight.numel() * weight.element_size()
+
+
+def add_rms_norm_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """Minimum traffic of fused add + RMSNorm: read x and residual, write y and the new residual."""
+    return 4 * x.numel() * x.element_size() + weight.numel() * weight.element_size()
