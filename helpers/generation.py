@@ -9,7 +9,11 @@ Decoding is greedy, so runs are deterministic; both timings use ``helpers.bench.
 from __future__ import annotations
 
 import gc
+import math
+import os
+import sys
 import time
+from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -88,24 +92,31 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     extra = dict(generate_kwargs or {})
     torch.manual_seed(seed)
 
-    out = _generate(model, tokenizer, inputs, max_new_tokens, **extra)
-    produced = out.shape[1] - prompt_len
-    if produced != max_new_tokens:
-        raise RuntimeError(f"generate produced {produced} tokens instead of {max_new_tokens}")
+    lengths: list[int] = []
 
+    def full_generate():
+        lengths.append(_generate(model, tokenizer, inputs, max_new_tokens, **extra).shape[1])
+
+    # The first call of each measurement is its untimed warm-up.
     timing = dict(warmup=1, min_iters=repeats, max_iters=repeats, min_seconds=0.0,
                   min_sample_seconds=0.0)
     prefill = bench.measure(lambda: _generate(model, tokenizer, inputs, 1, **extra), device,
                             name="generate 1 token", **timing)
     backend.reset_peak_memory(device)
-    full = bench.measure(lambda: _generate(model, tokenizer, inputs, max_new_tokens, **extra),
-                         device, name=f"generate {max_new_tokens} tokens", **timing)
+    full = bench.measure(full_generate, device, name=f"generate {max_new_tokens} tokens", **timing)
     peak = backend.peak_memory_bytes(device)
+    wrong = {n - prompt_len for n in lengths if n - prompt_len != max_new_tokens}
+    if wrong:
+        raise RuntimeError(f"generate produced {sorted(wrong)} new tokens instead of {max_new_tokens}")
 
     decode_samples = [(f - p) / (max_new_tokens - 1) for f, p in zip(full.samples, prefill.samples)]
     decode = bench.Timing("decode per token", decode_samples, device=str(device))
     decode_s = decode.median
-    per_user = 1.0 / decode_s if decode_s > 0 else float("inf")
+    # A non-positive difference means timing noise exceeded the decode time: report no figure.
+    resolved = decode_s > 0
+    if not resolved:
+        decode_s = math.nan
+    per_user = 1.0 / decode_s if resolved else math.nan
     attn = getattr(model.config, "_attn_implementation", None) or "default"
     return {
         "batch_size": int(batch),
@@ -115,8 +126,8 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
         "ttft_p10_ms": prefill.p10 * 1e3,
         "ttft_p90_ms": prefill.p90 * 1e3,
         "decode_ms_per_token": decode_s * 1e3,
-        "decode_p10_ms": decode.p10 * 1e3,
-        "decode_p90_ms": decode.p90 * 1e3,
+        "decode_p10_ms": decode.p10 * 1e3 if resolved else math.nan,
+        "decode_p90_ms": decode.p90 * 1e3 if resolved else math.nan,
         "tokens_per_s_per_user": per_user,
         "tokens_per_s_aggregate": per_user * int(batch),
         "total_ms": full.median * 1e3,
@@ -128,8 +139,18 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
                                    f"{attn} attention, left padding"),
         "repeats": repeats,
         "ttft_noisy": prefill.noisy,
-        "decode_noisy": decode.noisy,
+        "decode_noisy": decode.noisy or not resolved,
+        "decode_resolved": resolved,
+        "ttft_samples_ms": [x * 1e3 for x in prefill.samples],
+        "decode_samples_ms": [x * 1e3 for x in decode_samples],
     }
+
+
+def decode_timing(result: dict, name: str = "") -> bench.Timing:
+    """The decode-per-token samples of a ``measure_generation`` result as a ``bench.Timing``,
+    so that two configurations compare with ``bench.speedup``."""
+    return bench.Timing(name or f"decode batch {result['batch_size']}",
+                        [x / 1e3 for x in result["decode_samples_ms"]], device=result["device"])
 
 
 def decode_bytes_per_step(model, batch_size: int, context_len: int) -> int:
@@ -223,6 +244,25 @@ def _cache_of(output):
         "past_key_values")
 
 
+@contextmanager
+def _native_stderr_silenced():
+    """Kineto (torch.profiler's backend) logs start/stop lines from C++ straight to fd 2, which
+    end up in executed notebooks; they carry no information, so fd 2 is muted while profiling."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False,
             row_limit: int = 10, device=None):
     """Where decode time goes: torch.profiler over ``steps`` batch-1 decode steps (prefill excluded).
@@ -243,7 +283,7 @@ def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False
         past, mask = _cache_of(out), inputs["attention_mask"]
         token = out.logits[:, -1:].argmax(-1)
         backend.synchronize(device)
-        with profile(activities=activities) as prof:
+        with _native_stderr_silenced(), profile(activities=activities) as prof:
             for _ in range(steps):
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
                 out = model(input_ids=token, attention_mask=mask, use_cache=True,

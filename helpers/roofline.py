@@ -8,6 +8,7 @@ mark per row; this machine's bandwidth is never a row there, it is measured in c
 """
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Optional
 
@@ -39,7 +40,7 @@ def load_specs(path: "str | Path | None" = None):
 
 
 def _check_positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
         raise ValueError(f"{name}={value!r} is not valid; it must be a number > 0")
     return float(value)
 

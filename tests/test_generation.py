@@ -143,3 +143,16 @@ def test_top_ops_lists_matmuls(tiny_model):
     df = generation.top_ops(model, tok, "hello there", steps=2, row_limit=30)
     assert {"op", "calls", "self_cpu_ms_per_step", "share_pct"} <= set(df.columns)
     assert df["op"].str.contains("mm|linear|addmm").any()
+
+
+def test_noise_larger_than_decode_gives_no_figure(tiny_model, monkeypatch):
+    model, tok = tiny_model
+
+    def fake_measure(fn, device, *, name="", **kw):
+        return bench.Timing(name, [0.5, 0.5] if name == "generate 1 token" else [0.2, 0.3],
+                            device=str(device))
+
+    monkeypatch.setattr(generation.bench, "measure", fake_measure)
+    r = generation.measure_generation(model, tok, ["x"], 4, repeats=2)
+    assert not r["decode_resolved"] and r["decode_noisy"]
+    assert r["decode_ms_per_token"] != r["decode_ms_per_token"]  # NaN, never a negative speed
