@@ -156,3 +156,26 @@ def test_noise_larger_than_decode_gives_no_figure(tiny_model, monkeypatch):
     r = generation.measure_generation(model, tok, ["x"], 4, repeats=2)
     assert not r["decode_resolved"] and r["decode_noisy"]
     assert r["decode_ms_per_token"] != r["decode_ms_per_token"]  # NaN, never a negative speed
+
+
+def test_compile_forward_dispatches_by_device(tiny_model, monkeypatch):
+    """inductor on CPU, torchair's NPU backend on NPU; nothing is really compiled here."""
+    import sys
+    import types
+
+    model, _ = tiny_model
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
+    monkeypatch.setitem(sys.modules, "helpers.ops", None)  # the fallback path, without chapter 01's helper
+    fake_torchair = types.SimpleNamespace(get_npu_backend=lambda **kw: "npu-backend")
+    monkeypatch.setitem(sys.modules, "torchair", fake_torchair)
+    original = model.forward
+    try:
+        assert generation.compile_forward(model, "cpu") == "inductor"
+        assert calls[-1]["backend"] == "inductor"
+        # torch cannot build an "npu" device without torch_npu, so stand in for one.
+        monkeypatch.setattr(generation, "as_device", lambda d: types.SimpleNamespace(type=d))
+        assert generation.compile_forward(model, "npu") == "torchair"
+        assert calls[-1]["backend"] == "npu-backend"
+    finally:
+        model.forward = original
