@@ -179,3 +179,11 @@ def test_compile_forward_dispatches_by_device(tiny_model, monkeypatch):
         assert calls[-1]["backend"] == "npu-backend"
     finally:
         model.forward = original
+
+
+def test_cpu_contention_warning(monkeypatch):
+    monkeypatch.setattr(generation.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    monkeypatch.setattr(generation.os, "cpu_count", lambda: 2)
+    assert "load average 8.0 on 2 cores" in generation.cpu_contention("cpu")
+    monkeypatch.setattr(generation.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    assert generation.cpu_contention("cpu") is None
