@@ -1,0 +1,104 @@
+"""Published device specs and the batch-1 decode roofline (taught in ``03_end_to_end.ipynb``).
+
+Decoding one token at batch 1 reads every weight once, so no implementation can beat
+``bandwidth / weight bytes`` tokens per second. The same arithmetic run backwards says how much
+bandwidth a claimed speed would need, which is how chapter 03 tells a plausible claim from an
+impossible one. Specs live in ``data/device_specs.csv`` with a source and an official/unofficial
+mark per row; this machine's bandwidth is never a row there, it is measured in chapter 00.
+"""
+from __future__ import annotations
+
+import numbers
+from pathlib import Path
+from typing import Optional
+
+SPECS_PATH = Path(__file__).resolve().parent.parent / "data" / "device_specs.csv"
+SPEC_COLUMNS = ("device", "variant", "memory_gb", "bandwidth_gbps", "fp16_dense_tflops",
+                "status", "source", "note")
+SPEC_STATUSES = ("official", "unofficial")
+
+# Llama-2-7B shape from its config.json (meta-llama/Llama-2-7b-hf): untied embeddings, MHA.
+LLAMA2_7B_CONFIG = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                        tie_word_embeddings=False)
+BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int4": 0.5}
+
+
+def load_specs(path: "str | Path | None" = None):
+    """The specs table as a DataFrame; fails if a row lacks a source or an official/unofficial mark."""
+    import pandas as pd
+
+    df = pd.read_csv(path or SPECS_PATH)
+    missing = [c for c in SPEC_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path or SPECS_PATH}: missing columns {missing}")
+    bad = df[~df["status"].isin(SPEC_STATUSES) | df["source"].isna() | (df["source"] == "")]
+    if len(bad):
+        raise ValueError(f"rows without a source or with a status outside {SPEC_STATUSES}: "
+                         f"{bad['variant'].tolist()}")
+    return df
+
+
+def _check_positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise ValueError(f"{name}={value!r} is not valid; it must be a number > 0")
+    return float(value)
+
+
+def decode_ceiling_tok_s(bandwidth_gbps: float, weight_bytes: float) -> float:
+    """Batch-1 decode upper bound: every step reads ``weight_bytes`` at ``bandwidth_gbps`` (1e9 B/s)."""
+    return _check_positive("bandwidth_gbps", bandwidth_gbps) * 1e9 / _check_positive(
+        "weight_bytes", weight_bytes)
+
+
+def required_bandwidth_gbps(tokens_per_s: float, weight_bytes: float) -> float:
+    """Bandwidth (GB/s) a single stream needs to decode ``tokens_per_s`` with these weights."""
+    return _check_positive("tokens_per_s", tokens_per_s) * _check_positive(
+        "weight_bytes", weight_bytes) / 1e9
+
+
+def llama_parameter_count(vocab_size: int, hidden_size: int, intermediate_size: int,
+                          num_hidden_layers: int, num_attention_heads: int,
+                          num_key_value_heads: Optional[int] = None,
+                          tie_word_embeddings: bool = False) -> int:
+    """Parameters of a Llama decoder from its config (no biases; two norms per layer + final)."""
+    kv_heads = num_key_value_heads or num_attention_heads
+    head_dim = hidden_size // num_attention_heads
+    attention = 2 * hidden_size * hidden_size + 2 * hidden_size * kv_heads * head_dim
+    mlp = 3 * hidden_size * intermediate_size
+    per_layer = attention + mlp + 2 * hidden_size
+    embeddings = vocab_size * hidden_size * (1 if tie_word_embeddings else 2)
+    return num_hidden_layers * per_layer + embeddings + hidden_size
+
+
+def llama2_7b_weight_bytes(dtype: str = "float16") -> int:
+    """Weight bytes of Llama-2-7B (6.74 B parameters) stored in ``dtype`` (scales of int formats ignored)."""
+    if dtype not in BYTES_PER_ELEMENT:
+        raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(BYTES_PER_ELEMENT)}")
+    return int(llama_parameter_count(**LLAMA2_7B_CONFIG) * BYTES_PER_ELEMENT[dtype])
+
+
+def prefill_floor_ms(prompt_tokens: int, parameters: int, tflops: float) -> float:
+    """Lowest possible prefill time: 2 FLOP per parameter per prompt token at peak compute."""
+    return 2.0 * _check_positive("prompt_tokens", prompt_tokens) * _check_positive(
+        "parameters", parameters) / (_check_positive("tflops", tflops) * 1e12) * 1e3
+
+
+def claim_verdict(claimed_tok_s: float, ceiling_tok_s: float) -> str:
+    """'impossible' above the roofline, else 'plausible' (only a measurement can reproduce it)."""
+    return "impossible" if claimed_tok_s > ceiling_tok_s else "plausible"
+
+
+def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None):
+    """Each device's batch-1 ceiling for ``weight_bytes``; ``extra`` adds measured rows {label: GB/s}."""
+    import pandas as pd
+
+    specs = load_specs() if specs is None else specs
+    rows = [{"device": r.variant, "bandwidth_gbps": float(r.bandwidth_gbps), "status": r.status,
+             "source": r.source} for r in specs.itertuples()]
+    for label, gbps in (extra or {}).items():
+        rows.append({"device": label, "bandwidth_gbps": float(gbps), "status": "measured",
+                     "source": "measured in this run"})
+    df = pd.DataFrame(rows)
+    df["ceiling_tok_s"] = [decode_ceiling_tok_s(b, weight_bytes) for b in df["bandwidth_gbps"]]
+    return df

@@ -1,0 +1,189 @@
+"""Generation metrics: TTFT/decode split arithmetic, bytes per step, padding, and sweeps."""
+import pytest
+import torch
+
+from helpers import bench, generation
+
+PROMPTS = ["hello world, this prompt is longer", "hi", "a medium prompt"]
+
+
+def test_split_arithmetic_with_known_timings(tiny_model, monkeypatch):
+    """TTFT = t(1); decode = (t(N) - t(1)) / (N - 1); aggregate = per-user x batch."""
+    model, tok = tiny_model
+    prefill = [0.100, 0.110, 0.120]
+    full = [0.100 + 7 * 0.020, 0.110 + 7 * 0.030, 0.120 + 7 * 0.040]
+
+    def fake_measure(fn, device, *, name="", **kw):
+        fn()  # still runs generate once, so the real code path is exercised
+        return bench.Timing(name, prefill if name == "generate 1 token" else full, device=str(device))
+
+    monkeypatch.setattr(generation.bench, "measure", fake_measure)
+    r = generation.measure_generation(model, tok, PROMPTS, 8, repeats=3)
+    assert r["ttft_ms"] == pytest.approx(110.0)
+    assert r["ttft_p10_ms"] == pytest.approx(102.0)
+    assert r["decode_ms_per_token"] == pytest.approx(30.0)
+    assert r["decode_p10_ms"] == pytest.approx(22.0)
+    assert r["decode_p90_ms"] == pytest.approx(38.0)
+    assert r["tokens_per_s_per_user"] == pytest.approx(1000 / 30)
+    assert r["tokens_per_s_aggregate"] == pytest.approx(3 * 1000 / 30)
+    assert r["total_ms"] == pytest.approx(full[1] * 1e3)
+    assert r["batch_size"] == 3 and r["new_tokens"] == 8
+
+
+def test_real_measurement_on_tiny_model(tiny_model):
+    model, tok = tiny_model
+    r = generation.measure_generation(model, tok, PROMPTS[:2], 4, repeats=2)
+    expected_keys = {"batch_size", "prompt_tokens", "new_tokens", "ttft_ms", "ttft_p10_ms",
+                     "ttft_p90_ms", "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms",
+                     "tokens_per_s_per_user", "tokens_per_s_aggregate", "total_ms",
+                     "peak_memory_bytes", "memory_kind", "dtype", "device", "code_path"}
+    assert expected_keys <= set(r)
+    longest = len(tok(PROMPTS[0])["input_ids"])
+    assert r["batch_size"] == 2 and r["prompt_tokens"] == longest and r["new_tokens"] == 4
+    assert r["ttft_p10_ms"] <= r["ttft_ms"] <= r["ttft_p90_ms"]
+    assert r["peak_memory_bytes"] > 0 and r["dtype"] == "float32" and r["device"] == "cpu"
+
+
+@pytest.mark.parametrize("kwargs,name", [({"max_new_tokens": 1}, "max_new_tokens"),
+                                         ({"max_new_tokens": 4, "repeats": 0}, "repeats")])
+def test_bad_arguments_fail_before_work(tiny_model, kwargs, name):
+    model, tok = tiny_model
+    with pytest.raises(ValueError, match=name):
+        generation.measure_generation(model, tok, ["x"], **kwargs)
+
+
+def _tiny_sizes(batch, ctx, tied):
+    # hidden 64, 2 layers, 4 heads (head_dim 16), 2 kv heads, intermediate 160, vocab 258, fp32
+    vocab, h, inter, layers = 258, 64, 160, 2
+    layer = h * h * 2 + h * 32 * 2 + 3 * h * inter + 2 * h
+    lm_head = vocab * h
+    embed_read = 0 if tied else batch * h
+    weights = (layers * layer + h + lm_head + embed_read) * 4
+    kv = 2 * layers * 2 * 16 * ctx * batch * 4
+    return weights + kv
+
+
+def test_decode_bytes_untied_counts_one_embedding_row_per_sequence(tiny_model):
+    model, _ = tiny_model
+    assert model.config.vocab_size == 258
+    for batch, ctx in [(1, 0), (1, 10), (4, 100)]:
+        assert generation.decode_bytes_per_step(model, batch, ctx) == _tiny_sizes(batch, ctx, False)
+
+
+def test_decode_bytes_tied_counts_the_matrix_once():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=258, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert generation.decode_bytes_per_step(model, 2, 50) == _tiny_sizes(2, 50, True)
+    with pytest.raises(ValueError, match="batch_size"):
+        generation.decode_bytes_per_step(model, 0, 50)
+
+
+def test_achieved_bandwidth():
+    # 1 GB per step at 20 ms per step = 50 GB/s
+    assert generation.achieved_bandwidth_gbps(1e9, 20.0) == pytest.approx(50.0)
+
+
+def test_batched_greedy_equals_unbatched(tiny_model):
+    model, tok = tiny_model
+    lengths = {len(tok(p)["input_ids"]) for p in PROMPTS}
+    assert len(lengths) == 3  # the batch really is padded
+    check = generation.padding_check(model, tok, PROMPTS, 6)
+    assert check["match"], check["rows"]
+    assert all(r["first_difference"] is None for r in check["rows"])
+
+
+def test_padding_check_reports_a_difference(tiny_model, monkeypatch):
+    model, tok = tiny_model
+    real = generation.greedy_new_tokens
+
+    def broken(model, tok, prompts, n, **kw):
+        out = real(model, tok, prompts, n, **kw)
+        if len(prompts) > 1:  # corrupt only the batched run
+            out[1][2] = (out[1][2] + 1) % 200
+        return out
+
+    monkeypatch.setattr(generation, "greedy_new_tokens", broken)
+    check = generation.padding_check(model, tok, PROMPTS, 4)
+    assert not check["match"]
+    assert [r["first_difference"] for r in check["rows"]] == [None, 2, None]
+
+
+def test_sweep_goes_on_after_oom_and_failure(monkeypatch):
+    freed = []
+    monkeypatch.setattr(generation.backend, "free_memory", lambda device: freed.append(device))
+
+    def fn(batch):
+        if batch == 2:
+            raise torch.OutOfMemoryError("out of memory allocating 1 GiB")
+        if batch == 4:
+            raise RuntimeError("shape mismatch")
+        return {"tokens_per_s": 10.0 * batch}
+
+    rows = generation.run_sweep([1, 2, 4, 8], fn, "cpu")
+    assert [r["status"] for r in rows] == ["ok", "oom", "failed", "ok"]
+    assert rows[3]["tokens_per_s"] == 80.0 and rows[0]["point"] == 1
+    assert "OutOfMemoryError" in rows[1]["error"] and "shape mismatch" in rows[2]["error"]
+    assert len(freed) >= 1 and "tokens_per_s" not in rows[1]
+
+
+def test_prompt_of_length(tiny_model):
+    _, tok = tiny_model
+    text, count = generation.prompt_of_length(tok, 40)
+    assert count == len(tok(text)["input_ids"]) and abs(count - 40) <= 2
+    with pytest.raises(ValueError, match="n_tokens"):
+        generation.prompt_of_length(tok, 0)
+
+
+def test_top_ops_lists_matmuls(tiny_model):
+    model, tok = tiny_model
+    df = generation.top_ops(model, tok, "hello there", steps=2, row_limit=30)
+    assert {"op", "calls", "self_cpu_ms_per_step", "share_pct"} <= set(df.columns)
+    assert df["op"].str.contains("mm|linear|addmm").any()
+
+
+def test_noise_larger_than_decode_gives_no_figure(tiny_model, monkeypatch):
+    model, tok = tiny_model
+
+    def fake_measure(fn, device, *, name="", **kw):
+        return bench.Timing(name, [0.5, 0.5] if name == "generate 1 token" else [0.2, 0.3],
+                            device=str(device))
+
+    monkeypatch.setattr(generation.bench, "measure", fake_measure)
+    r = generation.measure_generation(model, tok, ["x"], 4, repeats=2)
+    assert not r["decode_resolved"] and r["decode_noisy"]
+    assert r["decode_ms_per_token"] != r["decode_ms_per_token"]  # NaN, never a negative speed
+
+
+def test_compile_forward_dispatches_by_device(tiny_model, monkeypatch):
+    """inductor on CPU, torchair's NPU backend on NPU; nothing is really compiled here."""
+    import sys
+    import types
+
+    model, _ = tiny_model
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
+    monkeypatch.setitem(sys.modules, "helpers.ops", None)  # the fallback path, without chapter 01's helper
+    fake_torchair = types.SimpleNamespace(get_npu_backend=lambda **kw: "npu-backend")
+    monkeypatch.setitem(sys.modules, "torchair", fake_torchair)
+    original = model.forward
+    try:
+        assert generation.compile_forward(model, "cpu") == "inductor"
+        assert calls[-1]["backend"] == "inductor"
+        # torch cannot build an "npu" device without torch_npu, so stand in for one.
+        monkeypatch.setattr(generation, "as_device", lambda d: types.SimpleNamespace(type=d))
+        assert generation.compile_forward(model, "npu") == "torchair"
+        assert calls[-1]["backend"] == "npu-backend"
+    finally:
+        model.forward = original
+
+
+def test_cpu_contention_warning(monkeypatch):
+    monkeypatch.setattr(generation.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    monkeypatch.setattr(generation.os, "cpu_count", lambda: 2)
+    assert "load average 8.0 on 2 cores" in generation.cpu_contention("cpu")
+    monkeypatch.setattr(generation.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    assert generation.cpu_contention("cpu") is None

@@ -1,0 +1,74 @@
+"""Roofline arithmetic against hand-computed values, and the specs table's sourcing rules."""
+import pytest
+
+from helpers import roofline
+
+
+def test_llama2_7b_parameters_match_the_published_count():
+    # 6,738,415,616 parameters is the count of meta-llama/Llama-2-7b-hf's safetensors.
+    assert roofline.llama_parameter_count(**roofline.LLAMA2_7B_CONFIG) == 6_738_415_616
+    assert roofline.llama2_7b_weight_bytes("float16") == 2 * 6_738_415_616
+    assert roofline.llama2_7b_weight_bytes("int8") == 6_738_415_616
+
+
+def test_parameter_formula_matches_a_real_model(tiny_model):
+    model, _ = tiny_model
+    cfg = model.config
+    counted = roofline.llama_parameter_count(
+        cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
+        cfg.num_attention_heads, cfg.num_key_value_heads, cfg.tie_word_embeddings)
+    assert counted == sum(p.numel() for p in model.parameters())
+
+
+def test_ceiling_on_1_6_tbps_is_about_118_tokens_per_second():
+    ceiling = roofline.decode_ceiling_tok_s(1600, roofline.llama2_7b_weight_bytes("float16"))
+    # 1.6e12 / 13.4768e9 = 118.72
+    assert ceiling == pytest.approx(118.72, abs=0.01)
+
+
+def test_required_bandwidth_for_the_guides_batch1_claim():
+    weights = roofline.llama2_7b_weight_bytes("float16")
+    assert roofline.required_bandwidth_gbps(2500, weights) == pytest.approx(33_692, rel=1e-3)
+    assert roofline.required_bandwidth_gbps(3500, weights) == pytest.approx(47_169, rel=1e-3)
+    # round trip
+    bw = roofline.required_bandwidth_gbps(16.5, weights)
+    assert roofline.decode_ceiling_tok_s(bw, weights) == pytest.approx(16.5)
+
+
+def test_prefill_floor_and_verdicts():
+    # 512 tokens x 2 x 6.738e9 FLOP at 300 TFLOPS = 23.0 ms
+    assert roofline.prefill_floor_ms(512, 6_738_415_616, 300) == pytest.approx(23.0, abs=0.05)
+    assert roofline.claim_verdict(2500, 118.7) == "impossible"
+    assert roofline.claim_verdict(16.5, 118.7) == "plausible"
+
+
+@pytest.mark.parametrize("fn,args,name", [
+    (roofline.decode_ceiling_tok_s, (0, 1e9), "bandwidth_gbps"),
+    (roofline.decode_ceiling_tok_s, (100, -1), "weight_bytes"),
+    (roofline.required_bandwidth_gbps, ("fast", 1e9), "tokens_per_s"),
+    (roofline.llama2_7b_weight_bytes, ("fp8",), "dtype"),
+])
+def test_bad_input_names_the_parameter(fn, args, name):
+    with pytest.raises(ValueError, match=name):
+        fn(*args)
+
+
+def test_specs_table_has_sources_and_no_typed_cpu_row():
+    specs = roofline.load_specs()
+    assert set(specs["status"]) <= {"official", "unofficial"}
+    assert specs["source"].str.len().min() > 10
+    assert not specs["device"].str.lower().str.contains("cpu").any()
+    # Huawei publishes no per-chip 910B bandwidth: those rows must stay unofficial.
+    assert (specs.loc[specs["device"].str.contains("910B"), "status"] == "unofficial").all()
+    table = roofline.ceilings_table(roofline.llama2_7b_weight_bytes(), specs, extra={"this cpu": 30.0})
+    row = table[table["device"] == "this cpu"].iloc[0]
+    assert row["status"] == "measured"
+    assert row["ceiling_tok_s"] == pytest.approx(30e9 / 13_476_831_232)
+
+
+def test_specs_without_source_are_rejected(tmp_path):
+    path = tmp_path / "specs.csv"
+    path.write_text("device,variant,memory_gb,bandwidth_gbps,fp16_dense_tflops,status,source,note\n"
+                    "X,X1,1,100,,guess,,\n")
+    with pytest.raises(ValueError, match="source"):
+        roofline.load_specs(path)
