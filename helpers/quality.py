@@ -93,3 +93,17 @@ def agreement(reference: torch.Tensor, candidate: torch.Tensor) -> dict:
         "max_abs_logit_diff": float(diff.max()),
         "mean_abs_logit_diff": float(diff.mean()),
     }
+
+
+def evaluate(model, input_ids: torch.Tensor, reference_logits: Optional[torch.Tensor] = None,
+             window: int = 1024, return_logits: bool = False) -> dict:
+    """Perplexity on ``input_ids`` and, given reference logits, top-1 agreement and logit diffs."""
+    limit = getattr(model.config, "max_position_embeddings", None) or 2048
+    window = min(window, limit)
+    logits = logits_for(model, input_ids, window)
+    out = {"perplexity": perplexity_from_logits(logits, input_ids, window), "tokens": int(input_ids.shape[1])}
+    if reference_logits is not None:
+        out.update(agreement(reference_logits, logits))
+    if return_logits:
+        out["logits"] = logits
+    return out

@@ -411,3 +411,72 @@ def simple_decode_timing(model, tokenizer, prompt: str, batch_size: int = 1, dev
         "code_path": "helpers.quant.simple_decode_timing (prefill forward; one cached decode step)",
         "greedy_tokens": greedy, "timings": {"prefill": ttft, "decode": decode},
     }
+
+
+# --- the chapter's variants ----------------------------------------------------------------
+
+VARIANTS = {
+    "fp32": "float32, unquantized",
+    "16bit": "16-bit baseline (the dtype parameter: fp16 on NPU/CUDA, bf16 or fp32 on CPU)",
+    "w8a16": "hand-written W8A16 Int8Linear, kernel picked per backend",
+    "w8a16_dequant": "hand-written W8A16 Int8Linear, dequant-in-forward kernel",
+    "torchao": "torchao Int8WeightOnlyConfig on the 16-bit model (library path)",
+    "w8a8_dynamic": "W8A8, dynamic per-token activations (npu_dynamic_quant on NPU, emulated elsewhere)",
+    "w8a8_static": "W8A8, static per-tensor activation scales from calibration",
+    "quantize_dynamic": "torch.ao quantize_dynamic, per-tensor W8 and A8 (float32, CPU only)",
+}
+
+
+class VariantUnavailable(RuntimeError):
+    """A variant that cannot run on this device or dtype; the message says why."""
+
+
+def check_variants(names, parameter: str = "variants") -> list[str]:
+    if isinstance(names, str) or not names:
+        raise ValueError(f"{parameter}={names!r} is not valid; give a non-empty list from "
+                         f"{', '.join(VARIANTS)}")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ValueError(f"{parameter} contains {', '.join(map(repr, unknown))}; choose from "
+                         f"{', '.join(VARIANTS)}")
+    return list(names)
+
+
+def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
+                  act_scales: Optional[dict] = None):
+    """Load ``model_name`` and turn it into variant ``name``; returns (model, tokenizer, info).
+
+    Raises ``VariantUnavailable`` (with the reason) where a variant cannot run here.
+    """
+    from .models import load_model
+
+    check_variants([name], "variant")
+    device = backend.as_device(device)
+    if name == "quantize_dynamic" and device.type != "cpu":
+        raise VariantUnavailable("quantize_dynamic has CPU kernels (fbgemm/qnnpack) only")
+    if name == "torchao" and device.type == "npu":
+        raise VariantUnavailable("torchao's int8 weight-only kernels do not target the NPU")
+    if name == "w8a8_static" and act_scales is None:
+        raise VariantUnavailable("w8a8_static needs act_scales from quant.calibrate")
+    load_dtype = torch.float32 if name in ("fp32", "quantize_dynamic") else dtype
+    model, tokenizer = load_model(model_name, dtype=load_dtype, device=device)
+    info = {"variant": name, "description": VARIANTS[name], "dtype": backend.dtype_name(load_dtype),
+            "device": str(device), "bytes_before": weight_bytes(model)}
+    if name in ("fp32", "16bit"):
+        info.update(bytes_after=info["bytes_before"], impl="dense", scheme="none",
+                    activations=backend.dtype_name(load_dtype))
+    elif name == "w8a16":
+        info.update(quantize_model_int8(model, impl="auto"))
+    elif name == "w8a16_dequant":
+        info.update(quantize_model_int8(model, impl="dequant"))
+    elif name == "torchao":
+        info.update(torchao_int8_weight_only(model))
+    elif name == "w8a8_dynamic":
+        info.update(quantize_model_int8(model, scheme="w8a8"))
+    elif name == "w8a8_static":
+        info.update(quantize_model_int8(model, scheme="w8a8", act_scales=act_scales))
+    elif name == "quantize_dynamic":
+        model, extra = quantize_dynamic_cpu(model)
+        info.update(extra)
+    info["speed_is_meaningful"] = "emulate" not in str(info.get("impl"))
+    return model, tokenizer, info
