@@ -215,3 +215,21 @@ def test_heldout_text_is_shipped_and_long_enough():
     text = quality.load_heldout_text()
     assert not text.startswith("#")
     assert len(text.split()) >= 1500
+
+
+def test_variant_names_are_checked_and_unavailable_variants_say_why():
+    with pytest.raises(ValueError, match="variants contains 'w4'"):
+        quant.check_variants(["16bit", "w4"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        quant.check_variants([])
+    with pytest.raises(quant.VariantUnavailable, match="CPU"):
+        quant.build_variant("quantize_dynamic", "tiny-random", "cuda", torch.float16)
+    with pytest.raises(quant.VariantUnavailable, match="calibrate"):
+        quant.build_variant("w8a8_static", "tiny-random", "cpu", torch.bfloat16)
+
+
+def test_build_variant_on_tiny_model():
+    model, _, info = quant.build_variant("w8a16", "tiny-random", "cpu", torch.bfloat16)
+    assert info["bytes_after"] < info["bytes_before"] and info["speed_is_meaningful"]
+    _, _, info = quant.build_variant("w8a8_dynamic", "tiny-random", "cpu", torch.bfloat16)
+    assert info["impl"] == "emulate" and not info["speed_is_meaningful"]
