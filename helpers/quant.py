@@ -345,21 +345,16 @@ def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
 
 # --- timing: a small prefill/decode split (chapter 03's measure_generation replaces it) ------
 
-def memory_baseline(device) -> int:
-    """What to subtract from a CPU peak so it counts this model, not the process; 0 elsewhere."""
-    gc.collect()
-    if backend.as_device(device).type == "cpu":
-        return backend._cpu_rss_bytes()
-    return 0
-
-
 @torch.inference_mode()
 def simple_decode_timing(model, tokenizer, prompt: str, batch_size: int = 1, device=None, *,
-                         baseline_bytes: int = 0, min_iters: int = 5, min_seconds: float = 0.3) -> dict:
+                         min_iters: int = 5, min_seconds: float = 0.3) -> dict:
     """TTFT (one prefill forward + argmax) and the time of one decode step, with bench.measure.
 
     The decode step runs at context ``prompt + 1`` and its KV entry is cropped after each call,
     so every sample times the same step. Keys follow ``helpers.generation.measure_generation``.
+    Peak memory: ``max_memory_allocated`` on NPU/CUDA; on the CPU, ``weight_bytes`` plus the growth
+    of the process RSS during the timed calls (the RSS itself also holds whatever the allocator kept
+    from loading and quantizing, which differs from run to run).
     """
     from transformers import DynamicCache
 
@@ -373,6 +368,8 @@ def simple_decode_timing(model, tokenizer, prompt: str, batch_size: int = 1, dev
     # transformers 5.x renamed past_key_values to cache; older releases only know the old name.
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     backend.reset_peak_memory(device)
+    on_cpu = device.type == "cpu"
+    start_rss = backend._cpu_rss_bytes() if on_cpu else 0
 
     def prefill():
         cache = DynamicCache(config=model.config)
@@ -395,7 +392,9 @@ def simple_decode_timing(model, tokenizer, prompt: str, batch_size: int = 1, dev
 
     decode = bench.measure(step, device, name="decode step", warmup=2, min_iters=min_iters * 2,
                            min_seconds=min_seconds, code_path="one cached decode step", **meta)
-    peak = backend.peak_memory_bytes(device) - baseline_bytes
+    peak = backend.peak_memory_bytes(device)
+    if on_cpu:
+        peak = weight_bytes(model) + max(peak - start_rss, 0)
     greedy = torch.stack([next_tok, step()], dim=1).tolist()  # lets callers check the step is right
     return {
         "batch_size": batch_size, "prompt_tokens": int(ids.shape[1]), "new_tokens": 1,
@@ -405,8 +404,8 @@ def simple_decode_timing(model, tokenizer, prompt: str, batch_size: int = 1, dev
         "tokens_per_s_per_user": 1e3 / decode.median_ms,
         "tokens_per_s_aggregate": batch_size * 1e3 / decode.median_ms,
         "total_ms": None, "peak_memory_bytes": int(peak),
-        "memory_kind": backend.peak_memory_kind(device) + (
-            " above the pre-load baseline" if baseline_bytes else ""),
+        "memory_kind": "weight bytes + peak RSS growth while timing" if on_cpu else
+                       backend.peak_memory_kind(device),
         "dtype": backend.dtype_name(dtype), "device": str(device),
         "code_path": "helpers.quant.simple_decode_timing (prefill forward; one cached decode step)",
         "greedy_tokens": greedy, "timings": {"prefill": ttft, "decode": decode},

@@ -203,6 +203,7 @@ def test_simple_decode_timing_steps_like_greedy_generate(tiny_model):
         assert key in out
     assert out["tokens_per_s_aggregate"] == pytest.approx(2 * out["tokens_per_s_per_user"])
     assert out["ttft_ms"] > 0 and out["decode_ms_per_token"] > 0
+    assert out["peak_memory_bytes"] >= quant.weight_bytes(model)
     from helpers.models import chat_inputs
 
     inputs = chat_inputs(tok, ["hi there"] * 2, "cpu")
