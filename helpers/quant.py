@@ -479,3 +479,39 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
         info.update(extra)
     info["speed_is_meaningful"] = "emulate" not in str(info.get("impl"))
     return model, tokenizer, info
+
+
+def alternating_decode_timing(models_by_name: dict, tokenizer, prompt: str, batch_size: int = 1,
+                              device=None, *, rounds: int = 3, min_iters: int = 5,
+                              min_seconds: float = 0.3) -> dict:
+    """``simple_decode_timing`` of several models in turn, ``rounds`` times, samples pooled per model.
+
+    On a shared machine the load drifts over minutes; timing A, B, A, B, ... makes the drift hit
+    every model alike, so a ratio of their medians compares the models, not the moments.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds!r} is not valid; it must be an integer >= 1")
+    runs: dict = {name: [] for name in models_by_name}
+    for _ in range(rounds):
+        for name, lm in models_by_name.items():
+            runs[name].append(simple_decode_timing(lm, tokenizer, prompt, batch_size, device,
+                                                   min_iters=min_iters, min_seconds=min_seconds))
+    out = {}
+    for name, parts in runs.items():
+        pooled = {}
+        for part in ("prefill", "decode"):
+            ts = [r["timings"][part] for r in parts]
+            pooled[part] = bench.Timing(f"{name} {part}", [s for t in ts for s in t.samples], 1,
+                                        ts[0].first_call_s, ts[0].device,
+                                        {**ts[0].meta, "rounds": rounds})
+        res = dict(parts[0])
+        pre, dec = pooled["prefill"], pooled["decode"]
+        res.update(ttft_ms=pre.median_ms, ttft_p10_ms=pre.p10 * 1e3, ttft_p90_ms=pre.p90 * 1e3,
+                   decode_ms_per_token=dec.median_ms, decode_p10_ms=dec.p10 * 1e3,
+                   decode_p90_ms=dec.p90 * 1e3, tokens_per_s_per_user=1e3 / dec.median_ms,
+                   tokens_per_s_aggregate=batch_size * 1e3 / dec.median_ms,
+                   peak_memory_bytes=max(r["peak_memory_bytes"] for r in parts),
+                   code_path=res["code_path"] + f", {rounds} alternating rounds pooled",
+                   timings=pooled)
+        out[name] = res
+    return out

@@ -234,3 +234,19 @@ def test_build_variant_on_tiny_model():
     assert info["bytes_after"] < info["bytes_before"] and info["speed_is_meaningful"]
     _, _, info = quant.build_variant("w8a8_dynamic", "tiny-random", "cpu", torch.bfloat16)
     assert info["impl"] == "emulate" and not info["speed_is_meaningful"]
+
+
+def test_alternating_timing_pools_rounds(tiny_model):
+    import copy
+
+    model, tok = tiny_model
+    int8 = copy.deepcopy(model)
+    quant.quantize_model_int8(int8, impl="dequant")
+    out = quant.alternating_decode_timing({"fp32": model, "int8": int8}, tok, "hi", rounds=2,
+                                          min_iters=2, min_seconds=0.0)
+    assert set(out) == {"fp32", "int8"}
+    for res in out.values():
+        assert len(res["timings"]["decode"].samples) >= 2 * 4  # two rounds of >= 2 * min_iters
+        assert res["decode_ms_per_token"] == pytest.approx(res["timings"]["decode"].median_ms)
+    with pytest.raises(ValueError, match="rounds"):
+        quant.alternating_decode_timing({"fp32": model}, tok, "hi", rounds=0)
