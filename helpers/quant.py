@@ -1,0 +1,517 @@
+"""INT8 linears per backend, calibration, library baselines and a small decode timer.
+
+Taught in ``05_int8_quantization.ipynb``. One module, ``Int8Linear``, holds a symmetric
+per-output-channel int8 weight and picks a kernel per backend:
+
+* ``npu``: ``torch_npu.npu_weight_quant_batchmatmul`` (W8A16; weight laid out (K, N), scale per N),
+  or ``npu_dynamic_quant`` + ``npu_quant_matmul`` for W8A8;
+* ``int8pack``: ``torch._weight_int8pack_mm`` (CPU, and CUDA where torch has it) with 16-bit
+  activations; fed float32 activations with more than one row it is pathologically slow, so
+  ``auto`` never picks it for float32;
+* ``dequant``: cast the int8 weight to the activation dtype inside ``forward`` (any device;
+  the fallback when ``_weight_int8pack_mm`` is missing);
+* ``emulate``: W8A8 with exact integer arithmetic on CPU, for quality only (not a speed path).
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+import logging
+import warnings
+from contextlib import contextmanager
+from typing import Iterable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import backend, bench, compat
+from .quality import perplexity  # noqa: F401  (part of this module's public API)
+
+IMPLS = ("auto", "npu", "int8pack", "dequant", "emulate")
+SCHEMES = ("w8a16", "w8a8")
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# --- the math: symmetric per-channel weights, per-token or static activations ---------------
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float weight -> (int8 (N, K), float32 scale (N,)); w ≈ q * scale[:, None].
+
+    Symmetric, one scale per output channel, range [-127, 127] so that -w quantizes to -q.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (out_features, in_features), got {tuple(weight.shape)}")
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return (q.float() * scale.float()[:, None]).to(dtype)
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ``x`` (M, K) -> (int8 (M, K), float32 scale (M,)): dynamic per-token quantization."""
+    x32 = x.float()
+    scale = x32.abs().amax(dim=-1).clamp(min=1e-8) / 127.0
+    return torch.round(x32 / scale[:, None]).clamp(-128, 127).to(torch.int8), scale
+
+
+def quantize_static(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Quantize with one calibrated scale; values beyond the calibrated range are clipped."""
+    return torch.round(x.float() / scale).clamp(-128, 127).to(torch.int8)
+
+
+def _int8_matmul(a: torch.Tensor, b_nk: torch.Tensor) -> torch.Tensor:
+    """Exact int8 (M, K) @ int8 (N, K).T -> int32 (M, N)."""
+    if hasattr(torch, "_int_mm") and a.device.type == "cpu":
+        return torch._int_mm(a, b_nk.t())
+    return a.to(torch.int32) @ b_nk.t().to(torch.int32)
+
+
+# --- the module ----------------------------------------------------------------------------
+
+def resolve_impl(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -> str:
+    """The concrete kernel for ``impl`` on this device and activation dtype."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} is not valid; choose one of {', '.join(IMPLS)}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme={scheme!r} is not valid; choose one of {', '.join(SCHEMES)}")
+    if impl != "auto":
+        if scheme == "w8a8" and impl not in ("npu", "emulate"):
+            raise ValueError(f"impl={impl!r} does not do W8A8; use impl='npu' or 'emulate'")
+        if scheme == "w8a16" and impl == "emulate":
+            raise ValueError("impl='emulate' is for scheme='w8a8'; W8A16 uses npu, int8pack or dequant")
+        if impl == "int8pack" and not compat.has_feature("torch._weight_int8pack_mm"):
+            raise ValueError("impl='int8pack' needs torch._weight_int8pack_mm, which this torch "
+                             "lacks; use impl='dequant' or 'auto'")
+        return impl
+    kind = backend.as_device(device).type
+    if kind == "npu":
+        return "npu"
+    if scheme == "w8a8":
+        return "emulate"
+    if dtype in (torch.bfloat16, torch.float16) and compat.has_feature("torch._weight_int8pack_mm"):
+        return "int8pack"
+    return "dequant"
+
+
+class Int8Linear(nn.Module):
+    """A drop-in ``nn.Linear`` replacement with an int8 weight and a per-output-channel scale.
+
+    ``scheme="w8a16"`` keeps activations in the model dtype; ``"w8a8"`` quantizes them too,
+    per token at run time (``act_scale=None``) or with a calibrated static scale.
+    """
+
+    def __init__(self, linear: nn.Linear, impl: str = "auto", scheme: str = "w8a16",
+                 act_scale: Optional[float] = None):
+        super().__init__()
+        weight = linear.weight
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.scheme = scheme
+        self.impl = resolve_impl(impl, weight.device, weight.dtype, scheme)
+        self.act_scale = act_scale
+        q, scale = quantize_weight(weight)
+        # The NPU kernels read the weight as (K, N); transposing once here keeps forward cheap.
+        layout = q.t().contiguous() if self.impl == "npu" else q
+        self.register_buffer("qweight", layout.to(weight.device))
+        self.register_buffer("scale", scale.to(weight.device))
+        # int8pack wants the scale in the activation dtype; keep that copy ready.
+        self.register_buffer("scale_act", scale.to(device=weight.device, dtype=weight.dtype),
+                             persistent=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
+                                                                   requires_grad=False)
+
+    def extra_repr(self) -> str:
+        act = "" if self.scheme == "w8a16" else (
+            ", act=dynamic per-token" if self.act_scale is None else f", act=static {self.act_scale:.3g}")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"scheme={self.scheme}, impl={self.impl}{act}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.scheme == "w8a16":
+            y = self._w8a16(x2)
+        else:
+            y = self._w8a8(x2)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def _w8a16(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl == "npu":
+            import torch_npu
+
+            return torch_npu.npu_weight_quant_batchmatmul(
+                x, self.qweight, antiquant_scale=self.scale.to(x.dtype))
+        if self.impl == "int8pack":
+            scale = self.scale_act if self.scale_act.dtype == x.dtype else self.scale.to(x.dtype)
+            return torch._weight_int8pack_mm(x, self.qweight, scale)
+        return F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
+
+    def _w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl == "npu":
+            import torch_npu
+
+            if self.act_scale is None:
+                xq, token_scale = torch_npu.npu_dynamic_quant(x)
+                return torch_npu.npu_quant_matmul(xq, self.qweight, self.scale, pertoken_scale=token_scale,
+                                                  output_dtype=x.dtype)
+            xq = quantize_static(x, self.act_scale)
+            return torch_npu.npu_quant_matmul(xq, self.qweight, self.scale * self.act_scale,
+                                              output_dtype=x.dtype)
+        if self.act_scale is None:
+            xq, token_scale = quantize_per_token(x)
+        else:
+            xq = quantize_static(x, self.act_scale)
+            token_scale = torch.full((x.shape[0],), self.act_scale, device=x.device)
+        acc = _int8_matmul(xq, self.qweight).float()
+        return (acc * self.scale[None, :] * token_scale[:, None]).to(x.dtype)
+
+
+# --- whole models --------------------------------------------------------------------------
+
+def _tensor_nbytes(obj, seen: set) -> int:
+    """Bytes of a tensor, a tensor subclass (its inner tensors) or a tuple of them, each once."""
+    if isinstance(obj, (tuple, list)):
+        return sum(_tensor_nbytes(o, seen) for o in obj)
+    if not isinstance(obj, torch.Tensor):
+        return 0
+    if hasattr(obj, "__tensor_flatten__") and type(obj) is not torch.Tensor and not isinstance(
+            obj, nn.Parameter):
+        names, _ = obj.__tensor_flatten__()
+        return sum(_tensor_nbytes(getattr(obj, n), seen) for n in names)
+    if isinstance(obj, nn.Parameter) and hasattr(obj.data, "__tensor_flatten__") and \
+            type(obj.data) is not torch.Tensor:
+        return _tensor_nbytes(obj.data, seen)
+    try:
+        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), obj.numel())
+    except Exception:  # quantized tensors have no untyped storage to share
+        key = id(obj)
+    if key in seen:
+        return 0
+    seen.add(key)
+    extra = 0
+    if obj.is_quantized and obj.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+        extra = obj.q_per_channel_scales().numel() * 8 + obj.q_per_channel_zero_points().numel() * 8
+    return obj.numel() * obj.element_size() + extra
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of everything in the state_dict (tied weights once), including packed int8 weights.
+
+    Works for plain models, ``Int8Linear``, torchao tensor subclasses and ``quantize_dynamic``'s
+    packed parameters, so every variant is counted the same way.
+    """
+    seen: set = set()
+    return sum(_tensor_nbytes(v, seen) for v in model.state_dict(keep_vars=True).values())
+
+
+def linear_names(model: nn.Module, skip: Iterable[str] = ()) -> list[str]:
+    skip = tuple(skip)
+    return [name for name, mod in model.named_modules()
+            if isinstance(mod, nn.Linear) and not any(name == s or name.endswith("." + s) for s in skip)]
+
+
+def _check_model(model: nn.Module, skip: Iterable[str] = ()) -> list[str]:
+    names = linear_names(model, skip)
+    if not names:
+        raise ValueError("model has no nn.Linear layers to quantize (already quantized, or not a "
+                         "transformer made of nn.Linear modules)")
+    bad = {str(getattr(model.get_submodule(n), "weight").dtype) for n in names
+           if model.get_submodule(n).weight.dtype not in FLOAT_DTYPES}
+    if bad:
+        raise ValueError(f"model dtype {', '.join(sorted(bad))} is not supported for INT8 "
+                         "quantization; load the model in float32, float16 or bfloat16")
+    return names
+
+
+def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a16", *,
+                        act_scales: Optional[dict] = None, skip: Iterable[str] = ()) -> dict:
+    """Replace every ``nn.Linear`` of ``model`` (in place) by an ``Int8Linear``.
+
+    ``act_scales`` (from ``calibrate``) makes W8A8 static; without it W8A8 is dynamic per-token.
+    Returns ``bytes_before``, ``bytes_after`` (``weight_bytes``), ``layers``, ``impl``, ``scheme``.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme={scheme!r} is not valid; choose one of {', '.join(SCHEMES)}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} is not valid; choose one of {', '.join(IMPLS)}")
+    if act_scales is not None and scheme != "w8a8":
+        raise ValueError("act_scales only applies to scheme='w8a8'")
+    names = _check_model(model, skip)
+    if act_scales is not None:
+        missing = [n for n in names if n not in act_scales]
+        if missing:
+            raise ValueError(f"act_scales has no scale for {len(missing)} layers, e.g. {missing[0]!r}; "
+                             "calibrate the same model before quantizing")
+    before = weight_bytes(model)
+    impls = set()
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        scale = None if act_scales is None else float(act_scales[name]) / 127.0
+        new = Int8Linear(getattr(parent, child), impl=impl, scheme=scheme, act_scale=scale)
+        impls.add(new.impl)
+        setattr(parent, child, new)
+    gc.collect()
+    return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
+            "impl": ",".join(sorted(impls)), "scheme": scheme,
+            "activations": "16-bit" if scheme == "w8a16" else (
+                "dynamic per-token int8" if act_scales is None else "static per-tensor int8 (calibrated)")}
+
+
+@torch.inference_mode()
+def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 128,
+              skip: Iterable[str] = ()) -> dict[str, float]:
+    """Max |input| of every ``nn.Linear`` over ``texts``: the static activation range per layer.
+
+    The guide's step 2 (量化参数计算：统计各层激活值分布, collect each layer's activation
+    statistics). Scales are per tensor; more texts can only widen each range.
+    """
+    if not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
+        raise ValueError("texts must be a non-empty list of non-empty calibration strings")
+    names = _check_model(model, skip)
+    amax: dict[str, float] = {n: 0.0 for n in names}
+    hooks = []
+    for name in names:
+        def hook(_mod, inputs, _out, name=name):
+            amax[name] = max(amax[name], float(inputs[0].detach().abs().max()))
+        hooks.append(model.get_submodule(name).register_forward_hook(hook))
+    device = next(model.parameters()).device
+    try:
+        for text in texts:
+            ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens].to(device)
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return amax
+
+
+@contextmanager
+def _quiet_imports():
+    """torchao logs missing optional CUDA kernels and torch warns about pytree enums on import."""
+    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree", "torch._dynamo")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            for lg, lvl in zip(loggers, levels):
+                lg.setLevel(lvl)
+
+
+def torchao_int8_weight_only(model: nn.Module) -> dict:
+    """The library path: torchao ``quantize_(model, Int8WeightOnlyConfig())`` in place.
+
+    Transformers exposes the same thing at load time as ``TorchAoConfig(Int8WeightOnlyConfig())``.
+    """
+    _check_model(model)
+    with _quiet_imports():
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        before = weight_bytes(model)
+        quantize_(model, Int8WeightOnlyConfig())
+    return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": None,
+            "impl": "torchao Int8WeightOnlyConfig", "scheme": "w8a16", "activations": "16-bit"}
+
+
+def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
+    """``torch.ao.quantization.quantize_dynamic`` (per-tensor W8 + dynamic per-tensor A8), CPU fp32.
+
+    The cautionary case: fast, and on SmolLM2 it multiplies perplexity several times.
+    """
+    names = _check_model(model)
+    first = model.get_submodule(names[0]).weight
+    if first.device.type != "cpu" or first.dtype != torch.float32:
+        raise ValueError(f"quantize_dynamic needs a float32 model on the CPU; got {first.dtype} on "
+                         f"{first.device}")
+    before = weight_bytes(model)
+    with _quiet_imports():
+        from torch.ao.quantization import quantize_dynamic
+
+        model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return model, {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
+                   "impl": "torch.ao quantize_dynamic (fbgemm)", "scheme": "w8a8",
+                   "activations": "dynamic per-tensor int8"}
+
+
+# --- timing: a small prefill/decode split (chapter 03's measure_generation replaces it) ------
+
+@torch.inference_mode()
+def simple_decode_timing(model, tokenizer, prompt: str, batch_size: int = 1, device=None, *,
+                         min_iters: int = 5, min_seconds: float = 0.3) -> dict:
+    """TTFT (one prefill forward + argmax) and the time of one decode step, with bench.measure.
+
+    The decode step runs at context ``prompt + 1`` and its KV entry is cropped after each call,
+    so every sample times the same step. Keys follow ``helpers.generation.measure_generation``.
+    Peak memory: ``max_memory_allocated`` on NPU/CUDA; on the CPU, ``weight_bytes`` plus the growth
+    of the process RSS during the timed calls (the RSS itself also holds whatever the allocator kept
+    from loading and quantizing, which differs from run to run).
+    """
+    from transformers import DynamicCache
+
+    from .models import chat_inputs
+
+    device = backend.as_device(device or next(model.parameters()).device)
+    inputs = chat_inputs(tokenizer, [prompt] * batch_size, device)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    dtype = next(model.parameters()).dtype
+    meta = dict(dtype=dtype, shape=f"batch {batch_size}, prompt {ids.shape[1]} tokens")
+    # transformers 5.x renamed past_key_values to cache; older releases only know the old name.
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    backend.reset_peak_memory(device)
+    on_cpu = device.type == "cpu"
+    start_rss = backend._cpu_rss_bytes() if on_cpu else 0
+
+    def prefill():
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_kw: cache})
+        return out.logits[:, -1].argmax(-1), cache
+
+    ttft = bench.measure(lambda: prefill(), device, name="prefill", warmup=1, min_iters=min_iters,
+                         min_seconds=min_seconds, code_path="model forward on the prompt + argmax",
+                         **meta)
+    next_tok, cache = prefill()
+    length = ids.shape[1]
+    step_mask = torch.cat([mask, mask.new_ones(batch_size, 1)], dim=1)
+    position = torch.full((batch_size, 1), length, device=device)
+
+    def step():
+        out = model(input_ids=next_tok[:, None], attention_mask=step_mask, position_ids=position,
+                    use_cache=True, **{cache_kw: cache})
+        cache.crop(-1)  # drop this step's KV entry so every sample times the same step
+        return out.logits[:, -1].argmax(-1)
+
+    decode = bench.measure(step, device, name="decode step", warmup=2, min_iters=min_iters * 2,
+                           min_seconds=min_seconds, code_path="one cached decode step", **meta)
+    peak = backend.peak_memory_bytes(device)
+    if on_cpu:
+        peak = weight_bytes(model) + max(peak - start_rss, 0)
+    greedy = torch.stack([next_tok, step()], dim=1).tolist()  # lets callers check the step is right
+    return {
+        "batch_size": batch_size, "prompt_tokens": int(ids.shape[1]), "new_tokens": 1,
+        "ttft_ms": ttft.median_ms, "ttft_p10_ms": ttft.p10 * 1e3, "ttft_p90_ms": ttft.p90 * 1e3,
+        "decode_ms_per_token": decode.median_ms, "decode_p10_ms": decode.p10 * 1e3,
+        "decode_p90_ms": decode.p90 * 1e3,
+        "tokens_per_s_per_user": 1e3 / decode.median_ms,
+        "tokens_per_s_aggregate": batch_size * 1e3 / decode.median_ms,
+        "total_ms": None, "peak_memory_bytes": int(peak),
+        "memory_kind": "weight bytes + peak RSS growth while timing" if on_cpu else
+                       backend.peak_memory_kind(device),
+        "dtype": backend.dtype_name(dtype), "device": str(device),
+        "code_path": "helpers.quant.simple_decode_timing (prefill forward; one cached decode step)",
+        "greedy_tokens": greedy, "timings": {"prefill": ttft, "decode": decode},
+    }
+
+
+# --- the chapter's variants ----------------------------------------------------------------
+
+VARIANTS = {
+    "fp32": "float32, unquantized",
+    "16bit": "16-bit baseline (the dtype parameter: fp16 on NPU/CUDA, bf16 or fp32 on CPU)",
+    "w8a16": "hand-written W8A16 Int8Linear, kernel picked per backend",
+    "w8a16_dequant": "hand-written W8A16 Int8Linear, dequant-in-forward kernel",
+    "torchao": "torchao Int8WeightOnlyConfig on the 16-bit model (library path)",
+    "w8a8_dynamic": "W8A8, dynamic per-token activations (npu_dynamic_quant on NPU, emulated elsewhere)",
+    "w8a8_static": "W8A8, static per-tensor activation scales from calibration",
+    "quantize_dynamic": "torch.ao quantize_dynamic, per-tensor W8 and A8 (float32, CPU only)",
+}
+
+
+class VariantUnavailable(RuntimeError):
+    """A variant that cannot run on this device or dtype; the message says why."""
+
+
+def check_variants(names, parameter: str = "variants") -> list[str]:
+    if isinstance(names, str) or not names:
+        raise ValueError(f"{parameter}={names!r} is not valid; give a non-empty list from "
+                         f"{', '.join(VARIANTS)}")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ValueError(f"{parameter} contains {', '.join(map(repr, unknown))}; choose from "
+                         f"{', '.join(VARIANTS)}")
+    return list(names)
+
+
+def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
+                  act_scales: Optional[dict] = None):
+    """Load ``model_name`` and turn it into variant ``name``; returns (model, tokenizer, info).
+
+    Raises ``VariantUnavailable`` (with the reason) where a variant cannot run here.
+    """
+    from .models import load_model
+
+    check_variants([name], "variant")
+    device = backend.as_device(device)
+    if name == "quantize_dynamic" and device.type != "cpu":
+        raise VariantUnavailable("quantize_dynamic has CPU kernels (fbgemm/qnnpack) only")
+    if name == "torchao" and device.type == "npu":
+        raise VariantUnavailable("torchao's int8 weight-only kernels do not target the NPU")
+    if name == "w8a8_static" and act_scales is None:
+        raise VariantUnavailable("w8a8_static needs act_scales from quant.calibrate")
+    load_dtype = torch.float32 if name in ("fp32", "quantize_dynamic") else dtype
+    model, tokenizer = load_model(model_name, dtype=load_dtype, device=device)
+    info = {"variant": name, "description": VARIANTS[name], "dtype": backend.dtype_name(load_dtype),
+            "device": str(device), "bytes_before": weight_bytes(model)}
+    if name in ("fp32", "16bit"):
+        info.update(bytes_after=info["bytes_before"], impl="dense", scheme="none",
+                    activations=backend.dtype_name(load_dtype))
+    elif name == "w8a16":
+        info.update(quantize_model_int8(model, impl="auto"))
+    elif name == "w8a16_dequant":
+        info.update(quantize_model_int8(model, impl="dequant"))
+    elif name == "torchao":
+        info.update(torchao_int8_weight_only(model))
+    elif name == "w8a8_dynamic":
+        info.update(quantize_model_int8(model, scheme="w8a8"))
+    elif name == "w8a8_static":
+        info.update(quantize_model_int8(model, scheme="w8a8", act_scales=act_scales))
+    elif name == "quantize_dynamic":
+        model, extra = quantize_dynamic_cpu(model)
+        info.update(extra)
+    info["speed_is_meaningful"] = "emulate" not in str(info.get("impl"))
+    return model, tokenizer, info
+
+
+def alternating_decode_timing(models_by_name: dict, tokenizer, prompt: str, batch_size: int = 1,
+                              device=None, *, rounds: int = 3, min_iters: int = 5,
+                              min_seconds: float = 0.3) -> dict:
+    """``simple_decode_timing`` of several models in turn, ``rounds`` times, samples pooled per model.
+
+    On a shared machine the load drifts over minutes; timing A, B, A, B, ... makes the drift hit
+    every model alike, so a ratio of their medians compares the models, not the moments.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds!r} is not valid; it must be an integer >= 1")
+    runs: dict = {name: [] for name in models_by_name}
+    for _ in range(rounds):
+        for name, lm in models_by_name.items():
+            runs[name].append(simple_decode_timing(lm, tokenizer, prompt, batch_size, device,
+                                                   min_iters=min_iters, min_seconds=min_seconds))
+    out = {}
+    for name, parts in runs.items():
+        pooled = {}
+        for part in ("prefill", "decode"):
+            ts = [r["timings"][part] for r in parts]
+            pooled[part] = bench.Timing(f"{name} {part}", [s for t in ts for s in t.samples], 1,
+                                        ts[0].first_call_s, ts[0].device,
+                                        {**ts[0].meta, "rounds": rounds})
+        res = dict(parts[0])
+        pre, dec = pooled["prefill"], pooled["decode"]
+        res.update(ttft_ms=pre.median_ms, ttft_p10_ms=pre.p10 * 1e3, ttft_p90_ms=pre.p90 * 1e3,
+                   decode_ms_per_token=dec.median_ms, decode_p10_ms=dec.p10 * 1e3,
+                   decode_p90_ms=dec.p90 * 1e3, tokens_per_s_per_user=1e3 / dec.median_ms,
+                   tokens_per_s_aggregate=batch_size * 1e3 / dec.median_ms,
+                   peak_memory_bytes=max(r["peak_memory_bytes"] for r in parts),
+                   code_path=res["code_path"] + f", {rounds} alternating rounds pooled",
+                   timings=pooled)
+        out[name] = res
+    return out

@@ -1,0 +1,252 @@
+"""INT8 linears, model quantization, calibration and quality metrics (chapter 05)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import compat, quality, quant
+
+
+def _linear(n=48, k=32, dtype=torch.float32, bias=False, seed=0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.mul_(torch.linspace(0.1, 3.0, n)[:, None])  # channels of very different range
+    return lin.to(dtype)
+
+
+def test_weight_round_trip_error_is_bounded_per_channel():
+    w = _linear().weight.detach()
+    q, scale = quant.quantize_weight(w)
+    assert q.dtype == torch.int8 and scale.shape == (w.shape[0],)
+    assert int(q.abs().max()) <= 127
+    err = (quant.dequantize_weight(q, scale) - w).abs().amax(dim=1)
+    assert torch.all(err <= scale / 2 + 1e-7)
+    # each channel uses its full range, so the largest weight is exact
+    assert torch.all(q.abs().amax(dim=1) == 127)
+
+
+def test_dequant_linear_matches_float_linear():
+    lin = _linear(bias=True)
+    x = torch.randn(2, 5, 32)
+    layer = quant.Int8Linear(lin, impl="dequant")
+    q, scale = quant.quantize_weight(lin.weight)
+    exact = F.linear(x, quant.dequantize_weight(q, scale), lin.bias)
+    torch.testing.assert_close(layer(x), exact, rtol=1e-5, atol=1e-5)
+    # against the unquantized layer the error is the rounding error, small relative to outputs
+    ref = lin(x)
+    assert (layer(x) - ref).abs().max() < 0.02 * ref.abs().max()
+
+
+@pytest.mark.skipif(not compat.has_feature("torch._weight_int8pack_mm"), reason="no int8pack kernel")
+def test_int8pack_bf16_matches_dequant():
+    lin = _linear(dtype=torch.bfloat16)
+    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    packed = quant.Int8Linear(lin, impl="auto")
+    assert packed.impl == "int8pack"
+    deq = quant.Int8Linear(lin, impl="dequant")
+    torch.testing.assert_close(packed(x).float(), deq(x).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_auto_never_feeds_float32_to_int8pack():
+    assert quant.resolve_impl("auto", "cpu", torch.float32) == "dequant"
+
+
+def test_missing_int8pack_falls_back_to_dequant(monkeypatch):
+    real = compat.has_feature
+    monkeypatch.setattr(compat, "has_feature",
+                        lambda name: False if name == "torch._weight_int8pack_mm" else real(name))
+    layer = quant.Int8Linear(_linear(dtype=torch.bfloat16), impl="auto")
+    assert layer.impl == "dequant"
+    assert layer(torch.randn(2, 32, dtype=torch.bfloat16)).shape == (2, 48)
+    with pytest.raises(ValueError, match="int8pack"):
+        quant.Int8Linear(_linear(), impl="int8pack")
+
+
+def test_npu_w8a16_uses_weight_quant_batchmatmul_with_kn_layout(fake_torch_npu):
+    lin = _linear(dtype=torch.float16, bias=True)
+    layer = quant.Int8Linear(lin, impl="npu")
+    assert layer.qweight.shape == (32, 48) and layer.qweight.is_contiguous()  # (K, N)
+    x = torch.randn(2, 3, 32, dtype=torch.float16)
+    y = layer(x)
+    assert fake_torch_npu.CALLS.count("npu_weight_quant_batchmatmul") == 1
+    ref = quant.Int8Linear(lin.float(), impl="dequant")(x.float())
+    torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_npu_w8a8_dynamic_matches_cpu_emulation(fake_torch_npu):
+    lin = _linear()
+    x = torch.randn(4, 32)
+    npu = quant.Int8Linear(lin, impl="npu", scheme="w8a8")
+    emu = quant.Int8Linear(lin, impl="emulate", scheme="w8a8")
+    y = npu(x)
+    assert fake_torch_npu.CALLS[-2:] == ["npu_dynamic_quant", "npu_quant_matmul"]
+    torch.testing.assert_close(y, emu(x), rtol=1e-4, atol=1e-4)
+    assert (emu(x) - lin(x)).abs().max() < 0.05 * lin(x).abs().max()
+
+
+def test_static_activation_scale_clips_outliers():
+    lin = _linear()
+    x = torch.randn(4, 32)
+    x[0, 0] = 50.0  # far outside the calibrated range
+    static = quant.Int8Linear(lin, impl="emulate", scheme="w8a8", act_scale=4.0 / 127)
+    err_static = (static(x) - lin(x)).abs()[0].max()
+    dynamic = quant.Int8Linear(lin, impl="emulate", scheme="w8a8")
+    assert err_static > 10 * (dynamic(x) - lin(x)).abs()[0].max()
+
+
+def test_bad_impl_and_scheme_name_the_parameter():
+    with pytest.raises(ValueError, match="impl='fast'"):
+        quant.resolve_impl("fast", "cpu", torch.float32)
+    with pytest.raises(ValueError, match="scheme='w4'"):
+        quant.resolve_impl("auto", "cpu", torch.float32, scheme="w4")
+    with pytest.raises(ValueError, match="W8A8"):
+        quant.resolve_impl("int8pack", "cpu", torch.bfloat16, scheme="w8a8")
+
+
+def test_quantize_model_replaces_linears_and_keeps_logits(tiny_model):
+    import copy
+
+    model, tok = tiny_model
+    model = copy.deepcopy(model)
+    ids = torch.randint(0, 200, (1, 24))
+    ref = model(input_ids=ids).logits
+    expected = len(quant.linear_names(model))
+    info = quant.quantize_model_int8(model, impl="dequant")
+    assert info["layers"] == expected == 2 * 7 + 1
+    assert info["bytes_after"] < 0.5 * info["bytes_before"]
+    assert not quant.linear_names(model)
+    out = model(input_ids=ids).logits
+    assert quality.agreement(ref, out)["top1_agreement"] > 0.9
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        quant.quantize_model_int8(model)
+
+
+def test_unsupported_dtype_and_empty_model_give_clear_errors(tiny_model):
+    import copy
+
+    model = copy.deepcopy(tiny_model[0]).to(torch.float64)
+    with pytest.raises(ValueError, match="float64 is not supported"):
+        quant.quantize_model_int8(model)
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        quant.quantize_model_int8(nn.Sequential(nn.ReLU()))
+    with pytest.raises(ValueError, match="scheme="):
+        quant.quantize_model_int8(model, scheme="int4")
+
+
+def test_calibration_then_static_w8a8(tiny_model):
+    import copy
+
+    model, tok = tiny_model
+    model = copy.deepcopy(model)
+    amax = quant.calibrate(model, tok, ["hello world, calibration text", "another line"])
+    assert set(amax) == set(quant.linear_names(model)) and all(v > 0 for v in amax.values())
+    info = quant.quantize_model_int8(model, scheme="w8a8", act_scales=amax)
+    assert info["impl"] == "emulate" and "static" in info["activations"]
+    assert torch.isfinite(model(input_ids=torch.randint(0, 200, (1, 8))).logits).all()
+    with pytest.raises(ValueError, match="texts"):
+        quant.calibrate(model, tok, [])
+
+
+def test_weight_bytes_counts_tied_weights_once():
+    emb = nn.Embedding(10, 4)
+    head = nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = nn.ModuleDict({"emb": emb, "head": head})
+    assert quant.weight_bytes(model) == 10 * 4 * 4
+
+
+def test_quantize_dynamic_cpu(tiny_model):
+    import copy
+
+    model, _ = tiny_model
+    q, info = quant.quantize_dynamic_cpu(copy.deepcopy(model))
+    assert info["bytes_after"] < info["bytes_before"]
+    assert torch.isfinite(q(input_ids=torch.randint(0, 200, (1, 8))).logits).all()
+    with pytest.raises(ValueError, match="float32"):
+        quant.quantize_dynamic_cpu(copy.deepcopy(model).to(torch.bfloat16))
+
+
+def test_perplexity_matches_direct_computation(tiny_model):
+    model, tok = tiny_model
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+    ids = tok(text, return_tensors="pt")["input_ids"][:, :40]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0]
+    nll = F.cross_entropy(logits[:-1], ids[0, 1:])
+    assert quant.perplexity(model, tok, text, max_tokens=40) == pytest.approx(math.exp(nll.item()),
+                                                                             rel=1e-5)
+    # windows: targets at a window start are not scored, the rest are, with fresh context
+    w = 16
+    nlls = []
+    for start in range(0, 40, w):
+        chunk = ids[:, start:start + w]
+        with torch.no_grad():
+            lg = model(input_ids=chunk).logits[0]
+        nlls.append(F.cross_entropy(lg[:-1], chunk[0, 1:], reduction="sum"))
+    direct = math.exp(float(sum(nlls)) / (39 - 2))
+    assert quality.perplexity(model, tok, text, max_tokens=40, window=w) == pytest.approx(direct, rel=1e-5)
+    with pytest.raises(ValueError, match="max_tokens"):
+        quality.perplexity(model, tok, text, max_tokens=1)
+
+
+def test_simple_decode_timing_steps_like_greedy_generate(tiny_model):
+    model, tok = tiny_model
+    out = quant.simple_decode_timing(model, tok, "hi there", batch_size=2, min_iters=2,
+                                     min_seconds=0.0)
+    for key in ("ttft_ms", "decode_ms_per_token", "tokens_per_s_per_user", "tokens_per_s_aggregate",
+                "peak_memory_bytes", "memory_kind", "code_path"):
+        assert key in out
+    assert out["tokens_per_s_aggregate"] == pytest.approx(2 * out["tokens_per_s_per_user"])
+    assert out["ttft_ms"] > 0 and out["decode_ms_per_token"] > 0
+    assert out["peak_memory_bytes"] >= quant.weight_bytes(model)
+    from helpers.models import chat_inputs
+
+    inputs = chat_inputs(tok, ["hi there"] * 2, "cpu")
+    gen = model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False,
+                         pad_token_id=tok.pad_token_id)
+    assert out["greedy_tokens"] == gen[:, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_heldout_text_is_shipped_and_long_enough():
+    text = quality.load_heldout_text()
+    assert not text.startswith("#")
+    assert len(text.split()) >= 1500
+
+
+def test_variant_names_are_checked_and_unavailable_variants_say_why():
+    with pytest.raises(ValueError, match="variants contains 'w4'"):
+        quant.check_variants(["16bit", "w4"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        quant.check_variants([])
+    with pytest.raises(quant.VariantUnavailable, match="CPU"):
+        quant.build_variant("quantize_dynamic", "tiny-random", "cuda", torch.float16)
+    with pytest.raises(quant.VariantUnavailable, match="calibrate"):
+        quant.build_variant("w8a8_static", "tiny-random", "cpu", torch.bfloat16)
+
+
+def test_build_variant_on_tiny_model():
+    model, _, info = quant.build_variant("w8a16", "tiny-random", "cpu", torch.bfloat16)
+    assert info["bytes_after"] < info["bytes_before"] and info["speed_is_meaningful"]
+    _, _, info = quant.build_variant("w8a8_dynamic", "tiny-random", "cpu", torch.bfloat16)
+    assert info["impl"] == "emulate" and not info["speed_is_meaningful"]
+
+
+def test_alternating_timing_pools_rounds(tiny_model):
+    import copy
+
+    model, tok = tiny_model
+    int8 = copy.deepcopy(model)
+    quant.quantize_model_int8(int8, impl="dequant")
+    out = quant.alternating_decode_timing({"fp32": model, "int8": int8}, tok, "hi", rounds=2,
+                                          min_iters=2, min_seconds=0.0)
+    assert set(out) == {"fp32", "int8"}
+    for res in out.values():
+        assert len(res["timings"]["decode"].samples) >= 2 * 4  # two rounds of >= 2 * min_iters
+        assert res["decode_ms_per_token"] == pytest.approx(res["timings"]["decode"].median_ms)
+    with pytest.raises(ValueError, match="rounds"):
+        quant.alternating_decode_timing({"fp32": model}, tok, "hi", rounds=0)
