@@ -134,9 +134,13 @@ def total_speedup(table) -> Optional[float]:
 # --- building blocks for chapter 06's rungs ------------------------------------------------------
 
 def model_weight_bytes(model) -> int:
-    """Bytes of every parameter and buffer (an INT8 model's int8 weights count one byte each)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    return int(total + sum(b.numel() * b.element_size() for b in model.buffers()))
+    """Bytes of the model's weights, tied weights once and int8 weights one byte each.
+
+    Chapter 05's counter, so every chapter counts a quantized model the same way.
+    """
+    from .quant import weight_bytes
+
+    return int(weight_bytes(model))
 
 
 def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, device, *,

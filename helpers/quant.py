@@ -315,7 +315,11 @@ def torchao_int8_weight_only(model: nn.Module) -> dict:
     """
     _check_model(model)
     with _quiet_imports():
-        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        try:
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        except Exception as exc:  # not installed on the reuse path of older Ascend images
+            raise VariantUnavailable(f"torchao is not usable here ({type(exc).__name__}: {exc}); "
+                                     "it is installed by make setup on the pinned CPU stack") from exc
 
         before = weight_bytes(model)
         quantize_(model, Int8WeightOnlyConfig())
