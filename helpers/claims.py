@@ -3,7 +3,7 @@
 Taught in ``07_report.ipynb``. ``data/guide_claims.csv`` holds every claim with its original Chinese
 text, an English gloss, the claimed value and the name of a rule; ``verdicts(run_dir)`` applies
 each rule to evidence gathered from that run: every chapter's ``results.json`` (never re-measured),
-the device specs table (``data/device_specs.csv``, with a small fallback table here) and chapter
+the device specs table (``data/device_specs.csv``) and chapter
 00's API check. The verdict always says what decided it (``evidence``): a measurement of this run,
 a physical bound, a computation on this machine, documentation, or the guide's own numbers.
 """
@@ -41,21 +41,6 @@ VERDICTS = {
     "needs other hardware to check": "within every bound; needs the named non-Ascend device",
     "not measured in this run": "the chapter that measures it did not run, failed, or skipped it",
 }
-
-# Used only when data/device_specs.csv is absent or lacks a device. Huawei publishes no per-chip
-# HBM bandwidth for the 910B: 1600 GB/s is the commonly cited, unofficial figure.
-FALLBACK_SPECS = [
-    {"device": "Ascend 910B (910B1/B2/B3)", "hbm_bandwidth_gbps": 1600.0, "fp16_tflops": 314.5,
-     "int8_tops": None, "memory_gb": 64.0,
-     "source": "unofficial: ~1.6 TB/s cited in vllm-ascend issue #152 and llama.cpp #10777 (range "
-               "0.4-2 TB/s); 314.5 TFLOPS from a community fp16 matmul test; 65536 MB in npu-smi",
-     "confidence": "low"},
-    {"device": "Ascend 910B4", "hbm_bandwidth_gbps": None, "fp16_tflops": None, "int8_tops": None,
-     "memory_gb": 32.0, "source": "npu-smi shows 32768 MB (LlamaFactory issue #5125)",
-     "confidence": "medium"},
-    {"device": "NVIDIA A100 80GB SXM", "hbm_bandwidth_gbps": 2039.0, "fp16_tflops": 312.0,
-     "int8_tops": 624.0, "memory_gb": 80.0, "source": "NVIDIA A100 datasheet", "confidence": "high"},
-]
 
 # Released parameter counts, used for weight-bound rules (no hub download needed).
 MODEL_PARAMS = {"llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192}
@@ -167,23 +152,20 @@ def _normalise_spec(raw: dict) -> Optional[dict]:
 
 
 def load_specs(path: "str | Path | None" = None) -> tuple[list[dict], str]:
-    """Device specs rows and where they came from.
+    """Rows of the device specs table (``data/device_specs.csv``) and where they came from.
 
-    Rows of ``data/device_specs.csv`` come first (tagged ``table="csv"``); the fallback rows follow
-    (``table="fallback"``) and are used only for a device/figure the CSV lacks.
+    A missing or unreadable table gives no rows: the bound rules then say which figure is missing
+    instead of using numbers from anywhere else.
     """
     path = Path(path) if path else SPECS_CSV
-    rows: list[dict] = []
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             rows = [r for r in map(_normalise_spec, csv.DictReader(fh)) if r is not None]
     except (OSError, csv.Error, UnicodeDecodeError):
         rows = []
-    fallback = [{**r, "table": "fallback"} for r in FALLBACK_SPECS]
-    if rows:
-        return [{**r, "table": "csv"} for r in rows] + fallback, \
-            f"{path.name} (helpers.claims fallback rows only where it lacks a figure)"
-    return fallback, "helpers.claims.FALLBACK_SPECS (data/device_specs.csv not found or empty)"
+    if not rows:
+        return [], f"{path.name} (not found or empty: no device specs)"
+    return [{**r, "table": "csv"} for r in rows], path.name
 
 
 @dataclass
@@ -218,15 +200,14 @@ class Evidence:
         return status
 
     def spec(self, device: str, column: str) -> tuple[Optional[float], str]:
-        """The most generous value among rows whose device name contains ``device`` (CSV rows first)."""
-        for table in ("csv", "fallback"):
-            matches = [r for r in self.specs if r.get("table", "csv") == table and r.get(column) is not None
-                       and device.lower() in str(r.get("device", "")).lower()]
-            if matches:
-                best = max(matches, key=lambda r: r[column])
-                return float(best[column]), (f"{best['device']}: {best[column]:g} ({best.get('source', '')}; "
-                                             f"{best.get('confidence') or '?'}; from the {table} table)")
-        return None, ""
+        """The most generous value among rows whose device name contains ``device``."""
+        matches = [r for r in self.specs if r.get(column) is not None
+                   and device.lower() in str(r.get("device", "")).lower()]
+        if not matches:
+            return None, ""
+        best = max(matches, key=lambda r: r[column])
+        return float(best[column]), (f"{best['device']}: {best[column]:g} ({best.get('source', '')}; "
+                                     f"{best.get('confidence') or '?'}; from {self.specs_source})")
 
 
 def gather_evidence(run_dir: "str | Path", specs_path=None) -> Evidence:

@@ -349,3 +349,26 @@ def vllm_generate(model: str, prompts: Sequence[str], max_tokens: int, tensor_pa
     llm = LLM(model=model, tensor_parallel_size=tensor_parallel_size, dtype="float16")
     sampling = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     return llm, (lambda: llm.generate(list(prompts), sampling, use_tqdm=False))
+
+
+def run_script(path: str, parameter: str = "script", timeout: float = 3600.0) -> dict:
+    """Run a shell script as it is (e.g. MindSpeed-LLM's generate_llama2_7b_ptd.sh), timing its wall.
+
+    The time includes everything the script does (checkpoint loading, distributed start-up), so it
+    is reported apart from the ladder's rungs.
+    """
+    import subprocess
+    from pathlib import Path
+
+    script = Path(path).expanduser()
+    if not script.is_file():
+        raise ValueError(f"{parameter}={path!r} is not a file; give the path of a configured "
+                         "generate script, or leave it empty")
+    start = time.perf_counter()
+    proc = subprocess.run(["bash", str(script)], cwd=str(script.parent), capture_output=True,
+                          text=True, timeout=timeout)
+    wall = time.perf_counter() - start
+    output = (proc.stdout + proc.stderr)[-3000:]
+    if proc.returncode != 0:
+        raise RuntimeError(f"{parameter}={path!r} exited with {proc.returncode}:\n{output}")
+    return {"wall_s": wall, "returncode": proc.returncode, "output_tail": output}

@@ -104,7 +104,7 @@ def test_bound_depends_on_the_specs_table(table, tmp_path):
     rows, source = claims.load_specs(specs)
     assert rows[0]["fp16_tflops"] is None and "device_specs.csv" in source
     rows, source = claims.load_specs(tmp_path / "missing.csv")
-    assert "FALLBACK_SPECS" in source and all(r["table"] == "fallback" for r in rows)
+    assert rows == [] and "not found" in source  # no numbers from anywhere but the table
 
 
 def test_specs_with_other_column_names(table, tmp_path):
@@ -117,9 +117,9 @@ def test_specs_with_other_column_names(table, tmp_path):
     ]).to_csv(specs, index=False)
     ev = claims.gather_evidence(tmp_path / "run", specs)
     value, text = ev.spec("910B1", "hbm_bandwidth_gbps")
-    assert value == 1500 and "csv" in text  # not the 8-chip aggregate row
+    assert value == 1500 and "device_specs.csv" in text  # not the 8-chip aggregate row
     assert ev.spec("910B1", "fp16_tflops")[0] == 300
-    assert ev.spec("A100", "hbm_bandwidth_gbps")[1].endswith("from the fallback table)")
+    assert ev.spec("A100", "hbm_bandwidth_gbps") == (None, "")  # absent from this table: no figure
     row = table[table["claimed_value"] == "2500-3500"].iloc[0]
     v = _verdict(table, tmp_path / "run", row["id"], specs_path=specs)
     assert v["verdict"] == "physically impossible" and "8 x 1500" in v["detail"]

@@ -191,3 +191,18 @@ def test_openai_completion_against_a_local_server():
     assert out == {"text": " Paris.", "completion_tokens": 3, "prompt_tokens": 5}
     assert seen["path"] == "/v1/completions"
     assert seen["body"]["max_tokens"] == 3 and seen["body"]["temperature"] == 0
+
+
+def test_run_script_times_a_script_and_reports_failures(tmp_path):
+    from helpers import ladder
+
+    ok = tmp_path / "ok.sh"
+    ok.write_text("echo generated text\n")
+    out = ladder.run_script(str(ok), parameter="mindspeed_script")
+    assert out["returncode"] == 0 and "generated text" in out["output_tail"] and out["wall_s"] >= 0
+    bad = tmp_path / "bad.sh"
+    bad.write_text("echo broken >&2; exit 3\n")
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        ladder.run_script(str(bad), parameter="mindspeed_script")
+    with pytest.raises(ValueError, match="mindspeed_script="):
+        ladder.run_script(str(tmp_path / "missing.sh"), parameter="mindspeed_script")
