@@ -90,6 +90,11 @@ import logging  # noqa: E402
 # transformers imports torchao during from_pretrained; on CPU torchao logs that its CUDA-only
 # extensions do not load, and torch logs a pytree deprecation for torchao's enums. Neither
 # teaches anything, so keep them out of executed notebooks.
+import warnings  # noqa: E402
+
+# tqdm.auto warns once per kernel that ipywidgets is missing; notebooks show no progress bars anyway.
+warnings.filterwarnings("ignore", message="IProgress not found")
+
 for _logger in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_logger).setLevel(logging.ERROR)
 
