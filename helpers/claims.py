@@ -93,6 +93,18 @@ def claimed_range(text: str) -> tuple[float, float]:
     return v, v
 
 
+def guide_number(claim_id: str, path: "str | Path | None" = None) -> float:
+    """The number a claim of ``data/guide_claims.csv`` states (``"29.3/16.5"`` gives the ratio).
+
+    Notebooks take the guides' figures from here, so each figure is typed once, with its quote.
+    """
+    table = load_claims(path)
+    row = table[table["id"] == claim_id]
+    if row.empty:
+        raise KeyError(f"claim {claim_id!r} is not in the claims table")
+    return number(row.iloc[0]["claimed_value"])
+
+
 def load_claims(path: "str | Path | None" = None):
     """The claims table as a DataFrame; every row is checked so a bad row fails loudly here."""
     import pandas as pd

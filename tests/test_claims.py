@@ -190,3 +190,10 @@ def test_npu_figure_at_another_shape_does_not_decide(table, tmp_path):
     assert _verdict(table, tmp_path, row["id"])["verdict"] == "needs an NPU to check"
     res.record("rmsnorm_guide_shape_ms", 0.07, "ms", device="npu:0", context="the guide's shape")
     assert _verdict(table, tmp_path, row["id"])["verdict"] == "reproduced"
+
+
+def test_guide_number_reads_the_quoted_figure():
+    assert claims.guide_number("C42") == pytest.approx(3.2)
+    assert claims.guide_number("C51") == pytest.approx(29.3 / 16.5)
+    with pytest.raises(KeyError, match="C999"):
+        claims.guide_number("C999")
