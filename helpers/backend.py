@@ -144,6 +144,11 @@ def as_device(device: "torch.device | str | DeviceChoice") -> torch.device:
     return torch.device(device)
 
 
+def model_device(model) -> torch.device:
+    """The device a model's weights live on."""
+    return next(model.parameters()).device
+
+
 def device_module(device) -> Any:
     """``torch.npu`` / ``torch.cuda`` for accelerators, None for the CPU."""
     kind = as_device(device).type

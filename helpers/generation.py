@@ -23,16 +23,12 @@ from .backend import as_device, dtype_name
 from .models import chat_inputs
 
 
-def _model_device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _inputs(model, tokenizer, prompts, device, chat: bool):
     if isinstance(prompts, str):
         prompts = [prompts]
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of non-empty strings")
-    return chat_inputs(tokenizer, list(prompts), device or _model_device(model), chat)
+    return chat_inputs(tokenizer, list(prompts), device or backend.model_device(model), chat)
 
 
 @torch.inference_mode()
@@ -86,7 +82,7 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
                          "(the decode time is the difference between N tokens and 1 token)")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} is not valid; it must be an integer >= 1")
-    device = as_device(device) if device is not None else _model_device(model)
+    device = as_device(device) if device is not None else backend.model_device(model)
     inputs = _inputs(model, tokenizer, prompts, device, chat)
     batch, prompt_len = inputs["input_ids"].shape
     extra = dict(generate_kwargs or {})
@@ -273,7 +269,7 @@ def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False
     import pandas as pd
     from torch.profiler import ProfilerActivity, profile
 
-    device = as_device(device) if device is not None else _model_device(model)
+    device = as_device(device) if device is not None else backend.model_device(model)
     inputs = _inputs(model, tokenizer, [prompt], device, chat)
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":

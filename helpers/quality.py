@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from . import backend
+
 HELDOUT_TEXT = Path(__file__).resolve().parent.parent / "data" / "heldout_text.txt"
 
 
@@ -22,10 +24,6 @@ def load_heldout_text(path: "str | Path | None" = None) -> str:
         raise FileNotFoundError(f"held-out text {path} is missing; it ships in data/ with the workbook")
     lines = path.read_text(encoding="utf-8").splitlines()
     return "\n".join(line for line in lines if not line.startswith("#")).strip()
-
-
-def _model_device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 def encode(tokenizer, text: str, max_tokens: Optional[int] = None) -> torch.Tensor:
@@ -50,7 +48,7 @@ def logits_for(model, input_ids: torch.Tensor, window: Optional[int] = None) -> 
     Each window starts a fresh context, so the first token of a window is predicted without the
     previous window; the windows keep memory bounded for long texts.
     """
-    device = _model_device(model)
+    device = backend.model_device(model)
     ids = input_ids.to(device)
     limit = getattr(model.config, "max_position_embeddings", None) or 2048
     window = min(window or 1024, limit)
