@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import backend, bench
+from . import backend, bench, static_decode
 from .backend import as_device, dtype_name
 from .models import chat_inputs
 
@@ -70,12 +70,19 @@ def padding_check(model, tokenizer, prompts, max_new_tokens: int, *, chat: bool 
 
 def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=None, *,
                        repeats: int = 3, chat: bool = False, seed: int = 0,
-                       code_path: Optional[str] = None, generate_kwargs: Optional[dict] = None) -> dict:
+                       code_path: Optional[str] = None, generate_kwargs: Optional[dict] = None,
+                       static_cache: bool = False) -> dict:
     """TTFT, decode latency per token, tokens/s per user and aggregate, and peak memory.
 
     ``prompts`` is the batch (one string per user). ``repeats`` timed runs follow one untimed
     warm-up, and percentiles are taken over the repeats; decode samples pair the i-th full run
     with the i-th prefill run. ``peak_memory_bytes`` is the peak over the full generates.
+
+    ``static_cache=True`` is the static-shape path of ``helpers.static_decode``: one static KV
+    cache sized for the request, reset before every generate. When ``model.forward`` is a
+    ``static_decode.CompiledForward``, an extra untimed generate first pays the compilation, and the
+    result adds ``compiled_graphs`` (graphs built during that warm-up and the timed runs) and
+    ``compile_s`` (wall time of the calls that built a graph).
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 2:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is not valid; it must be an integer >= 2 "
@@ -87,17 +94,29 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     batch, prompt_len = inputs["input_ids"].shape
     extra = dict(generate_kwargs or {})
     torch.manual_seed(seed)
+    compiled = static_decode.compiled_forward_of(model)
+    cache = None
+    if static_cache:
+        cache, static_kwargs = static_decode.static_generate_kwargs(model, inputs, max_new_tokens)
+        extra.update(static_kwargs)
+
+    def generate(n_tokens: int):
+        if cache is not None:
+            cache.reset()
+        return _generate(model, tokenizer, inputs, n_tokens, **extra)
 
     lengths: list[int] = []
 
     def full_generate():
-        lengths.append(_generate(model, tokenizer, inputs, max_new_tokens, **extra).shape[1])
+        lengths.append(generate(max_new_tokens).shape[1])
 
+    graphs_before = compiled.graphs if compiled is not None else 0
+    if compiled is not None:
+        generate(max_new_tokens)  # pays the compilation of the prefill and decode graphs, untimed
     # The first call of each measurement is its untimed warm-up.
     timing = dict(warmup=1, min_iters=repeats, max_iters=repeats, min_seconds=0.0,
                   min_sample_seconds=0.0)
-    prefill = bench.measure(lambda: _generate(model, tokenizer, inputs, 1, **extra), device,
-                            name="generate 1 token", **timing)
+    prefill = bench.measure(lambda: generate(1), device, name="generate 1 token", **timing)
     backend.reset_peak_memory(device)
     full = bench.measure(full_generate, device, name=f"generate {max_new_tokens} tokens", **timing)
     peak = backend.peak_memory_bytes(device)
@@ -114,6 +133,9 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
         decode_s = math.nan
     per_user = 1.0 / decode_s if resolved else math.nan
     attn = getattr(model.config, "_attn_implementation", None) or "default"
+    path = (f"transformers generate, greedy, min_new_tokens=max_new_tokens, {attn} attention, left padding, "
+            + ("static KV cache sized for the request" if static_cache else "dynamic KV cache")
+            + (f", forward compiled ({compiled.backend}, dynamic=False)" if compiled is not None else ", eager"))
     return {
         "batch_size": int(batch),
         "prompt_tokens": int(prompt_len),
@@ -131,14 +153,15 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
         "memory_kind": backend.peak_memory_kind(device),
         "dtype": dtype_name(next(model.parameters()).dtype),
         "device": str(device),
-        "code_path": code_path or (f"transformers generate, greedy, min_new_tokens=max_new_tokens, "
-                                   f"{attn} attention, left padding"),
+        "code_path": code_path or path,
+        "static_cache": bool(static_cache),
         "repeats": repeats,
         "ttft_noisy": prefill.noisy,
         "decode_noisy": decode.noisy or not resolved,
         "decode_resolved": resolved,
         "ttft_samples_ms": [x * 1e3 for x in prefill.samples],
         "decode_samples_ms": [x * 1e3 for x in decode_samples],
+        **static_decode.graph_fields(compiled, graphs_before),
     }
 
 
@@ -294,28 +317,10 @@ def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False
     return df.head(row_limit).reset_index(drop=True)
 
 
-def compile_forward(model, device) -> str:
-    """Graph mode for generate: compile ``model.forward`` in place; returns the backend used.
-
-    Uses ``helpers.ops.graph_mode`` when that module is present (torchair on NPU, inductor
-    elsewhere); otherwise torchair's NPU backend on NPU and inductor on CPU/CUDA.
-    """
-    device = as_device(device)
-    try:
-        from .ops import graph_mode  # type: ignore[attr-defined]
-    except ImportError:
-        graph_mode = None
-    if graph_mode is not None:
-        compiled, name = graph_mode(model.forward, device)
-        model.forward = compiled
-        return name
-    if device.type == "npu":
-        import torchair  # type: ignore
-
-        model.forward = torch.compile(model.forward, backend=torchair.get_npu_backend(), dynamic=False)
-        return "torchair"
-    model.forward = torch.compile(model.forward, backend="inductor")
-    return "inductor"
+def compile_forward(model, device, **options) -> str:
+    """Graph mode for generate: ``static_decode.compile_model`` (``dynamic=False``, graphs counted,
+    the recompile limit an error); returns the backend used. Measure it with ``static_cache=True``."""
+    return static_decode.compile_model(model, device, **options).backend
 
 
 def cpu_contention(device) -> Optional[str]:

@@ -108,17 +108,24 @@ def npu_graph_backend(mode: Optional[str] = None):
     return torchair.get_npu_backend(compiler_config=config)
 
 
-def graph_mode(module, device, **options):
+def graph_mode(module, device, compiler_backend=None, **options):
     """``(torch.compile(module, backend=...), backend_name)``: torchair on NPU, inductor elsewhere.
 
     ``options`` go to ``torch.compile`` (``dynamic``, ``fullgraph``, ...); on NPU ``mode`` goes to
     torchair's ``CompilerConfig.mode`` instead, since torch's ``mode=`` only applies to inductor.
+    ``compiler_backend`` (a name such as ``"eager"`` or a callable) replaces the device's backend,
+    e.g. to count graphs cheaply in tests.
     """
     kind = _device_kind(device)
     if kind not in ("npu", "cuda", "cpu"):
         raise ValueError(f"device={device!r} is not valid for graph_mode; use npu, cuda or cpu")
     if not compat.has_feature("torch.compile"):
         raise RuntimeError("graph mode needs torch.compile (torch >= 2.0)")
+    if compiler_backend is not None:
+        options.pop("mode", None)
+        name = compiler_backend if isinstance(compiler_backend, str) else getattr(
+            compiler_backend, "__name__", type(compiler_backend).__name__)
+        return torch.compile(module, backend=compiler_backend, **options), str(name)
     if kind == "npu":
         mode = options.pop("mode", None)
         options.setdefault("dynamic", False)  # GE graphs are built per static shape

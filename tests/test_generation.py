@@ -159,26 +159,29 @@ def test_noise_larger_than_decode_gives_no_figure(tiny_model, monkeypatch):
 
 
 def test_compile_forward_dispatches_by_device(tiny_model, monkeypatch):
-    """inductor on CPU, torchair's NPU backend on NPU; nothing is really compiled here."""
+    """inductor on CPU, torchair's NPU backend on NPU, always dynamic=False; nothing is compiled."""
     import sys
     import types
+
+    from helpers import static_decode
 
     model, _ = tiny_model
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
-    monkeypatch.setitem(sys.modules, "helpers.ops", None)  # the fallback path, without chapter 01's helper
-    fake_torchair = types.SimpleNamespace(get_npu_backend=lambda **kw: "npu-backend")
+
+    class Config:
+        mode = None
+
+    fake_torchair = types.SimpleNamespace(CompilerConfig=Config, get_npu_backend=lambda **kw: "npu-backend")
     monkeypatch.setitem(sys.modules, "torchair", fake_torchair)
-    original = model.forward
     try:
         assert generation.compile_forward(model, "cpu") == "inductor"
-        assert calls[-1]["backend"] == "inductor"
-        # torch cannot build an "npu" device without torch_npu, so stand in for one.
-        monkeypatch.setattr(generation, "as_device", lambda d: types.SimpleNamespace(type=d))
-        assert generation.compile_forward(model, "npu") == "torchair"
-        assert calls[-1]["backend"] == "npu-backend"
+        assert calls[-1]["backend"] == "inductor" and calls[-1]["dynamic"] is False
+        assert generation.compile_forward(model, "npu", npu_mode="reduce-overhead") == "torchair"
+        assert calls[-1]["backend"] == "npu-backend" and calls[-1]["dynamic"] is False
+        assert "mode" not in calls[-1]  # torchair's mode goes to its CompilerConfig, not torch.compile
     finally:
-        model.forward = original
+        static_decode.restore_eager(model)
 
 
 def test_cpu_contention_warning(monkeypatch):

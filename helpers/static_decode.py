@@ -1,0 +1,224 @@
+"""One static-shape decode path for every graph-mode measurement (chapters 03 and 06).
+
+Taught in ``03_end_to_end.ipynb`` (why graph mode needs it) and ``06_optimization_ladder.ipynb``.
+
+A graph compiled with ``dynamic=False`` is valid for one set of input shapes. A plain ``generate``
+uses a dynamic KV cache that grows by one position per token, so every decode step has new shapes:
+dynamo builds one graph per KV length until it reaches ``recompile_limit`` and then, by default,
+runs the frame eagerly without saying so. On a CPU this rarely shows, because inductor switches
+to dynamic shapes after the first recompile when ``dynamic`` is left unset; on an NPU, where each
+GE graph of Llama-2-7B compiles for tens of seconds, it costs minutes and leaves eager speed.
+
+The path here keeps every shape fixed for a request:
+
+* a ``StaticCache`` sized for the request (prompt + new tokens), built once and reset before each
+  ``generate`` (``make_static_cache``, ``static_generate_kwargs``), and primed by one eager
+  forward, so the lazily allocated cache of transformers 5.x is not a new shape for the graph;
+* ``model.forward`` compiled with ``dynamic=False`` and ``fullgraph=True`` on every backend
+  (torchair on NPU with GE ``max-autotune`` or aclgraph ``reduce-overhead`` as ``npu_mode``,
+  inductor on CPU/CUDA), wrapped in ``CompiledForward``, which counts the graphs dynamo builds
+  and turns reaching the recompile limit into ``GraphRecompileError`` instead of a silent eager run.
+
+A prefill shape and a decode shape give two graphs per (batch, prompt length, cache length).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import backend
+
+DEFAULT_RECOMPILE_LIMIT = 8
+NPU_MODES = ("max-autotune", "reduce-overhead")
+
+
+class GraphRecompileError(RuntimeError):
+    """Dynamo reached its recompile limit: the shapes changed on (almost) every call."""
+
+
+# --- torch / transformers differences, each behind one small function ---------------------------
+
+def _dynamo_option(*names: str) -> Optional[str]:
+    """The first of ``names`` that this torch's dynamo config knows (names changed in torch 2.6)."""
+    import torch._dynamo.config as config
+
+    for name in names:
+        if hasattr(config, name):
+            return name
+    return None
+
+
+def strict_recompile_options(limit: int = DEFAULT_RECOMPILE_LIMIT) -> dict:
+    """dynamo config values that make the recompile limit an error rather than an eager fallback."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"recompile_limit={limit!r} is not valid; it must be an integer >= 1")
+    options = {}
+    limit_name = _dynamo_option("recompile_limit", "cache_size_limit")
+    if limit_name:
+        options[limit_name] = limit
+    fail_name = _dynamo_option("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit")
+    if fail_name:
+        options[fail_name] = True
+    return options
+
+
+def graphs_built() -> int:
+    """Graphs dynamo has built in this process (its own counter, so any backend is counted)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _recompile_limit_errors() -> tuple:
+    import torch._dynamo.exc as exc
+
+    return tuple(getattr(exc, n) for n in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
+                 if hasattr(exc, n))
+
+
+def cache_kwarg(model) -> str:
+    """transformers 5.x calls the cache ``cache``; 4.x only knows ``past_key_values``."""
+    forward = type(model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def make_static_cache(model, batch_size: int, max_cache_len: int, device=None, dtype=None):
+    """A ``transformers.StaticCache`` for ``batch_size`` sequences of up to ``max_cache_len`` tokens.
+
+    The constructor differs between transformers lines (5.x: ``config, max_cache_len``; 4.x also
+    takes ``max_batch_size``, ``device`` and ``dtype``); the parameters it declares are passed.
+    """
+    from transformers import StaticCache
+
+    for name, value in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is not valid; it must be an integer >= 1")
+    params = inspect.signature(StaticCache.__init__).parameters
+    first = next(model.parameters())
+    kwargs: dict = {"config": model.config, "max_cache_len": max_cache_len}
+    optional = {"max_batch_size": batch_size, "batch_size": batch_size,
+                "device": device if device is not None else first.device,
+                "dtype": dtype if dtype is not None else first.dtype}
+    kwargs.update({k: v for k, v in optional.items() if k in params})
+    return StaticCache(**kwargs)
+
+
+def no_auto_compile_kwargs() -> dict:
+    """Keeps ``generate`` from compiling on its own with a static cache (it does so on CUDA), so an
+    eager measurement stays eager and a graph measurement compiles only what we compiled."""
+    from transformers import GenerationConfig
+
+    return {"disable_compile": True} if hasattr(GenerationConfig(), "disable_compile") else {}
+
+
+def eager_forward(model) -> Callable:
+    """``model.forward`` as written, even when ``CompiledForward`` has replaced it."""
+    forward = model.forward
+    return forward.eager if isinstance(forward, CompiledForward) else forward
+
+
+@torch.no_grad()  # not inference_mode: the cache must stay resettable outside it
+def prime_cache(model, cache, inputs: dict) -> None:
+    """One eager forward through ``cache``, then a reset: transformers 5.x allocates a static
+    cache on first use, and a graph traced before and after that allocation would be two graphs."""
+    ids = inputs["input_ids"][:, :1]
+    eager_forward(model)(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
+    cache.reset()
+
+
+def static_generate_kwargs(model, inputs: dict, max_new_tokens: int) -> tuple[Any, dict]:
+    """``(cache, kwargs)`` for ``generate`` on the static path; call ``cache.reset()`` before each use.
+
+    The cache is sized for the request (prompt + ``max_new_tokens``), so a 1-token and an N-token
+    generate of the same request share the same shapes, and primed (see ``prime_cache``).
+    """
+    batch, prompt_len = inputs["input_ids"].shape
+    cache = make_static_cache(model, int(batch), int(prompt_len) + int(max_new_tokens))
+    prime_cache(model, cache, inputs)
+    return cache, {cache_kwarg(model): cache, **no_auto_compile_kwargs()}
+
+
+# --- the compiled forward ------------------------------------------------------------------------
+
+class CompiledForward:
+    """``model.forward`` compiled with ``dynamic=False``; counts graphs and fails loudly.
+
+    ``graphs`` is the number of graphs dynamo built while this wrapper ran (warm-up and timed runs
+    alike); ``compile_s`` accumulates the wall time of the calls that built one. Reaching the
+    recompile limit raises ``GraphRecompileError`` naming the cause.
+    """
+
+    def __init__(self, model, device, *, backend_override=None, npu_mode: Optional[str] = None,
+                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, fullgraph: bool = True,
+                 reset: bool = True):
+        from .ops import _device_kind, graph_mode
+
+        if npu_mode is not None and npu_mode not in NPU_MODES:
+            raise ValueError(f"npu_mode={npu_mode!r} is not valid; choose one of "
+                             f"{', '.join(map(repr, NPU_MODES))} or None for torchair's default")
+        self.options = strict_recompile_options(recompile_limit)
+        self.recompile_limit = recompile_limit
+        if reset:
+            torch._dynamo.reset()  # graphs of earlier measurements must not count or be reused
+        self.eager = model.forward
+        extra = {"mode": npu_mode} if npu_mode is not None and _device_kind(device) == "npu" else {}
+        self.compiled, self.backend = graph_mode(self.eager, device, dynamic=False, fullgraph=fullgraph,
+                                                 compiler_backend=backend_override, **extra)
+        self.npu_mode = npu_mode
+        self.graphs = 0
+        self.calls = 0
+        self.compile_s = 0.0
+        functools.update_wrapper(self, self.eager)
+
+    def __call__(self, *args, **kwargs):
+        before = graphs_built()
+        start = time.perf_counter()
+        try:
+            with torch._dynamo.config.patch(**self.options):
+                out = self.compiled(*args, **kwargs)
+        except _recompile_limit_errors() as exc:
+            self.graphs += graphs_built() - before
+            raise GraphRecompileError(
+                f"graph mode reached dynamo's recompile limit ({self.recompile_limit}) after {self.graphs} "
+                "graphs of model.forward: the input shapes change on every call (a dynamic KV cache grows "
+                "by one position per token). Use the static cache path (helpers.static_decode, "
+                "static_cache=True in measure_generation); the run stopped instead of going on eagerly."
+            ) from exc
+        built = graphs_built() - before
+        if built:
+            self.graphs += built
+            self.compile_s += time.perf_counter() - start
+        self.calls += 1
+        return out
+
+
+def compile_model(model, device, **options) -> CompiledForward:
+    """Replace ``model.forward`` by a ``CompiledForward`` (options as its constructor's) and return it."""
+    restore_eager(model)
+    compiled = CompiledForward(model, device, **options)
+    model.forward = compiled
+    return compiled
+
+
+def restore_eager(model) -> None:
+    """Undo ``compile_model`` (e.g. before quantizing, so the new modules are compiled once)."""
+    if isinstance(model.forward, CompiledForward):
+        model.forward = model.forward.eager
+
+
+def compiled_forward_of(model) -> Optional[CompiledForward]:
+    forward = getattr(model, "forward", None)
+    return forward if isinstance(forward, CompiledForward) else None
+
+
+def graph_fields(compiled: Optional[CompiledForward], graphs_before: int = 0) -> dict:
+    """The fields every graph measurement records next to its figures."""
+    if compiled is None:
+        return {}
+    return {"compiled_graphs": int(compiled.graphs - graphs_before), "compile_s": float(compiled.compile_s),
+            "graph_backend": compiled.backend, "npu_mode": compiled.npu_mode}
+

@@ -1,0 +1,169 @@
+"""The static-shape graph decode path: graphs counted, the recompile limit an error, shapes fixed.
+
+A counting backend that runs the traced graph eagerly keeps these tests cheap and exact: it sees
+every graph dynamo hands to a backend, which is what an NPU would compile with torchair.
+"""
+import inspect
+import sys
+import types
+
+import pytest
+import torch
+
+from helpers import generation, ops, quant, static_decode
+from helpers.models import tiny_llama
+
+PROMPT = "the static cache keeps shapes fixed"
+
+
+class CountingEager:
+    """A torch.compile backend that counts the graphs it receives and runs them eagerly."""
+
+    __name__ = "counting-eager"
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+@pytest.fixture
+def model():
+    # A fresh model per test: these tests replace model.forward.
+    return tiny_llama(seed=1)
+
+
+def _inputs(tok, prompts=(PROMPT,)):
+    return tok(list(prompts), return_tensors="pt", padding=True)
+
+
+@torch.inference_mode()
+def _generate(m, tok, inputs, n, **kw):
+    return m.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                      pad_token_id=tok.pad_token_id, **kw)
+
+
+def test_static_path_builds_two_graphs_for_many_steps_and_many_requests(model):
+    m, tok = model
+    inputs = _inputs(tok)
+    reference = _generate(m, tok, inputs, 12)
+    counter = CountingEager()
+    compiled = static_decode.compile_model(m, "cpu", backend_override=counter)
+    cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 12)
+    outputs = []
+    for n in (12, 1, 12, 12):  # a 1-token request of the same size shares the same shapes
+        cache.reset()
+        outputs.append(_generate(m, tok, inputs, n, **kwargs))
+    assert counter.graphs == 2  # one prefill graph, one decode graph, no recompiles
+    assert compiled.graphs == counter.graphs  # dynamo's own counter agrees with the backend
+    assert compiled.compile_s > 0
+    assert torch.equal(outputs[0], reference) and torch.equal(outputs[-1], reference)
+
+
+def test_dynamic_cache_with_static_shapes_hits_the_limit_and_raises(model):
+    """The failure mode chapter 03 teaches: one graph per KV length, then an error, never eager."""
+    m, tok = model
+    counter = CountingEager()
+    static_decode.compile_model(m, "cpu", backend_override=counter, recompile_limit=3)
+    with pytest.raises(static_decode.GraphRecompileError, match="recompile limit \\(3\\)"):
+        _generate(m, tok, _inputs(tok), 8)
+    assert counter.graphs == 3  # prefill, then one decode graph per cache length until the limit
+
+
+def test_measure_generation_records_graphs_and_compile_time(model):
+    m, tok = model
+    eager = generation.measure_generation(m, tok, [PROMPT], 6, repeats=2, static_cache=True)
+    assert "compiled_graphs" not in eager and eager["static_cache"]
+    static_decode.compile_model(m, "cpu", backend_override=CountingEager())
+    graph = generation.measure_generation(m, tok, [PROMPT], 6, repeats=2, static_cache=True)
+    assert graph["compiled_graphs"] == 2 and graph["compile_s"] > 0
+    assert graph["graph_backend"] == "counting-eager"
+    assert "static KV cache" in graph["code_path"] and "dynamic=False" in graph["code_path"]
+
+
+def test_batched_static_path_matches_eager_greedy(model):
+    m, tok = model
+    prompts = [PROMPT, "hi"]
+    expected = generation.greedy_new_tokens(m, tok, prompts, 5)
+    static_decode.compile_model(m, "cpu", backend_override=CountingEager())
+    inputs = generation._inputs(m, tok, prompts, None, False)
+    cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 5)
+    out = _generate(m, tok, inputs, 5, **kwargs)
+    assert out[:, inputs["input_ids"].shape[1]:].tolist() == expected
+
+
+def test_fused_and_int8_models_compile_as_one_graph_per_shape():
+    """The ladder's INT8 rung keeps graph mode: quantize, then compile once (fullgraph=True)."""
+    m, tok = tiny_llama(seed=2, dtype=torch.bfloat16)
+    ops.apply_fused_modules(m)
+    quant.quantize_model_int8(m)
+    counter = CountingEager()
+    static_decode.compile_model(m, "cpu", backend_override=counter)
+    r = generation.measure_generation(m, tok, [PROMPT], 4, repeats=1, static_cache=True)
+    assert counter.graphs == r["compiled_graphs"] == 2
+
+
+def test_restore_eager_and_recompile_resets_the_count(model):
+    m, tok = model
+    first = static_decode.compile_model(m, "cpu", backend_override=CountingEager())
+    assert static_decode.compiled_forward_of(m) is first
+    static_decode.restore_eager(m)
+    assert static_decode.compiled_forward_of(m) is None
+    assert static_decode.eager_forward(m) == first.eager
+
+
+def test_strict_options_use_names_this_torch_knows():
+    import torch._dynamo.config as config
+
+    options = static_decode.strict_recompile_options(5)
+    assert options and all(hasattr(config, name) for name in options)
+    assert 5 in options.values() and True in options.values()
+    with pytest.raises(ValueError, match="recompile_limit"):
+        static_decode.strict_recompile_options(0)
+
+
+def test_make_static_cache_passes_only_declared_parameters(model, monkeypatch):
+    """transformers 4.x's constructor also takes max_batch_size, device and dtype."""
+    m, _ = model
+    seen = {}
+
+    class LegacyStaticCache:
+        def __init__(self, config, max_batch_size, max_cache_len, device=None, dtype=None):
+            seen.update(max_batch_size=max_batch_size, max_cache_len=max_cache_len, dtype=dtype)
+
+    fake = types.SimpleNamespace(StaticCache=LegacyStaticCache)
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    static_decode.make_static_cache(m, 3, 40)
+    assert seen == {"max_batch_size": 3, "max_cache_len": 40, "dtype": torch.float32}
+    with pytest.raises(ValueError, match="max_cache_len"):
+        static_decode.make_static_cache(m, 1, 0)
+
+
+def test_npu_mode_goes_to_torchair_and_bad_modes_fail(model, monkeypatch):
+    m, _ = model
+    built = []
+
+    class Config:
+        mode = None
+
+    def get_npu_backend(compiler_config=None):
+        built.append(compiler_config.mode)
+        return "torchair-backend"
+
+    monkeypatch.setitem(sys.modules, "torchair", types.SimpleNamespace(CompilerConfig=Config,
+                                                                      get_npu_backend=get_npu_backend))
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
+    compiled = static_decode.compile_model(m, "npu", npu_mode="reduce-overhead")
+    assert compiled.backend == "torchair" and built == ["reduce-overhead"]
+    assert calls[-1]["dynamic"] is False and calls[-1]["fullgraph"] is True
+    with pytest.raises(ValueError, match="npu_mode"):
+        static_decode.compile_model(m, "npu", npu_mode="O3")
+
+
+def test_cache_kwarg_follows_the_forward_signature(model):
+    m, _ = model
+    name = static_decode.cache_kwarg(m)
+    assert name in inspect.signature(type(m).forward).parameters
