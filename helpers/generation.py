@@ -37,6 +37,11 @@ def _generate(model, tokenizer, inputs, new_tokens: int, **kwargs):
                           do_sample=False, pad_token_id=tokenizer.pad_token_id, **kwargs)
 
 
+def generate_tokens(model, tokenizer, inputs: dict, new_tokens: int, **generate_kwargs):
+    """Greedy ``generate`` of exactly ``new_tokens`` tokens from tokenized ``inputs`` (all ids returned)."""
+    return _generate(model, tokenizer, inputs, new_tokens, **generate_kwargs)
+
+
 def greedy_new_tokens(model, tokenizer, prompts, max_new_tokens: int, *, chat: bool = False,
                       device=None) -> list[list[int]]:
     """The new token ids of one batched greedy generate (left padding), one list per prompt."""
@@ -337,3 +342,122 @@ def cpu_contention(device) -> Optional[str]:
         return None
     return (f"CPU load average {load:.1f} on {cores} cores with {torch.get_num_threads()} torch threads: "
             "timings are inflated by other processes; run alone or set OMP_NUM_THREADS to the free cores")
+
+
+# --- the decode gap: roofline, matmul kernel floor, measured step (chapter 03) ---------------------
+
+def decode_matmul_floor(model, batch_size: int = 1, device=None, *, min_iters: int = 5,
+                        min_seconds: float = 0.2):
+    """The matmuls of one decode step at the model's own shapes, each kind timed alone.
+
+    Every ``nn.Linear`` of the model is grouped by its name (q_proj, k_proj, v_proj, o_proj,
+    gate_proj, up_proj, down_proj, lm_head, ...); one ``bench.measure`` sample runs ``F.linear`` of a
+    ``(batch_size, in_features)`` activation with every layer's own weight of that kind, so the time
+    is the kind's share of one step summed over layers, and the weights stream from memory as they do
+    in a real step instead of staying in cache. Returns a DataFrame with one row per kind: shape,
+    layers, ``ms_per_step``, ``weight_bytes`` and the achieved ``gbps``.
+    """
+    import pandas as pd
+    import torch.nn.functional as F
+    from torch import nn
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 1")
+    device = as_device(device) if device is not None else backend.model_device(model)
+    groups: dict = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            groups.setdefault(name.rsplit(".", 1)[-1], []).append(module.weight.detach())
+    if not groups:
+        raise ValueError("model has no nn.Linear modules; pass an unquantized Llama-style model")
+    rows = []
+    with torch.inference_mode():
+        for kind, weights in groups.items():
+            out_f, in_f = weights[0].shape
+            x = torch.randn(batch_size, in_f, device=weights[0].device, dtype=weights[0].dtype)
+
+            def run(x=x, weights=weights):
+                for w in weights:
+                    F.linear(x, w)
+
+            timing = bench.measure(run, device, name=kind, warmup=2, min_iters=min_iters,
+                                   min_seconds=min_seconds)
+            nbytes = sum(w.numel() * w.element_size() for w in weights)
+            rows.append({"matmul": kind, "shape": f"({batch_size}, {in_f}) x ({in_f}, {out_f})",
+                         "layers": len(weights), "ms_per_step": timing.median * 1e3,
+                         "p10_ms": timing.p10 * 1e3, "p90_ms": timing.p90 * 1e3, "weight_bytes": int(nbytes),
+                         "gbps": nbytes / timing.median / 1e9, "dtype": dtype_name(weights[0].dtype)})
+    return pd.DataFrame(rows)
+
+
+def decode_gap(step_ms: dict, floor_ms: float, bytes_per_step: float, bandwidth_gbps: float):
+    """One row per variant: roofline, kernel floor and measured step of a decode step, in ms.
+
+    ``step_ms`` maps a variant name (eager, graph, ...) to its measured ms per decode step.
+    ``roofline_ms`` = bytes per step / bandwidth; ``kernel_excess_ms`` = kernel floor - roofline
+    (the matmul kernels alone below the bandwidth); ``overhead_ms`` = step - kernel floor
+    (everything that is not a weight matmul: attention, norms, elementwise ops, launches, Python).
+    The three add up to the step; a negative part is kept as measured (e.g. a compiled step faster
+    than the eager matmuls timed alone) and the plot shows it as zero.
+    """
+    import pandas as pd
+
+    if bandwidth_gbps <= 0 or bytes_per_step <= 0:
+        raise ValueError("bandwidth_gbps and bytes_per_step must be > 0")
+    roofline_ms = bytes_per_step / (bandwidth_gbps * 1e9) * 1e3
+    rows = []
+    for name, step in step_ms.items():
+        rows.append({"variant": name, "step_ms": step, "roofline_ms": roofline_ms, "kernel_floor_ms": floor_ms,
+                     "kernel_excess_ms": floor_ms - roofline_ms, "overhead_ms": step - floor_ms,
+                     "overhead_share_pct": 100.0 * (step - floor_ms) / step,
+                     "roofline_pct": 100.0 * roofline_ms / step})
+    return pd.DataFrame(rows)
+
+
+def plot_decode_gap(gap, title: str = "", figsize=(7, 4)):
+    """Stacked bars per variant: roofline time, matmul kernels below bandwidth, overhead."""
+    import matplotlib.pyplot as plt
+
+    parts = [("roofline_ms", "roofline: bytes / bandwidth", "#4c72b0"),
+             ("kernel_excess_ms", "matmul kernels below bandwidth", "#dd8452"),
+             ("overhead_ms", "overhead: non-matmul ops, launches, Python", "#c44e52")]
+    fig, ax = plt.subplots(figsize=figsize)
+    bottom = [0.0] * len(gap)
+    for col, label, color in parts:
+        heights = [max(float(v), 0.0) for v in gap[col]]
+        ax.bar(gap["variant"], heights, bottom=bottom, label=label, color=color)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    for i, step in enumerate(gap["step_ms"]):
+        ax.text(i, max(bottom[i], float(step)), f"{float(step):.1f} ms", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("ms per decode step (batch 1)")
+    ax.set_title(title or "Where one decode step goes")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_ylim(0, max(bottom + [float(s) for s in gap["step_ms"]]) * 1.25)
+    fig.tight_layout()
+    return fig
+
+
+def decode_step_launches(model, tokenizer, prompt: str, *, chat: bool = False, device=None) -> dict:
+    """Operator launches of one eager batch-1 decode step, counted from torch.profiler.
+
+    The prefill runs first; the step is one forward of one token through the dynamic cache, which is
+    cropped back after each call so the warm-up and the profiled call are the same step.
+    """
+    from .profiling import count_ops
+
+    device = as_device(device) if device is not None else backend.model_device(model)
+    inputs = _inputs(model, tokenizer, [prompt], device, chat)
+    forward = static_decode.eager_forward(model)
+    with torch.inference_mode():
+        out = forward(**inputs, use_cache=True)
+        past = _cache_of(out)
+        token = out.logits[:, -1:].argmax(-1)
+        mask = torch.cat([inputs["attention_mask"], inputs["attention_mask"].new_ones(1, 1)], dim=1)
+        length = inputs["input_ids"].shape[1]
+
+        def step():
+            forward(input_ids=token, attention_mask=mask, use_cache=True,
+                    **{static_decode.cache_kwarg(model): past})
+            past.crop(length)
+
+        return count_ops(step, device, warmup=1)

@@ -133,11 +133,13 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
 
     calls = []
 
-    def measure_generation(model, tokenizer, prompts, max_new_tokens, device=None, *, repeats=3, chat=False):
-        calls.append((len(prompts), max_new_tokens, repeats))
+    def measure_generation(model, tokenizer, prompts, max_new_tokens, device=None, *, repeats=3, chat=False,
+                           static_cache=False):
+        calls.append((len(prompts), max_new_tokens, repeats, static_cache))
+        graph = {"compiled_graphs": 2, "compile_s": 9.0} if static_cache else {}
         return {"total_ms": 500.0, "tokens_per_s_aggregate": 8.0 * len(prompts), "peak_memory_bytes": 123,
                 "batch_size": len(prompts), "ttft_ms": 50.0, "decode_ms_per_token": 45.0,
-                "dtype": "float32", "code_path": "stub"}
+                "dtype": "float32", "code_path": "stub", **graph}
 
     monkeypatch.setitem(sys.modules, "helpers.generation",
                         types.SimpleNamespace(measure_generation=measure_generation))
@@ -145,7 +147,9 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
     measure = ladder.generation_measure(tokenizer, ["a"], 4, "cpu", bandwidth_gbps=10.0, repeats=1)
     one = measure(model)
     four = measure((model, ["a"] * 4))
-    assert calls == [(1, 4, 1), (4, 4, 1)]
+    static = measure(ladder.Variant(model, ["a"] * 2, static_cache=True))
+    assert calls == [(1, 4, 1, False), (4, 4, 1, False), (2, 4, 1, True)]
+    assert one["compiled_graphs"] is None and static["compiled_graphs"] == 2 and static["compile_s"] == 9.0
     assert one["latency_ms"] == 500.0 and four["tokens_per_s"] == 32.0
     assert one["weight_bytes"] == ladder.model_weight_bytes(model) > 0
     assert four["roofline_tok_s"] == pytest.approx(4 * one["roofline_tok_s"])
@@ -206,3 +210,31 @@ def test_run_script_times_a_script_and_reports_failures(tmp_path):
         ladder.run_script(str(bad), parameter="mindspeed_script")
     with pytest.raises(ValueError, match="mindspeed_script="):
         ladder.run_script(str(tmp_path / "missing.sh"), parameter="mindspeed_script")
+
+
+def _ladder_table():
+    metrics = {"eager": {"latency_ms": 100.0, "tokens_per_s": 10.0, "batch_size": 1},
+               "graph": {"latency_ms": 50.0, "tokens_per_s": 20.0, "batch_size": 1},
+               "int8": {"latency_ms": 40.0, "tokens_per_s": 25.0, "batch_size": 1},
+               "batch 8": {"latency_ms": 80.0, "tokens_per_s": 100.0, "batch_size": 8}}
+    rungs = [(name, "", (lambda n=name: n)) for name in metrics]
+    rungs.insert(1, ("broken", "", lambda: 1 / 0))
+    return ladder.run_ladder(rungs, lambda v: metrics[v])
+
+
+def test_headline_figures_never_mix_batch1_latency_and_batch_throughput():
+    table = _ladder_table()
+    best = ladder.best_batch1_speedup(table)
+    assert best["rung"] == "int8" and best["speedup"] == pytest.approx(2.5)  # not the batch rung's 10x
+    batch = ladder.batch_throughput_ratio(table)
+    assert batch["rung"] == "batch 8" and batch["ratio"] == pytest.approx(10.0) and batch["batch_size"] == 8
+    only_batch1 = table[table["rung"] != "batch 8"]
+    assert ladder.batch_throughput_ratio(only_batch1) is None
+    assert ladder.best_batch1_speedup(table[table["rung"] == "eager"]) is None
+
+
+def test_guide_comparison_shows_only_batch1_rungs():
+    comparison = ladder.compare_with_guide(_ladder_table())
+    ours = comparison[comparison["source"] == "measured here"]
+    assert "batch 8" not in " ".join(ours["label"])
+    assert list(ours["label"]) == ["eager", "broken (failed)", "graph", "int8"]
