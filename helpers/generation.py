@@ -453,11 +453,10 @@ def decode_step_launches(model, tokenizer, prompt: str, *, chat: bool = False, d
         past = _cache_of(out)
         token = out.logits[:, -1:].argmax(-1)
         mask = torch.cat([inputs["attention_mask"], inputs["attention_mask"].new_ones(1, 1)], dim=1)
-        length = inputs["input_ids"].shape[1]
 
         def step():
             forward(input_ids=token, attention_mask=mask, use_cache=True,
                     **{static_decode.cache_kwarg(model): past})
-            past.crop(length)
+            past.crop(-1)  # drop this step's entry: every call is the same step
 
         return count_ops(step, device, warmup=1)

@@ -190,3 +190,37 @@ def test_cpu_contention_warning(monkeypatch):
     assert "load average 8.0 on 2 cores" in generation.cpu_contention("cpu")
     monkeypatch.setattr(generation.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
     assert generation.cpu_contention("cpu") is None
+
+
+def test_matmul_floor_covers_every_linear_kind_at_its_shape(tiny_model):
+    model, _ = tiny_model
+    floor = generation.decode_matmul_floor(model, 1, min_iters=2, min_seconds=0.0)
+    kinds = set(floor["matmul"])
+    assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"} == kinds
+    q = floor.set_index("matmul").loc["q_proj"]
+    assert q["layers"] == 2 and q["weight_bytes"] == 2 * 64 * 64 * 4 and q["shape"] == "(1, 64) x (64, 64)"
+    assert (floor["gbps"] > 0).all() and (floor["ms_per_step"] > 0).all()
+    with pytest.raises(ValueError, match="batch_size"):
+        generation.decode_matmul_floor(model, 0)
+
+
+def test_decode_gap_parts_add_up_to_the_step():
+    gap = generation.decode_gap({"eager": 30.0, "graph": 9.0}, floor_ms=10.0, bytes_per_step=100e6,
+                                bandwidth_gbps=20.0)
+    roofline_ms = 100e6 / 20e9 * 1e3
+    for _, row in gap.iterrows():
+        assert row["roofline_ms"] == pytest.approx(roofline_ms)
+        assert row["roofline_ms"] + row["kernel_excess_ms"] + row["overhead_ms"] == pytest.approx(row["step_ms"])
+    graph = gap.set_index("variant").loc["graph"]
+    assert graph["overhead_ms"] == pytest.approx(-1.0)  # kept as measured, never clipped in the table
+    assert gap.set_index("variant").loc["eager", "overhead_share_pct"] == pytest.approx(100 * 20 / 30)
+    with pytest.raises(ValueError, match="bandwidth_gbps"):
+        generation.decode_gap({"eager": 1.0}, 1.0, 1.0, 0.0)
+    fig = generation.plot_decode_gap(gap)
+    assert len(fig.axes[0].patches) == 3 * len(gap)
+
+
+def test_decode_step_launches_counts_one_step(tiny_model):
+    model, tok = tiny_model
+    counts = generation.decode_step_launches(model, tok, "count the launches")
+    assert counts["ops"] > 10 and counts["by_op"].get("aten::linear", 0) + counts["by_op"].get("aten::mm", 0) >= 15
