@@ -115,7 +115,7 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     def full_generate():
         lengths.append(generate(max_new_tokens).shape[1])
 
-    graphs_before = compiled.graphs if compiled is not None else 0
+    graphs_before = (compiled.graphs, compiled.compile_s) if compiled is not None else (0, 0.0)
     if compiled is not None:
         generate(max_new_tokens)  # pays the compilation of the prefill and decode graphs, untimed
     # The first call of each measurement is its untimed warm-up.

@@ -215,10 +215,11 @@ def compiled_forward_of(model) -> Optional[CompiledForward]:
     return forward if isinstance(forward, CompiledForward) else None
 
 
-def graph_fields(compiled: Optional[CompiledForward], graphs_before: int = 0) -> dict:
-    """The fields every graph measurement records next to its figures."""
+def graph_fields(compiled: Optional[CompiledForward], before: tuple = (0, 0.0)) -> dict:
+    """The fields every graph measurement records next to its figures; ``before`` is
+    ``(compiled.graphs, compiled.compile_s)`` taken when the measurement started."""
     if compiled is None:
         return {}
-    return {"compiled_graphs": int(compiled.graphs - graphs_before), "compile_s": float(compiled.compile_s),
+    return {"compiled_graphs": int(compiled.graphs - before[0]), "compile_s": float(compiled.compile_s - before[1]),
             "graph_backend": compiled.backend, "npu_mode": compiled.npu_mode}
 

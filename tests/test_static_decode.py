@@ -81,6 +81,8 @@ def test_measure_generation_records_graphs_and_compile_time(model):
     assert graph["compiled_graphs"] == 2 and graph["compile_s"] > 0
     assert graph["graph_backend"] == "counting-eager"
     assert "static KV cache" in graph["code_path"] and "dynamic=False" in graph["code_path"]
+    again = generation.measure_generation(m, tok, [PROMPT], 6, repeats=1, static_cache=True)
+    assert again["compiled_graphs"] == 0 and again["compile_s"] == 0  # each measurement counts its own
 
 
 def test_batched_static_path_matches_eager_greedy(model):
