@@ -414,12 +414,14 @@ def decode_gap(step_ms: dict, floor_ms: float, bytes_per_step: float, bandwidth_
     return pd.DataFrame(rows)
 
 
-def plot_decode_gap(gap, title: str = "", figsize=(7, 4)):
-    """Stacked bars per variant: roofline time, matmul kernels below bandwidth, overhead."""
+def plot_decode_gap(gap, title: str = "", figsize=(7, 4.5), floor_gbps: Optional[float] = None):
+    """Stacked bars per variant: roofline time, matmul kernels below bandwidth, overhead; each bar is
+    labelled with its step time and overhead share, the legend with the kernel floor's GB/s."""
     import matplotlib.pyplot as plt
 
     parts = [("roofline_ms", "roofline: bytes / bandwidth", "#4c72b0"),
-             ("kernel_excess_ms", "matmul kernels below bandwidth", "#dd8452"),
+             ("kernel_excess_ms", "matmul kernels below bandwidth"
+              + (f" (floor at {floor_gbps:.1f} GB/s)" if floor_gbps else ""), "#dd8452"),
              ("overhead_ms", "overhead: non-matmul ops, launches, Python", "#c44e52")]
     fig, ax = plt.subplots(figsize=figsize)
     bottom = [0.0] * len(gap)
@@ -427,11 +429,12 @@ def plot_decode_gap(gap, title: str = "", figsize=(7, 4)):
         heights = [max(float(v), 0.0) for v in gap[col]]
         ax.bar(gap["variant"], heights, bottom=bottom, label=label, color=color)
         bottom = [b + h for b, h in zip(bottom, heights)]
-    for i, step in enumerate(gap["step_ms"]):
-        ax.text(i, max(bottom[i], float(step)), f"{float(step):.1f} ms", ha="center", va="bottom", fontsize=9)
+    for i, (step, share) in enumerate(zip(gap["step_ms"], gap["overhead_share_pct"])):
+        ax.text(i, max(bottom[i], float(step)), f"{float(step):.1f} ms\noverhead {float(share):.0f} %",
+                ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("ms per decode step (batch 1)")
     ax.set_title(title or "Where one decode step goes")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     ax.set_ylim(0, max(bottom + [float(s) for s in gap["step_ms"]]) * 1.25)
     fig.tight_layout()
     return fig

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import time
+from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 import torch
@@ -78,6 +80,18 @@ def _recompile_limit_errors() -> tuple:
 
     return tuple(getattr(exc, n) for n in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
                  if hasattr(exc, n))
+
+
+@contextmanager
+def quiet_recompile_warnings():
+    """Mutes dynamo's recompile-limit warning (``GraphRecompileError`` already says what happened)."""
+    logger = logging.getLogger("torch._dynamo")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def cache_kwarg(model) -> str:
