@@ -5,9 +5,10 @@ Taught in ``03_end_to_end.ipynb`` (why graph mode needs it) and ``06_optimizatio
 A graph compiled with ``dynamic=False`` is valid for one set of input shapes. A plain ``generate``
 uses a dynamic KV cache that grows by one position per token, so every decode step has new shapes:
 dynamo builds one graph per KV length until it reaches ``recompile_limit`` and then, by default,
-runs the frame eagerly without saying so. On a CPU this rarely shows, because inductor switches
-to dynamic shapes after the first recompile when ``dynamic`` is left unset; on an NPU, where each
-GE graph of Llama-2-7B compiles for tens of seconds, it costs minutes and leaves eager speed.
+runs the frame eagerly without saying so. With ``dynamic`` left unset this rarely shows, because
+dynamo then marks the changing dimension dynamic after the first recompile; on an NPU, where GE
+graph mode wants static shapes and each graph of Llama-2-7B compiles for tens of seconds, it costs
+minutes and leaves eager speed.
 
 The path here keeps every shape fixed for a request:
 
