@@ -33,7 +33,6 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import backend
 
 DEFAULT_RECOMPILE_LIMIT = 8
 NPU_MODES = ("max-autotune", "reduce-overhead")
