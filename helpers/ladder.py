@@ -161,6 +161,19 @@ def best_batch1_speedup(table) -> Optional[dict]:
             "batch_size": int(base_batch)}
 
 
+def graph_count_problems(table, max_graphs: int = 2) -> list:
+    """Graph rungs that built more than ``max_graphs`` graphs (one prefill and one decode graph per
+    shape is the static path's promise); an empty list when every graph rung kept it."""
+    if "compiled_graphs" not in table:
+        return []
+    problems = []
+    for _, row in table[table["status"] == "ok"].iterrows():
+        graphs = row["compiled_graphs"]
+        if graphs is not None and graphs == graphs and graphs > max_graphs:
+            problems.append(f"{row['rung']}: {int(graphs)} graphs built, more than {max_graphs} for one shape")
+    return problems
+
+
 def batch_throughput_ratio(table) -> Optional[dict]:
     """The last rung serving more users than the baseline: its aggregate tok/s over the baseline's.
 

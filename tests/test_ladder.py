@@ -238,3 +238,12 @@ def test_guide_comparison_shows_only_batch1_rungs():
     ours = comparison[comparison["source"] == "measured here"]
     assert "batch 8" not in " ".join(ours["label"])
     assert list(ours["label"]) == ["eager", "broken (failed)", "graph", "int8"]
+
+
+def test_graph_rungs_above_two_graphs_are_reported():
+    metrics = {"eager": {"latency_ms": 10.0, "tokens_per_s": 10.0},
+               "graph": {"latency_ms": 5.0, "tokens_per_s": 20.0, "compiled_graphs": 2},
+               "recompiling": {"latency_ms": 5.0, "tokens_per_s": 20.0, "compiled_graphs": 9}}
+    table = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in metrics], lambda v: metrics[v])
+    assert ladder.graph_count_problems(table) == ["recompiling: 9 graphs built, more than 2 for one shape"]
+    assert ladder.graph_count_problems(table[table["rung"] != "recompiling"]) == []
