@@ -250,3 +250,18 @@ def test_alternating_timing_pools_rounds(tiny_model):
         assert res["decode_ms_per_token"] == pytest.approx(res["timings"]["decode"].median_ms)
     with pytest.raises(ValueError, match="rounds"):
         quant.alternating_decode_timing({"fp32": model}, tok, "hi", rounds=0)
+
+
+def test_ulp_is_the_spacing_of_the_dtype_at_the_value():
+    assert quant.ulp(1.5, torch.float16) == 2 ** -10  # 9.77e-4: the guide's "< 1e-3" is one fp16 step here
+    assert quant.ulp(1.0, torch.float16) == 2 ** -10
+    assert quant.ulp(0.9, torch.float16) == 2 ** -11
+    assert quant.ulp(-3.0, torch.float16) == 2 ** -9
+    assert quant.ulp(1.0, torch.bfloat16) == 2 ** -7
+    assert quant.ulp(1.0, torch.float32) == 2 ** -23
+
+
+@pytest.mark.parametrize("value, dtype", [(float("nan"), torch.float16), (1.0, torch.int8), ("1", torch.float16)])
+def test_ulp_rejects_bad_input(value, dtype):
+    with pytest.raises(ValueError, match="value|dtype"):
+        quant.ulp(value, dtype)
