@@ -254,7 +254,7 @@ KEY_FIGURE_LABELS: dict[str, tuple[str, str]] = {
     "device": ("device the run used", ""),
     "memory_bandwidth_gbps": ("memory bandwidth (large copy)", "higher"),
     "decode_ceiling_tok_s": ("batch-1 decode ceiling from bandwidth", "higher"),
-    "rmsnorm_guide_shape_ms": ("RMSNorm at the guide's shape", "lower"),
+    "rmsnorm_guide_shape_ms": ("RMSNorm time, fastest correct implementation", "lower"),
     "rmsnorm_noncontig_slowdown": ("RMSNorm slowdown on non-contiguous input", "lower"),
     "add_rmsnorm_fusion_speedup": ("fused add+RMSNorm speedup over eager", "higher"),
     "ffn_merged_speedup_decode": ("merged gate/up FFN speedup at decode shape", "higher"),
@@ -314,8 +314,11 @@ def round_figure(value: Any) -> str:
             return f"{value:,.0f}"
         if magnitude >= 100:
             return f"{value:.0f}"
-        if magnitude >= 0.01 or magnitude == 0:
-            return f"{value:.3g}" if magnitude < 10 else f"{value:.1f}"
+        if magnitude == 0:
+            return "0"
+        if magnitude >= 0.01:
+            # three significant digits, trailing zeros kept: 1.00x reads as measured, 1x as exact
+            return f"{value:#.3g}" if magnitude < 10 else f"{value:.1f}"
         return f"{value:.2e}"
     return str(value)
 

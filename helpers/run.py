@@ -196,7 +196,7 @@ def write_index(run_dir: Path, run: dict) -> Path:
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>ascend-llama-workbook run {html.escape(run['run_id'])}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:80em}}table{{border-collapse:collapse}}
-td{{overflow-wrap:anywhere}}.dir,.ctx{{color:#666;font-size:85%}}.ctx::before{{content:"— "}}
+td{{overflow-wrap:anywhere}}td:first-child{{white-space:nowrap}}.dir,.ctx{{color:#666;font-size:85%}}.ctx::before{{content:"— "}}
 td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}
 tr.ok td:nth-child(2){{color:#080}}tr.failed td:nth-child(2){{color:#b00;font-weight:bold}}
 tr.skipped td:nth-child(2){{color:#888}}</style></head><body>
