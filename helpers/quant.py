@@ -582,10 +582,14 @@ def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_b
                 f"{bound:.2f}x the weight-byte cut allows; {read}"
                 + (", so the step is bound by reading weights and fewer bytes is the gain." if pct >= 50 else
                    ", below the bandwidth, so the bytes alone do not account for it."))
+        elif s.high < 1:
+            lines.append(
+                f"Batch-1 decode: INT8 is {s.ratio:.2f}x (spread {s.low:.2f}-{s.high:.2f}), slower on {device}: "
+                f"the int8 kernel's extra work outweighed the {bound:.2f}x cut in bytes; {read}.")
         else:
             lines.append(
-                f"Batch-1 decode: INT8 is {s.ratio:.2f}x (spread {s.low:.2f}-{s.high:.2f}), not faster on {device}: "
-                f"the int8 kernel's extra work outweighed the {bound:.2f}x cut in bytes; {read}.")
+                f"Batch-1 decode: INT8 is {s.ratio:.2f}x, but the spread {s.low:.2f}-{s.high:.2f} straddles 1x, so this "
+                f"run does not establish a direction (the byte cut alone would allow up to {bound:.2f}x); {read}.")
     ttft = [f"batch {b}: {r['base_ttft_ms']:.0f} -> {r['int8_ttft_ms']:.0f} ms ({r['ttft'].ratio:.2f}x)"
             for b, r in sorted(per_batch.items())]
     if ttft:

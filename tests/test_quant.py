@@ -297,3 +297,12 @@ def test_explanation_within_the_byte_cut_on_a_bandwidth_bound_step_and_no_false_
 def test_explanation_rejects_bad_figures():
     with pytest.raises(ValueError, match="weight_ratio"):
         quant.explain_weight_only_int8(0, {}, 1.0, 1.0, "", "cpu")
+
+
+def test_explanation_states_no_direction_when_the_spread_straddles_one():
+    lines = quant.explain_weight_only_int8(0.71, {1: _per_batch((0.87, 0.28, 4.1), (1, 1, 1), (0.94, 0.5, 1.5),
+                                                                (1, 1, 1))[1]}, 270e6, 2.6, "chapter 00", "cpu")
+    assert "does not establish a direction" in lines[0] and "slower" not in lines[0]
+    lines = quant.explain_weight_only_int8(0.71, {1: _per_batch((0.6, 0.5, 0.7), (1, 1, 1), (0.94, 0.5, 1.5),
+                                                                (1, 1, 1))[1]}, 270e6, 2.6, "chapter 00", "cpu")
+    assert "slower on cpu" in lines[0]
