@@ -243,3 +243,136 @@ def write_html(path: "str | Path", title: str, blocks: list[tuple[str, Any]]) ->
     tmp.write_text(html_page(title, blocks), encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+# --- the runner's index page: key figures people can read, verdict counts by class ---------------
+
+# key -> (human label, which way is better). "higher"/"lower" say which way is better; "" marks a
+# figure with no better direction (a device name, a count, a yes/no check). Keys with a batch size or
+# rung name at the end are matched by their prefix (see ``key_figure_label``).
+KEY_FIGURE_LABELS: dict[str, tuple[str, str]] = {
+    "device": ("device the run used", ""),
+    "memory_bandwidth_gbps": ("memory bandwidth (large copy)", "higher"),
+    "decode_ceiling_tok_s": ("batch-1 decode ceiling from bandwidth", "higher"),
+    "rmsnorm_guide_shape_ms": ("RMSNorm time, fastest correct implementation", "lower"),
+    "rmsnorm_noncontig_slowdown": ("RMSNorm slowdown on non-contiguous input", "lower"),
+    "add_rmsnorm_fusion_speedup": ("fused add+RMSNorm speedup over eager", "higher"),
+    "ffn_merged_speedup_decode": ("merged gate/up FFN speedup at decode shape", "higher"),
+    "ffn_fused_max_abs_diff": ("fused FFN max abs difference vs reference", "lower"),
+    "residual_norm_graph_speedup": ("residual+norm graph-mode speedup", "higher"),
+    "ttft_ms": ("time to first token", "lower"),
+    "decode_tok_s_batch1": ("decode speed at batch 1", "higher"),
+    "decode_roofline_pct": ("batch-1 decode as share of the bandwidth ceiling", "higher"),
+    "graph_mode_decode_speedup": ("graph-mode decode speedup over eager", "higher"),
+    "graph_compiled_graphs": ("graphs compiled for decode", "lower"),
+    "graph_compile_s": ("graph compile time", "lower"),
+    "batched_outputs_match": ("batched outputs match unbatched", ""),
+    "batched_outputs_match_working_dtype": ("batched outputs match unbatched (working dtype)", ""),
+    "batch_throughput_ratio_": ("aggregate decode throughput vs batch 1, batch {}", "higher"),
+    "kv_cache_mib_batch": ("KV-cache size, batch {}", "lower"),
+    "int8_weight_bytes_ratio": ("INT8 weight bytes / 16-bit weight bytes", "lower"),
+    "int8_ppl_delta_pct": ("INT8 perplexity change vs 16-bit", "lower"),
+    "int8_decode_speedup_batch": ("INT8 decode speedup over 16-bit, batch {}", "higher"),
+    "int8_ttft_ratio_batch": ("INT8 time to first token / 16-bit, batch {}", "lower"),
+    "quantize_dynamic_ppl_ratio": ("quantize_dynamic perplexity / 16-bit", "lower"),
+    "ladder_best_batch1_speedup": ("best batch-1 ladder rung over native eager", "higher"),
+    "ladder_batch_throughput_ratio": ("batched ladder rung throughput over native eager batch 1", "higher"),
+    "ladder_speedup_total": ("ladder speedup, last rung over first (older runs)", "higher"),
+    "ladder_tok_s_": ("ladder rung {} decode speed", "higher"),
+    "vllm_tok_s": ("vLLM decode speed", "higher"),
+    "endpoint_tok_s": ("serving endpoint decode speed", "higher"),
+    "claims_total": ("claims audited", ""),
+    "claims_": ("claims with verdict: {}", ""),
+}
+UNIT_WORDS = {"x": "×", "ratio": "×"}
+
+
+def key_figure_label(key: str) -> tuple[str, str]:
+    """(human label, "higher" | "lower" | "") for a recorded key; unknown keys keep their name."""
+    if key in KEY_FIGURE_LABELS:
+        return KEY_FIGURE_LABELS[key]
+    prefixes = sorted((k for k, (label, _) in KEY_FIGURE_LABELS.items() if "{}" in label),
+                      key=len, reverse=True)
+    for prefix in prefixes:
+        if key.startswith(prefix) and len(key) > len(prefix):
+            label, direction = KEY_FIGURE_LABELS[prefix]
+            return label.format(key[len(prefix):].lstrip("_").replace("_", " ")), direction
+    return key.replace("_", " "), ""
+
+
+def round_figure(value: Any) -> str:
+    """A figure at a precision its measurement supports: 3 significant digits, no float noise."""
+    if isinstance(value, bool) or value is None:
+        return "yes" if value is True else "no" if value is False else "–"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "–"
+        magnitude = abs(value)
+        if magnitude >= 1000:
+            return f"{value:,.0f}"
+        if magnitude >= 100:
+            return f"{value:.0f}"
+        if magnitude == 0:
+            return "0"
+        if magnitude >= 0.01:
+            # three significant digits, trailing zeros kept: 1.00x reads as measured, 1x as exact
+            return f"{value:#.3g}" if magnitude < 10 else f"{value:.1f}"
+        return f"{value:.2e}"
+    return str(value)
+
+
+def describe_key_figure(key: str, entry: dict) -> dict:
+    """What the index prints for one figure: label, rounded value with unit, direction, context."""
+    label, direction = key_figure_label(key)
+    unit = str(entry.get("unit") or "")
+    value = round_figure(entry.get("value"))
+    unit = UNIT_WORDS.get(unit, unit)
+    shown = f"{value}{unit}" if unit in ("×", "%") else f"{value} {unit}".strip()
+    context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape") if entry.get(k))
+    return {"key": key, "label": label, "value": shown,
+            "direction": {"higher": "higher is better", "lower": "lower is better"}.get(direction, ""),
+            "context": context}
+
+
+def key_figure_html(key: str, entry: dict) -> str:
+    """One key figure as an HTML line for the index (the raw key kept as a tooltip)."""
+    d = describe_key_figure(key, entry)
+    direction = f' <span class="dir">({d["direction"]})</span>' if d["direction"] else ""
+    context = f' <span class="ctx">{html.escape(d["context"])}</span>' if d["context"] else ""
+    return (f'<span class="fig" title="{html.escape(key)}">{html.escape(d["label"])}: '
+            f'<b>{html.escape(d["value"])}</b>{direction}{context}</span>')
+
+
+def index_verdict_counts(run_dir: "str | Path") -> Optional[dict]:
+    """Claims per verdict class for the index, once chapter 07 has run; None before that.
+
+    Counted with ``helpers.claims.verdicts`` + ``verdict_counts`` (the same functions chapter 07
+    uses), keyed by whatever classes they define; a failing audit must not break the index.
+    """
+    data = load_all(run_dir).get(REPORT_CHAPTER)
+    if not data or data.get("status") != "ok":
+        return None
+    try:
+        from . import claims
+
+        return dict(claims.verdict_counts(claims.verdicts(run_dir)))
+    except Exception:  # noqa: BLE001  (the index still renders without the counts)
+        return None
+
+
+def verdict_counts_html(counts: Optional[dict]) -> str:
+    """The counts as a small table, each cell tagged with its class (``data-verdict-class``)."""
+    if not counts:
+        return ""
+    from . import claims
+
+    meanings = getattr(claims, "VERDICT_CLASSES", None) or getattr(claims, "VERDICTS", {})
+    cells = "".join(
+        f'<tr><td class="verdict" data-verdict-class="{html.escape(str(cls))}" '
+        f'title="{html.escape(str(meanings.get(cls, "")))}">{html.escape(str(cls))}</td>'
+        f"<td>{int(n)}</td></tr>" for cls, n in counts.items())
+    return (f"<h2>Claims of the guides by verdict ({sum(int(n) for n in counts.values())} claims)</h2>"
+            f'<table class="verdicts"><tr><th>verdict</th><th>claims</th></tr>{cells}</table>'
+            "<p>Details, grouped by the guides' sections, are in chapter 07's claims report.</p>")

@@ -57,8 +57,27 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def current_umask() -> int:
+    """The process umask (reading it means setting it, so it is put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode ``open()`` would give a new file: 0666 less the umask.
+
+    ``tempfile.mkstemp`` always creates 0600 files, so a report written through it would be
+    unreadable to a web server or a CI artifact store that copies the run folder.
+    """
+    return 0o666 & ~current_umask()
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write via a temp file in the same folder and ``os.replace``: readers never see half a file."""
+    """Write via a temp file in the same folder and ``os.replace``: readers never see half a file.
+
+    The file gets the mode a plain ``open()`` would give it (the umask is respected).
+    """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +88,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
             "folder with the runner's --reports-dir option or the WORKBOOK_RUN_DIR variable"
         ) from exc
     try:
+        os.chmod(tmp, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(_jsonable(data), fh, indent=2, ensure_ascii=False, allow_nan=False)
             fh.flush()

@@ -102,3 +102,62 @@ def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None
     df = pd.DataFrame(rows)
     df["ceiling_tok_s"] = [decode_ceiling_tok_s(b, weight_bytes) for b in df["bandwidth_gbps"]]
     return df
+
+
+def _config_value(config, name: str):
+    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+    return value
+
+
+def kv_cache_bytes_per_token(config, dtype: str = "float16") -> int:
+    """KV-cache bytes one token of one sequence keeps: 2 (K and V) x layers x kv_heads x head_dim x bytes.
+
+    ``config`` is a transformers config or a dict with Llama's keys (``LLAMA2_7B_CONFIG``).
+    Grouped-query attention (``num_key_value_heads`` < ``num_attention_heads``) shrinks it.
+    """
+    if dtype not in BYTES_PER_ELEMENT:
+        raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(BYTES_PER_ELEMENT)}")
+    needed = ("num_hidden_layers", "num_attention_heads", "hidden_size")
+    missing = [k for k in needed if not _config_value(config, k)]
+    if missing:
+        raise ValueError(f"config lacks {missing}; pass a Llama-style transformers config or a dict "
+                         f"with {', '.join(needed)} (and optionally num_key_value_heads, head_dim)")
+    heads = int(_config_value(config, "num_attention_heads"))
+    kv_heads = int(_config_value(config, "num_key_value_heads") or heads)
+    head_dim = int(_config_value(config, "head_dim") or int(_config_value(config, "hidden_size")) // heads)
+    layers = int(_config_value(config, "num_hidden_layers"))
+    return int(2 * layers * kv_heads * head_dim * BYTES_PER_ELEMENT[dtype])
+
+
+def kv_cache_bytes(config, batch_size: int, context_len: int, dtype: str = "float16") -> int:
+    """KV-cache bytes of a batch: ``batch_size`` sequences of ``context_len`` tokens each."""
+    for name, value in (("batch_size", batch_size), ("context_len", context_len)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"{name}={value!r} is not valid; it must be an integer >= 0")
+    return int(kv_cache_bytes_per_token(config, dtype) * batch_size * context_len)
+
+
+def kv_memory_growth_pct(config, batch_size: int, context_len: int, weight_bytes: float,
+                         dtype: str = "float16") -> float:
+    """Memory growth over batch 1 (%) from the KV cache alone: weights + KV(B) against weights + KV(1).
+
+    The analytic counterpart of a "batch B needs x % more memory" claim; activations and
+    allocator slack come on top, so a measured growth can only be larger.
+    """
+    weight_bytes = _check_positive("weight_bytes", weight_bytes)
+    base = weight_bytes + kv_cache_bytes(config, 1, context_len, dtype)
+    return 100.0 * (weight_bytes + kv_cache_bytes(config, batch_size, context_len, dtype)) / base - 100.0
+
+
+def context_for_kv_growth(config, batch_size: int, growth_pct: float, weight_bytes: float,
+                          dtype: str = "float16") -> float:
+    """Tokens per sequence at which the KV cache alone makes batch ``batch_size`` use ``growth_pct`` % more
+    memory than batch 1 (the inverse of ``kv_memory_growth_pct``); inf if it never can."""
+    growth = _check_positive("growth_pct", growth_pct) / 100.0
+    weight_bytes = _check_positive("weight_bytes", weight_bytes)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 2:
+        raise ValueError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 2")
+    per_token = kv_cache_bytes_per_token(config, dtype)
+    # (W + B k c) = (1 + g)(W + k c)  ->  c = g W / (k (B - 1 - g))
+    denominator = per_token * (batch_size - 1 - growth)
+    return float("inf") if denominator <= 0 else growth * weight_bytes / denominator

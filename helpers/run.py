@@ -170,11 +170,13 @@ def format_figure(key: str, entry: dict) -> str:
 
 
 def write_index(run_dir: Path, run: dict) -> Path:
+    from .report import index_verdict_counts, key_figure_html, verdict_counts_html
+
     rows = []
     for entry in run["notebooks"]:
         results = load_results(run_dir, entry["notebook"]) or {}
         metrics = results.get("metrics", {})
-        figures = [format_figure(k, metrics[k]) for k in results.get("key_figures", []) if k in metrics]
+        figures = [key_figure_html(k, metrics[k]) for k in results.get("key_figures", []) if k in metrics]
         links = []
         for label, rel in (("notebook", entry.get("output")), ("html", entry.get("html")),
                            ("results.json", f"{entry['notebook']}/{RESULTS_NAME}" if results else None)):
@@ -186,14 +188,15 @@ def write_index(run_dir: Path, run: dict) -> Path:
         rows.append(
             f"<tr class='{entry['status']}'><td>{html.escape(entry['notebook'])}</td>"
             f"<td>{entry['status']}</td><td>{entry.get('duration_s', 0):.1f} s</td>"
-            f"<td>{'<br>'.join(html.escape(f) for f in figures)}"
+            f"<td>{'<br>'.join(figures)}"
             f"{'<br><em>' + html.escape(detail[:500]) + '</em>' if detail else ''}</td>"
             f"<td>{' · '.join(links)}</td></tr>"
         )
     env = run.get("environment", {})
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>ascend-llama-workbook run {html.escape(run['run_id'])}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
+<style>body{{font-family:sans-serif;margin:2em;max-width:80em}}table{{border-collapse:collapse}}
+td{{overflow-wrap:anywhere}}td:first-child{{white-space:nowrap}}.dir,.ctx{{color:#666;font-size:85%}}.ctx::before{{content:"— "}}
 td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}
 tr.ok td:nth-child(2){{color:#080}}tr.failed td:nth-child(2){{color:#b00;font-weight:bold}}
 tr.skipped td:nth-child(2){{color:#888}}</style></head><body>
@@ -205,7 +208,7 @@ torch_npu {html.escape(str(env.get('torch_npu') or 'not installed'))}.</p>
 <table><tr><th>notebook</th><th>status</th><th>duration</th><th>key figures (measured in this run)</th>
 <th>files</th></tr>
 {''.join(rows)}
-</table></body></html>"""
+</table>{verdict_counts_html(index_verdict_counts(run_dir))}</body></html>"""
     target = run_dir / "index.html"
     tmp = target.with_suffix(".html.tmp")
     tmp.write_text(page, encoding="utf-8")

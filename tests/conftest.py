@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,3 +46,21 @@ def tiny_model():
     from helpers.models import tiny_llama
 
     return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory):
+    """Every notebook run once per session with the ``quick`` profile through the real runner.
+
+    Shared by tests/test_notebooks.py (one test per chapter) and tests/test_browser.py (the pages).
+    """
+    reports = tmp_path_factory.mktemp("reports")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "helpers.run", "--profile", "quick", "--run-id", "quick",
+         "--reports-dir", str(reports)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=40 * 60,
+    )
+    run_dir = reports / "quick"
+    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
+    return {"proc": proc, "run_dir": run_dir, "run": run}

@@ -1,6 +1,7 @@
 """Every notebook, executed headlessly with the ``quick`` profile through the real runner.
 
-The run happens once per session (about 10 minutes on 2 cores); each notebook is then its own
+The run happens once per session (the ``quick_run`` fixture in conftest.py, shared with the
+browser test; about 10 minutes on 2 cores); each notebook is then its own
 test, so one failing chapter is reported by name while the others still count.
 """
 from __future__ import annotations
@@ -17,20 +18,6 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb"))
 
 pytestmark = pytest.mark.notebooks
-
-
-@pytest.fixture(scope="session")
-def quick_run(tmp_path_factory):
-    reports = tmp_path_factory.mktemp("reports")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "helpers.run", "--profile", "quick", "--run-id", "quick",
-         "--reports-dir", str(reports)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=40 * 60,
-    )
-    run_dir = reports / "quick"
-    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
-    return {"proc": proc, "run_dir": run_dir, "run": run}
 
 
 def test_runner_wrote_index(quick_run):

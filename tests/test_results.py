@@ -131,3 +131,19 @@ def test_default_run_dir_honours_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBOOK_RUN_DIR", str(tmp_path))
     assert results.default_run_dir() == tmp_path
     assert Results("c").path == tmp_path / "c" / "results.json"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_results_files_get_the_umask_mode_not_the_temp_file_default(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        write_json_atomic(tmp_path / "results.json", {"a": 1})
+        Results("00_x", run_dir=tmp_path).record("k", 1.0)
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+    finally:
+        os.umask(old)
+    expected = 0o666 & ~umask
+    assert (tmp_path / "results.json").stat().st_mode & 0o777 == expected
+    assert (tmp_path / "00_x" / "results.json").stat().st_mode & 0o777 == expected
+    assert plain.stat().st_mode & 0o777 == expected

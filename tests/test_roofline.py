@@ -72,3 +72,41 @@ def test_specs_without_source_are_rejected(tmp_path):
                     "X,X1,1,100,,guess,,\n")
     with pytest.raises(ValueError, match="source"):
         roofline.load_specs(path)
+
+
+def test_kv_cache_bytes_of_llama2_7b_by_hand():
+    # 2 (K, V) x 32 layers x 32 heads x 128 head_dim x 2 bytes = 512 KiB per token in fp16
+    assert roofline.kv_cache_bytes_per_token(roofline.LLAMA2_7B_CONFIG) == 524288
+    assert roofline.kv_cache_bytes(roofline.LLAMA2_7B_CONFIG, 4, 1000) == 4 * 1000 * 524288
+    assert roofline.kv_cache_bytes(roofline.LLAMA2_7B_CONFIG, 1, 10, "float32") == 10 * 2 * 524288
+
+
+def test_kv_cache_uses_grouped_query_heads_and_transformers_configs():
+    from transformers import LlamaConfig
+
+    gqa = LlamaConfig(hidden_size=8192, num_attention_heads=64, num_key_value_heads=8, num_hidden_layers=80)
+    assert roofline.kv_cache_bytes_per_token(gqa) == 2 * 80 * 8 * 128 * 2
+    assert roofline.kv_cache_bytes_per_token(LlamaConfig()) == 524288  # the defaults are Llama-2-7B
+
+
+def test_kv_growth_and_its_inverse_agree():
+    w = roofline.llama2_7b_weight_bytes()
+    cfg = roofline.LLAMA2_7B_CONFIG
+    growth = roofline.kv_memory_growth_pct(cfg, 4, 2048, w)
+    assert growth == pytest.approx(100 * 3 * 2048 * 524288 / (w + 2048 * 524288))
+    assert roofline.context_for_kv_growth(cfg, 4, growth, w) == pytest.approx(2048)
+    assert roofline.kv_memory_growth_pct(cfg, 1, 2048, w) == 0
+    assert roofline.context_for_kv_growth(cfg, 2, 150, w) == float("inf")  # 2 sequences never add 150 %
+
+
+@pytest.mark.parametrize("call", [
+    lambda: roofline.kv_cache_bytes_per_token({"hidden_size": 4096}),
+    lambda: roofline.kv_cache_bytes_per_token(roofline.LLAMA2_7B_CONFIG, "fp8"),
+    lambda: roofline.kv_cache_bytes(roofline.LLAMA2_7B_CONFIG, -1, 10),
+    lambda: roofline.kv_cache_bytes(roofline.LLAMA2_7B_CONFIG, 2, 1.5),
+    lambda: roofline.context_for_kv_growth(roofline.LLAMA2_7B_CONFIG, 1, 15, 1e9),
+    lambda: roofline.kv_memory_growth_pct(roofline.LLAMA2_7B_CONFIG, 4, 100, 0),
+])
+def test_kv_functions_name_the_bad_parameter(call):
+    with pytest.raises(ValueError, match="config|dtype|batch_size|context_len|weight_bytes"):
+        call()

@@ -106,7 +106,8 @@ def test_index_lists_every_notebook_with_status_figures_and_links(failing_run):
     assert page.count("<tr class='failed'>") == 2 and page.count("<tr class='ok'>") == 2
     assert 'href="02_fails.ipynb"' in page and 'href="04_after/results.json"' in page
     assert "deliberate failure for the runner test" in page and "kernel died" in page
-    assert "fixture_value = 3 count (cpu)" in page  # a key figure read back from results.json
+    # a key figure read back from results.json, labelled by helpers.report (the raw key as tooltip)
+    assert 'title="fixture_value">fixture value: <b>3 count</b>' in page and ">cpu</span>" in page
 
 
 def test_profile_values_and_overrides_are_injected(failing_run):

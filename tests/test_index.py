@@ -1,0 +1,119 @@
+"""The runner's index page: readable key figures (label, unit, direction, rounding) and verdict counts."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import claims, report, run
+from helpers.results import Results, write_json_atomic
+
+REPO = Path(__file__).resolve().parent.parent
+# The figures other chapters promise to record as key figures (shared interface of the chapters).
+PROMISED_KEYS = ("ladder_best_batch1_speedup", "ladder_batch_throughput_ratio", "graph_compiled_graphs",
+                 "graph_compile_s", "ladder_tok_s_native_eager", "batch_throughput_ratio_8",
+                 "int8_decode_speedup_batch1", "claims_total", "claims_contradicted")
+
+
+def recorded_key_figures() -> set[str]:
+    """Keys the notebooks record with key_figure set (f-string keys with their placeholder)."""
+    keys = set()
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")) + sorted((REPO / "solutions").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"])
+            for match in re.finditer(r'record\(\s*f?"([A-Za-z0-9_{}\[\]"]+)"(.{0,400}?)\)', source, re.S):
+                if "key_figure" in match.group(2):
+                    keys.add(re.sub(r"\{[^}]*\}", "8", match.group(1)))
+    return keys
+
+
+def test_every_key_figure_of_the_notebooks_has_a_label_and_direction():
+    keys = recorded_key_figures() | set(PROMISED_KEYS)
+    assert len(keys) > 10  # the scan found the notebooks' figures
+    unlabelled = [k for k in keys if report.key_figure_label(k)[0] == k.replace("_", " ")]
+    assert not unlabelled, f"add these keys to report.KEY_FIGURE_LABELS: {unlabelled}"
+    for key in keys:
+        assert report.key_figure_label(key)[1] in ("higher", "lower", "")
+
+
+def test_unknown_keys_fall_back_to_their_name():
+    assert report.key_figure_label("made_up_metric") == ("made up metric", "")
+
+
+def test_prefix_keys_name_their_batch_or_rung():
+    assert report.key_figure_label("int8_decode_speedup_batch8") == ("INT8 decode speedup over 16-bit, batch 8",
+                                                                       "higher")
+    assert report.key_figure_label("ladder_tok_s_fused_ops")[0] == "ladder rung fused ops decode speed"
+
+
+@pytest.mark.parametrize("value, text", [
+    (0.97474, "0.975"), (1.6512, "1.65"), (1.0, "1.00"), (0.5, "0.500"), (51.27, "51.3"), (768.4, "768"), (12345.6, "12,346"),
+    (9.765625e-4, "9.77e-04"), (0.0, "0"), (True, "yes"), (False, "no"), (None, "–"), (7, "7"),
+    (float("nan"), "–"), ("cpu", "cpu")])
+def test_rounding(value, text):
+    assert report.round_figure(value) == text
+
+
+def test_a_key_figure_reads_as_label_value_unit_and_direction():
+    d = report.describe_key_figure("ffn_merged_speedup_decode", {"value": 0.97474, "unit": "x", "device": "cpu",
+                                                                 "dtype": "float32", "shape": "batch 1"})
+    assert d == {"key": "ffn_merged_speedup_decode", "label": "merged gate/up FFN speedup at decode shape",
+                 "value": "0.975×", "direction": "higher is better", "context": "cpu, float32, batch 1"}
+    assert report.describe_key_figure("ttft_ms", {"value": 69.23, "unit": "ms"})["value"] == "69.2 ms"
+    assert report.describe_key_figure("ttft_ms", {"value": 69.23, "unit": "ms"})["direction"] == "lower is better"
+
+
+def _small_run(run_dir: Path, with_report: bool) -> dict:
+    res = Results("02_ffn_fusion", run_dir, environment={"device": "cpu"})
+    res.record("ffn_merged_speedup_decode", 0.97474, "x", key_figure=True, device="cpu", dtype="float32")
+    res.finish()
+    entries = [{"notebook": "02_ffn_fusion", "status": "ok", "duration_s": 1.0}]
+    if with_report:
+        Results("07_report", run_dir).finish()
+        entries.append({"notebook": "07_report", "status": "ok", "duration_s": 1.0})
+    data = {"run_id": run_dir.name, "profile": "quick", "started": "now", "status": "ok",
+            "environment": {"device": "cpu"}, "notebooks": entries}
+    write_json_atomic(run_dir / "run.json", data)
+    return data
+
+
+def test_index_prints_labels_and_verdict_counts_by_class(tmp_path, monkeypatch):
+    monkeypatch.setattr(claims, "verdicts", lambda run_dir, *a, **k: "audit table")
+    monkeypatch.setattr(claims, "verdict_counts", lambda table: {"supported": 3, "needs an NPU": 5})
+    page = run.write_index(tmp_path, _small_run(tmp_path, with_report=True)).read_text()
+    assert "merged gate/up FFN speedup at decode shape: <b>0.975×</b>" in page
+    assert "higher is better" in page
+    assert "0.9747" not in page
+    assert 'data-verdict-class="needs an NPU"' in page and "<td>5</td>" in page
+    assert 'data-verdict-class="supported"' in page and "8 claims" in page
+
+
+def test_index_without_chapter_07_has_no_verdict_section(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("the audit must not run before chapter 07 has")
+    monkeypatch.setattr(claims, "verdicts", boom)
+    page = run.write_index(tmp_path, _small_run(tmp_path, with_report=False)).read_text()
+    assert "data-verdict-class" not in page
+
+
+def test_a_failing_audit_leaves_the_index_intact(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("broken claims file")
+    monkeypatch.setattr(claims, "verdicts", boom)
+    page = run.write_index(tmp_path, _small_run(tmp_path, with_report=True)).read_text()
+    assert "merged gate/up FFN speedup" in page and "data-verdict-class" not in page
+
+
+def test_report_pages_are_readable_by_others_under_the_usual_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        data = _small_run(tmp_path, with_report=False)
+        index = run.write_index(tmp_path, data)
+        page = report.write_html(tmp_path / "07_report" / "claims_report.html", "t", [("p", "x")])
+    finally:
+        os.umask(old)
+    for path in (index, page, tmp_path / "run.json", tmp_path / "02_ffn_fusion" / "results.json"):
+        assert path.stat().st_mode & 0o777 == 0o644, path
