@@ -1,7 +1,9 @@
-"""Every notebook, executed headlessly with the ``quick`` profile through the real runner.
+"""Every notebook and every solutions notebook, executed with the ``quick`` profile by the runner.
 
 The run happens once per session (about 10 minutes on 2 cores); each notebook is then its own
-test, so one failing chapter is reported by name while the others still count.
+test, so one failing chapter is reported by name while the others still count. Solutions run
+with ``--solutions``, each right after its chapter, and are tested one by one too, so an answer
+that stops working fails CI (whether every exercise has an answer is checked in test_hygiene).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb"))
+SOLUTIONS = sorted(p.stem for p in (REPO / "solutions").glob("*_solutions.ipynb"))
 
 pytestmark = pytest.mark.notebooks
 
@@ -25,7 +28,7 @@ def quick_run(tmp_path_factory):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "helpers.run", "--profile", "quick", "--run-id", "quick",
-         "--reports-dir", str(reports)],
+         "--reports-dir", str(reports), "--solutions"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=40 * 60,
     )
     run_dir = reports / "quick"
@@ -53,6 +56,23 @@ def test_notebook_runs_with_quick_profile(quick_run, notebook):
         assert "value" in figure, key
 
 
+@pytest.mark.parametrize("solution", SOLUTIONS)
+def test_solution_runs_after_its_chapter(quick_run, solution):
+    run = quick_run["run"]
+    assert run is not None, quick_run["proc"].stdout + quick_run["proc"].stderr
+    chapter = solution[: -len("_solutions")]
+    entry = next(e for e in run["notebooks"] if e["notebook"] == chapter)
+    answer = entry.get("solution")
+    assert answer is not None, f"{solution} did not run after {chapter}"
+    assert answer["status"] == "ok", f"{solution}: {answer.get('error') or answer.get('reason')}"
+    executed = quick_run["run_dir"] / f"{solution}.ipynb"
+    assert executed.exists() and executed.with_suffix(".html").exists()
+    page = (quick_run["run_dir"] / "index.html").read_text()
+    assert f'href="{solution}.html"' in page
+
+
 def test_runner_exit_code_matches_statuses(quick_run):
-    failed = [e for e in quick_run["run"]["notebooks"] if e["status"] == "failed"]
+    entries = quick_run["run"]["notebooks"]
+    failed = [e for e in entries if e["status"] == "failed"
+              or (e.get("solution") or {}).get("status") == "failed"]
     assert (quick_run["proc"].returncode != 0) == bool(failed)
