@@ -506,6 +506,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             done = earlier.get("solution") or {}
             if args.resume and entry.get("resumed") and done.get("status") == "ok":
                 entry["solution"] = {**done, "resumed": True}
+                print(f"[{i}/{len(books)}] {solution.stem}: ok in an earlier attempt, skipped",
+                      flush=True)
             elif entry["status"] != "ok":
                 entry["solution"] = {"notebook": solution.stem, "status": "skipped",
                                      "reason": f"its chapter {book.stem} is {entry['status']}"}

@@ -283,3 +283,16 @@ def test_every_profile_is_a_mapping_with_known_notebooks():
         assert isinstance(profile["all"], dict) and isinstance(profile["notebooks"], dict)
         assert real <= set(profile["notebooks"]), f"profile {name} misses {real - set(profile['notebooks'])}"
         assert "trust_remote_code" not in json.dumps(profile)  # off unless a user sets it
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.ipynb"))
+                         + sorted((REPO / "solutions").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_the_fast_parameter_reader_agrees_with_papermill(path):
+    import papermill
+
+    inspected = papermill.inspect_notebook(str(path))
+    declared = runner.declared_parameters(path)
+    assert list(declared) == list(inspected)
+    for name, info in declared.items():
+        assert info["type"] == inspected[name]["inferred_type_name"], name
+        assert info["comment"] == inspected[name]["help"], name
