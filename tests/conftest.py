@@ -7,11 +7,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+# On a CPU shared with other jobs the quick run can take far longer than its 10 minutes; notebooks
+# that finished before the limit are still judged from run.json, the rest fail by name.
+RUN_TIMEOUT_S = int(os.environ.get("WORKBOOK_TEST_RUN_TIMEOUT", 40 * 60))
 sys.path.insert(0, str(REPO))
 
 from helpers import backend  # noqa: E402
@@ -56,11 +60,16 @@ def quick_run(tmp_path_factory):
     """
     reports = tmp_path_factory.mktemp("reports")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "helpers.run", "--profile", "quick", "--run-id", "quick",
-         "--reports-dir", str(reports)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=40 * 60,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "helpers.run", "--profile", "quick", "--run-id", "quick",
+             "--reports-dir", str(reports), "--solutions"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        )
+        timed_out = ""
+    except subprocess.TimeoutExpired as exc:
+        timed_out = f" (the run was stopped after {RUN_TIMEOUT_S} s, WORKBOOK_TEST_RUN_TIMEOUT)"
+        proc = SimpleNamespace(returncode=None, stdout=str(exc.stdout or ""), stderr=timed_out)
     run_dir = reports / "quick"
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
-    return {"proc": proc, "run_dir": run_dir, "run": run}
+    return {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out}

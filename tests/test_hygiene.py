@@ -15,8 +15,17 @@ import nbformat
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+CHAPTERS = sorted((REPO / "notebooks").glob("*.ipynb"))
+SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
+NOTEBOOKS = CHAPTERS + SOLUTIONS
 REQUIRED_PARAMETERS = ("run_dir", "profile")
+# A solution runs with its chapter's parameters (COMMON format), so it declares these too.
+SOLUTION_PARAMETERS = ("device", "model", "dtype", "run_dir", "profile")
+SOLUTION_SUFFIX = "_solutions"
+
+
+def _ids(path):
+    return path.stem
 
 
 def _parameters_cells(nb):
@@ -27,7 +36,7 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "notebooks/ has no .ipynb files"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
 def test_notebook_is_valid_and_committed_without_outputs(path):
     nb = nbformat.read(str(path), as_version=4)
     nbformat.validate(nb)
@@ -41,7 +50,7 @@ def test_notebook_is_valid_and_committed_without_outputs(path):
     assert "papermill" not in nb.metadata, f"{path.name} is an executed copy (papermill metadata)"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
 def test_exactly_one_parameters_cell_declaring_the_runner_parameters(path):
     nb = nbformat.read(str(path), as_version=4)
     cells = _parameters_cells(nb)
@@ -56,12 +65,13 @@ def test_exactly_one_parameters_cell_declaring_the_runner_parameters(path):
         assert isinstance(node.value, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.UnaryOp)), (
             f"{path.name}: {node.target.id} must be a literal (papermill does not update derived values)")
         declared[node.target.id] = ast.literal_eval(node.value)
-    for name in REQUIRED_PARAMETERS:
+    required = SOLUTION_PARAMETERS if path.parent.name == "solutions" else REQUIRED_PARAMETERS
+    for name in required:
         assert name in declared, f"{path.name}: the parameters cell must declare {name}"
     assert declared["run_dir"] == "" and isinstance(declared["profile"], str)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
 def test_parameters_cell_is_commented_without_quotes_equals_or_parentheses(path):
     nb = nbformat.read(str(path), as_version=4)
     source = _parameters_cells(nb)[0].source
@@ -77,12 +87,95 @@ def test_parameters_cell_is_commented_without_quotes_equals_or_parentheses(path)
         assert not bad, f"{path.name}: comment on line {line} contains {sorted(bad)} ({text})"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
 def test_papermill_sees_the_declared_parameters(path):
     import papermill
 
     found = papermill.inspect_notebook(str(path))
     assert set(REQUIRED_PARAMETERS) <= set(found)
+
+
+def exercises(chapter_nb) -> list[str]:
+    """The numbered items under a chapter's ``## Exercises`` heading, one string each."""
+    items: list[str] = []
+    for cell in chapter_nb.cells:
+        if cell.cell_type != "markdown" or "## Exercises" not in cell.source:
+            continue
+        lines = cell.source.split("## Exercises", 1)[1].splitlines()
+        for line in lines:
+            if line.startswith("#"):
+                break
+            if re.match(r"^\d+\.\s", line):
+                items.append(line.split(".", 1)[1].strip())
+            elif items and line.strip():
+                items[-1] += " " + line.strip()
+    return items
+
+
+def solution_sections(solution_nb) -> dict[int, str]:
+    """``## Exercise k`` -> the markdown from that heading up to the next ``## Exercise``."""
+    sections: dict[int, str] = {}
+    current = None
+    for cell in solution_nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        for line in cell.source.splitlines():
+            found = re.match(r"^## Exercise (\d+)\b", line)
+            if found:
+                current = int(found.group(1))
+                assert current not in sections, f"two '## Exercise {current}' headings"
+                sections[current] = ""
+            elif current is not None:
+                sections[current] += line + "\n"
+    return sections
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def quotes(section: str, exercise: str, words: int = 8) -> bool:
+    """Does ``section`` quote the exercise's first words (markdown and line breaks ignored)?"""
+    wanted = " ".join(_words(exercise)[:words])
+    return f" {wanted} " in f" {' '.join(_words(section))} "
+
+
+CHAPTERS_WITH_EXERCISES = [p for p in CHAPTERS if exercises(nbformat.read(str(p), as_version=4))]
+
+
+def test_the_exercise_parser_and_the_quote_check_can_fail():
+    chapter = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "## Exercises\n\n1. Run with `-p x=1`. What\n   changes?\n2. Second one.\n\n## Next")])
+    assert exercises(chapter) == ["Run with `-p x=1`. What changes?", "Second one."]
+    solution = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("## Exercise 1\n\n> Run with `-p x=1`. What\n> changes?"),
+        nbformat.v4.new_markdown_cell("## Exercise 2\n\n> Another question.")])
+    sections = solution_sections(solution)
+    assert sorted(sections) == [1, 2]
+    assert quotes(sections[1], exercises(chapter)[0])
+    assert not quotes(sections[2], exercises(chapter)[1])
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS_WITH_EXERCISES, ids=_ids)
+def test_every_exercise_has_a_worked_answer_that_quotes_it(chapter):
+    items = exercises(nbformat.read(str(chapter), as_version=4))
+    solution = REPO / "solutions" / f"{chapter.stem}{SOLUTION_SUFFIX}.ipynb"
+    assert solution.exists(), (f"{chapter.name} has {len(items)} exercises but no "
+                               f"solutions/{solution.name}")
+    sections = solution_sections(nbformat.read(str(solution), as_version=4))
+    assert sorted(sections) == list(range(1, len(items) + 1)), (
+        f"{solution.name} answers exercises {sorted(sections)}, the chapter has 1-{len(items)}")
+    for k, text in enumerate(items, 1):
+        assert quotes(sections[k], text), (
+            f"{solution.name}: '## Exercise {k}' does not quote the chapter's exercise {k} "
+            f"({' '.join(_words(text)[:8])} ...); did the exercise change?")
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=_ids)
+def test_every_solution_belongs_to_a_chapter(solution):
+    chapter = solution.stem[: -len(SOLUTION_SUFFIX)] if solution.stem.endswith(SOLUTION_SUFFIX) else ""
+    assert chapter and (REPO / "notebooks" / f"{chapter}.ipynb").exists(), (
+        f"solutions/{solution.name} must be named <chapter>{SOLUTION_SUFFIX}.ipynb after a notebook")
 
 
 def _tracked_text_files():

@@ -19,6 +19,7 @@ from helpers import run as runner
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "runner_notebooks"
+SOLUTION_FIXTURES = REPO / "tests" / "fixtures" / "runner_solutions"
 
 
 # Credentials a user may have exported; none may reach a report file.
@@ -48,10 +49,14 @@ def profile_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def failing_run(tmp_path_factory, profile_file):
-    """One run over ok, failing, dying and ok notebooks (in that order)."""
+    """One run over ok, failing, dying, ok and ok notebooks (in that order), with solutions.
+
+    Solutions exist for 01 (ok), 02 (its chapter fails), 04 (the solution fails) and 05 (ok).
+    """
     reports = tmp_path_factory.mktemp("reports")
     proc = run_cli("--profile", profile_file, "--reports-dir", reports, "--run-id", "r1",
-                   "--only", "01", "02", "03", "04", "-p", "nap=0")
+                   "--only", "01", "02", "03", "04", "05", "-p", "nap=0",
+                   "--solutions", "--solutions-dir", SOLUTION_FIXTURES)
     run_dir = reports / "r1"
     return proc, run_dir, json.loads((run_dir / "run.json").read_text())
 
@@ -63,9 +68,9 @@ def _entry(run, name):
 def test_exit_code_is_non_zero_and_failures_are_named(failing_run):
     proc, _, run = failing_run
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAILED notebooks: 02_fails, 03_dies" in proc.stderr
+    assert "FAILED notebooks: 02_fails, 03_dies, 04_after_solutions" in proc.stderr
     assert run["status"] == "failed"
-    assert [e["status"] for e in run["notebooks"]] == ["ok", "failed", "failed", "ok"]
+    assert [e["status"] for e in run["notebooks"]] == ["ok", "failed", "failed", "ok", "ok"]
 
 
 def test_the_run_goes_on_after_a_failure(failing_run):
@@ -103,7 +108,8 @@ def test_index_lists_every_notebook_with_status_figures_and_links(failing_run):
     page = (run_dir / "index.html").read_text()
     for name in ("01_ok", "02_fails", "03_dies", "04_after"):
         assert f"<td>{name}</td>" in page
-    assert page.count("<tr class='failed'>") == 2 and page.count("<tr class='ok'>") == 2
+    # five chapters, plus solutions: 01 ok, 02 skipped (chapter failed), 04 failed, 05 ok
+    assert page.count("<tr class='failed'>") == 3 and page.count("<tr class='ok'>") == 5
     assert 'href="02_fails.ipynb"' in page and 'href="04_after/results.json"' in page
     assert "deliberate failure for the runner test" in page and "kernel died" in page
     # a key figure read back from results.json, labelled by helpers.report (the raw key as tooltip)
@@ -135,6 +141,40 @@ def test_run_files_never_include_secrets(failing_run):
         assert not any(value in text for value in SECRETS.values()), path.name
 
 
+def test_solutions_run_after_their_chapter_in_the_same_run_folder(failing_run):
+    _, run_dir, run = failing_run
+    solution = _entry(run, "01_ok")["solution"]
+    assert solution["status"] == "ok" and solution["output"] == "01_ok_solutions.ipynb"
+    assert solution["parameters"] == {"value": 2, "run_dir": str(run_dir), "profile": "fixture"}
+    nb = nbformat.read(str(run_dir / "01_ok_solutions.ipynb"), as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "answer from 01_ok: fixture_value = 2 value = 2" in text  # read the chapter's results
+    # the chapter's profile section reaches its solution too
+    assert _entry(run, "04_after")["solution"]["parameters"]["value"] == 3
+    page = (run_dir / "index.html").read_text()
+    assert "<td>01_ok_solutions</td>" in page and 'href="01_ok_solutions.ipynb"' in page
+
+
+def test_a_failing_solution_is_reported_and_loses_nothing(failing_run):
+    _, run_dir, run = failing_run
+    failed = _entry(run, "04_after")["solution"]
+    assert failed["status"] == "failed"
+    assert failed["error"] == "ValueError: deliberate failure in a solution"
+    assert (run_dir / "04_after_solutions.ipynb").exists()
+    assert _entry(run, "04_after")["status"] == "ok"  # the chapter's own result stands
+    assert _entry(run, "05_naps")["status"] == "ok"  # and the run went on
+    assert _entry(run, "05_naps")["solution"]["status"] == "ok"
+    assert "deliberate failure in a solution" in (run_dir / "index.html").read_text()
+
+
+def test_a_solution_of_a_failed_chapter_is_skipped_with_the_reason(failing_run):
+    _, _, run = failing_run
+    skipped = _entry(run, "02_fails")["solution"]
+    assert skipped["status"] == "skipped"
+    assert skipped["reason"] == "its chapter 02_fails is failed"
+    assert "solution" not in _entry(run, "03_dies")  # no solutions notebook for it
+
+
 # --- in-process checks of the argument handling (no kernels) ---------------------------------
 
 def test_command_line_overrides_win_and_unknown_ones_are_reported(tmp_path):
@@ -143,6 +183,63 @@ def test_command_line_overrides_win_and_unknown_ones_are_reported(tmp_path):
                                         {"value": 9, "batch_size": 4}, tmp_path)
     assert chosen["parameters"] == {"value": 9, "run_dir": str(tmp_path), "profile": "p"}
     assert chosen["ignored_overrides"] == ["batch_size"]
+
+
+def test_a_typo_in_a_parameter_is_an_error_with_the_closest_names():
+    books = runner.select_notebooks(REPO / "notebooks", ["03", "06"])
+    with pytest.raises(SystemExit) as err:
+        runner.check_overrides({"graph_mod": True, "repeats": 2}, books)
+    message = str(err.value)
+    assert "-p graph_mod=...: no selected notebook declares 'graph_mod'; did you mean graph_mode?" in message
+    assert "repeats" not in message.split("did you mean")[1]  # a declared name passes
+    runner.check_overrides({"graph_mode": True, "repeats": 2}, books)  # no error
+
+
+def test_a_parameter_only_other_notebooks_declare_is_an_error():
+    only_00 = runner.select_notebooks(REPO / "notebooks", ["00"])
+    with pytest.raises(SystemExit, match=r"no selected notebook declares 'graph_mode'; \(--list"):
+        runner.check_overrides({"graph_mode": True}, only_00)
+
+
+def test_runner_parameters_cannot_be_overridden_with_p():
+    books = runner.select_notebooks(FIXTURES, ["01"])
+    with pytest.raises(SystemExit, match=r"-p run_dir=...: run_dir is set by the runner; use --run-id"):
+        runner.check_overrides({"run_dir": "/tmp/x"}, books)
+
+
+def test_a_typo_stops_the_command_line_before_anything_runs(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "helpers.run", "--profile", "quick", "--reports-dir",
+                           str(tmp_path), "--run-id", "typo", "--solutions", "-p", "graph_mod=true"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "did you mean graph_mode?" in proc.stderr
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "latest").exists()
+
+
+def test_declared_parameters_have_type_default_and_comment():
+    found = runner.declared_parameters(FIXTURES / "05_naps.ipynb")
+    assert found["nap"] == {"type": "float", "default": "0.0",
+                            "comment": "seconds to sleep, so a test can interrupt the run"}
+    assert list(found) == ["value", "nap", "run_dir", "profile"]
+
+
+def test_list_shows_type_value_origin_and_comment(tmp_path, capsys):
+    code = runner.main(["--profile", "quick", "--only", "03", "-p", "repeats=5", "--reports-dir",
+                        str(tmp_path), "--run-id", "l", "--list"])
+    out = capsys.readouterr().out
+    assert code == 0 and not (tmp_path / "l").exists()
+    assert "  repeats: int = 5  [-p]  # timed runs per measurement" in out
+    assert "  prompt_lengths: list = [16, 64, 256]  [profile quick]  # prompt lengths" in out
+    assert "  guide_prompt: str = " in out
+
+
+def test_a_solution_takes_its_chapters_profile_section(tmp_path):
+    profile = {"name": "p", "all": {"value": 2}, "notebooks": {"01_ok": {"value": 3}}}
+    chosen = runner.notebook_parameters(SOLUTION_FIXTURES / "01_ok_solutions.ipynb", profile, {},
+                                        tmp_path, section="01_ok")
+    assert chosen["parameters"]["value"] == 3
+    assert runner.solution_for(FIXTURES / "01_ok.ipynb", SOLUTION_FIXTURES).name == "01_ok_solutions.ipynb"
+    assert runner.solution_for(FIXTURES / "03_dies.ipynb", SOLUTION_FIXTURES) is None
 
 
 def test_overrides_are_yaml_literals():
@@ -187,3 +284,16 @@ def test_every_profile_is_a_mapping_with_known_notebooks():
         assert isinstance(profile["all"], dict) and isinstance(profile["notebooks"], dict)
         assert real <= set(profile["notebooks"]), f"profile {name} misses {real - set(profile['notebooks'])}"
         assert "trust_remote_code" not in json.dumps(profile)  # off unless a user sets it
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.ipynb"))
+                         + sorted((REPO / "solutions").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_the_fast_parameter_reader_agrees_with_papermill(path):
+    import papermill
+
+    inspected = papermill.inspect_notebook(str(path))
+    declared = runner.declared_parameters(path)
+    assert list(declared) == list(inspected)
+    for name, info in declared.items():
+        assert info["type"] == inspected[name]["inferred_type_name"], name
+        assert info["comment"] == inspected[name]["help"], name

@@ -1,0 +1,139 @@
+"""Prepare a class: ``python -m helpers.workshop prepare /srv/class`` (``make workshop-prep``).
+
+A workshop shares one machine or one network folder. The instructor prepares, once and online
+if need be, everything the notebooks read: the converted embedded model (``<dir>/cache``, the
+folder ``WORKBOOK_CACHE`` points at), optionally a reference report with the ``default``
+profile (``<dir>/reports/reference``), and a ``workshop.env`` file to source. ``make
+workshop-prep`` also builds the venv in ``<dir>/venv`` first. Every file gets the modes the
+umask allows, so with umask 022 the class can read them; anything others cannot read is listed.
+
+``python -m helpers.workshop cache [--cache-dir DIR] [--rebuild]`` checks a cache (size and
+header of ``model.safetensors``, the JSON files) and rebuilds the embedded model on request.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from . import models
+
+REPO = Path(__file__).resolve().parent.parent
+ENV_FILE = "workshop.env"
+REFERENCE_RUN = "reference"
+
+
+def unreadable_by_others(folder: "str | Path", limit: int = 20) -> list[Path]:
+    """Paths under ``folder`` that other users cannot read (folders: cannot list or enter)."""
+    out = []
+    folder = Path(folder)
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        need = (stat.S_IROTH | stat.S_IXOTH) if path.is_dir() else stat.S_IROTH
+        if mode & need != need:
+            out.append(path)
+            if len(out) >= limit:
+                break
+    return out
+
+
+def check_cache(cache_dir=None, rebuild: bool = False) -> tuple[bool, str]:
+    """(ok, one-line message) for the embedded model in ``cache_dir``; rebuilds when asked."""
+    folder = models.cache_location(cache_dir) / "models" / models.EMBEDDED_MODEL
+    if rebuild:
+        models.cache_root(cache_dir)  # a clear error when the folder is not writable
+        folder = models.convert_embedded(cache_dir, force=True)
+        models.share_readable(folder)
+    if not folder.exists():
+        return False, (f"{folder} does not exist yet; the first notebook converts it, or run: "
+                       f"{models.rebuild_command(cache_dir)}")
+    problem = models.embedded_cache_problem(folder)
+    if problem:
+        return False, f"{folder} is damaged ({problem}); rebuild it with: {models.rebuild_command(cache_dir)}"
+    return True, f"{folder} is complete"
+
+
+def write_env_file(workshop_dir: Path, cache: Path) -> Path:
+    lines = ["# Source this file before starting Jupyter or make lab: the class reads the prepared cache.",
+             f"export WORKBOOK_CACHE={shlex.quote(str(cache))}",
+             "# The embedded model needs no network; keep transformers from trying to reach the hub.",
+             "export HF_HUB_OFFLINE=1"]
+    venv = workshop_dir / "venv"
+    if (venv / "bin" / "python").exists():
+        lines.append(f"export VENV={shlex.quote(str(venv))}")
+    target = workshop_dir / ENV_FILE
+    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return target
+
+
+def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "default",
+            out=sys.stdout) -> int:
+    """Convert the model into ``<dir>/cache``, optionally run a reference report, write the env file.
+
+    Returns 0, or 1 when the reference report failed; files others cannot read are listed with
+    the umask that caused it.
+    """
+    workshop_dir = Path(workshop_dir).expanduser().resolve()
+    workshop_dir.mkdir(parents=True, exist_ok=True)
+    cache = workshop_dir / "cache"
+    folder = models.ensure_embedded_cache(cache)
+    ok, message = check_cache(cache)
+    print(f"model cache: {message}", file=out)
+    if not ok:
+        return 1
+    models.share_readable(cache)
+    code = 0
+    if report:
+        reports = workshop_dir / "reports"
+        env = {**os.environ, "WORKBOOK_CACHE": str(cache)}
+        proc = subprocess.run([sys.executable, "-m", "helpers.run", "--profile", profile,
+                               "--reports-dir", str(reports), "--run-id", REFERENCE_RUN],
+                              cwd=REPO, env=env)
+        code = 1 if proc.returncode else 0
+        if (reports / REFERENCE_RUN).exists():
+            models.share_readable(reports / REFERENCE_RUN)
+            print(f"reference report: {reports / REFERENCE_RUN / 'index.html'}"
+                  + (" (some chapters failed; see the index)" if code else ""), file=out)
+    env_file = write_env_file(workshop_dir, cache)
+    models.share_readable(env_file)
+    private = unreadable_by_others(workshop_dir)
+    if private:
+        mask = models.current_umask()
+        shown = ", ".join(str(p) for p in private[:5]) + (" ..." if len(private) > 5 else "")
+        print(f"warning: other users cannot read {shown}. Your umask is {mask:03o}; prepare with "
+              f"'umask 022' for a class, or give a shared group access with "
+              f"'chmod -R g+rX {shlex.quote(str(workshop_dir))}'.", file=out)
+    print(f"prepared {folder}.\nAttendees: source {env_file} (sets WORKBOOK_CACHE), then run "
+          "'make lab' or the runner as usual; answers to the exercises are in solutions/.", file=out)
+    return code
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers.workshop", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="prepare a folder for a class")
+    prep.add_argument("workshop_dir")
+    prep.add_argument("--report", action="store_true",
+                      help="also run every chapter with --profile into <dir>/reports/reference")
+    prep.add_argument("--profile", default="default")
+    cache = sub.add_parser("cache", help="check (or rebuild) the embedded model in a cache")
+    cache.add_argument("--cache-dir", default=None, help="default: $WORKBOOK_CACHE or <repo>/.cache")
+    cache.add_argument("--rebuild", action="store_true", help="convert the embedded model again")
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        return prepare(args.workshop_dir, report=args.report, profile=args.profile)
+    ok, message = check_cache(args.cache_dir, rebuild=args.rebuild)
+    print(message, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Workshop kit: a prepared cache the class can read, and a damaged cache found before loading.
+
+The conversion runs the real ``convert_embedded`` (temporary folder, ``save_pretrained`` through
+the real safetensors writer, rename) with the GGUF read replaced by a tiny random Llama, so each
+test takes about a second instead of converting 540 MB.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+
+from helpers import models, workshop
+from helpers.models import ModelLoadError
+
+
+@pytest.fixture
+def fake_gguf(monkeypatch, tmp_path):
+    """``convert_embedded`` reads a tiny random Llama instead of the shipped GGUF."""
+    tiny, tokenizer = models.tiny_llama(seed=0)
+    gguf = tmp_path / "gguf" / "fake.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(models, "locate_embedded_gguf", lambda: gguf)
+    calls = []
+    real_model = transformers.AutoModelForCausalLM.from_pretrained
+    real_tokenizer = transformers.AutoTokenizer.from_pretrained
+
+    def model_from(name, *args, **kwargs):
+        if kwargs.get("gguf_file"):
+            calls.append(str(name))
+            return tiny
+        return real_model(name, *args, **kwargs)
+
+    def tokenizer_from(name, *args, **kwargs):
+        return tokenizer if kwargs.get("gguf_file") else real_tokenizer(name, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", staticmethod(model_from))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(tokenizer_from))
+    return calls
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test and restore it afterwards."""
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield lambda mask: os.umask(mask)
+    os.umask(previous)
+
+
+def _modes(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): stat.S_IMODE(p.stat().st_mode)
+            for p in [folder, *folder.rglob("*")]}
+
+
+@pytest.mark.parametrize("mask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_a_converted_cache_gets_the_modes_the_umask_allows(tmp_path, fake_gguf, umask, mask,
+                                                           folder_mode, file_mode):
+    umask(mask)
+    folder = models.ensure_embedded_cache(tmp_path / "cache")
+    assert fake_gguf == [str(folder.parent.parent.parent / "gguf")]  # the real conversion ran
+    modes = _modes(tmp_path / "cache")
+    assert (folder / "model.safetensors").exists()
+    for name, mode in modes.items():
+        is_dir = (tmp_path / "cache" / name).is_dir()
+        assert mode == (folder_mode if is_dir else file_mode), f"{name}: {oct(mode)}"
+
+
+def test_the_safetensors_writer_alone_would_leave_the_weights_private(tmp_path, umask):
+    # Why share_readable exists: the writer ignores the umask (this fails if that ever changes,
+    # and then share_readable can go).
+    umask(0o022)
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_prepare_makes_a_class_folder_and_names_what_others_cannot_read(tmp_path, fake_gguf, umask, mask):
+    umask(mask)
+    out = io.StringIO()
+    assert workshop.prepare(tmp_path / "class", out=out) == 0
+    text = out.getvalue()
+    env_file = tmp_path / "class" / workshop.ENV_FILE
+    assert f"export WORKBOOK_CACHE={tmp_path / 'class' / 'cache'}" in env_file.read_text()
+    assert "model cache: " in text and "is complete" in text and str(env_file) in text
+    private = workshop.unreadable_by_others(tmp_path / "class")
+    if mask == 0o022:
+        assert private == [] and "warning" not in text
+    else:
+        assert (tmp_path / "class" / "cache" / "models" / "smollm2-135m" / "model.safetensors") in \
+            workshop.unreadable_by_others(tmp_path / "class", limit=100)
+        assert "warning: other users cannot read" in text and "Your umask is 077" in text
+        assert "umask 022" in text
+
+
+# --- damaged caches ---------------------------------------------------------------------------
+
+def _tensors(path: Path) -> Path:
+    save_file({"a": torch.arange(64, dtype=torch.float32), "b": torch.ones(8, 8)}, str(path))
+    return path
+
+
+def test_a_whole_safetensors_file_passes(tmp_path):
+    assert models.safetensors_problem(_tensors(tmp_path / "m.safetensors")) is None
+
+
+def test_a_truncated_safetensors_file_is_found_by_its_size(tmp_path):
+    path = _tensors(tmp_path / "m.safetensors")
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:
+        fh.truncate(size - 1)
+    problem = models.safetensors_problem(path)
+    assert problem == f"m.safetensors is truncated: {size - 1} bytes, its header needs {size}"
+    with open(path, "r+b") as fh:
+        fh.truncate(40)  # inside the header, like a copy cut off early
+    assert "truncated or not a safetensors file" in models.safetensors_problem(path)
+    with open(path, "r+b") as fh:
+        fh.truncate(3)
+    assert models.safetensors_problem(path) == "m.safetensors is 3 bytes, too short to be a safetensors file"
+
+
+def test_a_garbled_header_and_a_missing_file_are_named(tmp_path):
+    path = tmp_path / "m.safetensors"
+    path.write_bytes((20).to_bytes(8, "little") + b"{not json at all....")
+    assert models.safetensors_problem(path) == "m.safetensors has a damaged header (not valid JSON)"
+    assert models.safetensors_problem(tmp_path / "gone.safetensors") == "gone.safetensors is missing"
+
+
+def _whole_cache(tmp_path: Path) -> Path:
+    folder = tmp_path / "cache" / "models" / models.EMBEDDED_MODEL
+    folder.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text("{}")
+    _tensors(folder / "model.safetensors")
+    return folder
+
+
+def test_a_missing_or_broken_config_is_named(tmp_path):
+    folder = _whole_cache(tmp_path)
+    assert models.embedded_cache_problem(folder) is None
+    (folder / "config.json").write_text('{"hidden_size": 5')
+    assert models.embedded_cache_problem(folder) == "config.json is damaged (not valid JSON)"
+    (folder / "config.json").unlink()
+    assert models.embedded_cache_problem(folder) == "config.json is missing"
+
+
+def test_a_damaged_cache_is_rebuilt_before_loading(tmp_path, fake_gguf, umask):
+    umask(0o022)
+    cache = tmp_path / "cache"
+    folder = models.ensure_embedded_cache(cache)
+    weights = folder / "model.safetensors"
+    with open(weights, "r+b") as fh:
+        fh.truncate(weights.stat().st_size // 2)  # a partial copy
+    with pytest.warns(UserWarning, match=r"damaged \(model.safetensors is truncated.*rebuilding"):
+        model, tokenizer = models.load_model("smollm2-135m", dtype="float32", device="cpu",
+                                             cache_dir=cache)
+    assert len(fake_gguf) == 2  # converted, then rebuilt
+    assert models.embedded_cache_problem(folder) is None
+    assert stat.S_IMODE(weights.stat().st_mode) == 0o644
+    assert model.config.num_hidden_layers == 2  # the rebuilt (tiny) weights loaded
+
+
+def test_a_damaged_read_only_cache_names_the_command_that_rebuilds_it(tmp_path, monkeypatch):
+    folder = _whole_cache(tmp_path)
+    (folder / "config.json").unlink()
+
+    def read_only(cache_dir=None):
+        raise PermissionError("the model cache folder is not writable")
+
+    def no_conversion(*a, **k):
+        raise AssertionError("a read-only cache must not be converted")
+
+    monkeypatch.setattr(models, "cache_root", read_only)
+    monkeypatch.setattr(models, "convert_embedded", no_conversion)
+    with pytest.raises(ModelLoadError) as err:
+        models.ensure_embedded_cache(tmp_path / "cache")
+    message = str(err.value)
+    assert f"the cached smollm2-135m in {folder} is damaged (config.json is missing)" in message
+    assert f"-m helpers.workshop cache --rebuild --cache-dir {tmp_path / 'cache'}" in message
+    assert "\n" not in message  # a one-line fix
+
+
+def test_the_cache_command_reports_then_rebuilds(tmp_path, fake_gguf, capsys, umask):
+    umask(0o022)
+    folder = _whole_cache(tmp_path)
+    (folder / "model.safetensors").write_bytes(b"\0" * 4)
+    assert workshop.main(["cache", "--cache-dir", str(tmp_path / "cache")]) == 1
+    err = capsys.readouterr().err
+    assert "is damaged (model.safetensors is 4 bytes" in err and "cache --rebuild --cache-dir" in err
+    assert workshop.main(["cache", "--cache-dir", str(tmp_path / "cache"), "--rebuild"]) == 0
+    assert "is complete" in capsys.readouterr().out
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2
