@@ -10,7 +10,7 @@ SETUP_DRY_RUN ?= 0
 PY := $(VENV)/bin/python
 export PYTHON VENV USE_SYSTEM_TORCH SETUP_DRY_RUN
 
-.PHONY: setup report test lab clean-reports check-notebooks
+.PHONY: setup report test lab compare clean-reports check-notebooks
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,11 @@ report: setup
 ## Unit tests, then every notebook executed with the `quick` profile.
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+## Several runs on one page: make compare RUNS="reports/a reports/b" -> reports/compare-<id>/index.html
+RUNS ?=
+compare: setup
+	$(PY) -m helpers.compare $(RUNS) $(ARGS)
 
 ## JupyterLab on the notebooks with the project's kernel (workshops, ModelArts).
 lab: setup

@@ -701,7 +701,8 @@ def page_html(runs: list[Run], long, guide, claims_table, claims_note: str, plot
 def compare(run_dirs: list, out_dir: "str | Path", reference: int = 0, claims_table=None) -> dict:
     """Read the runs, write ``index.html`` and ``figures.csv`` into ``out_dir``; return what was written."""
     if len(run_dirs) < 2:
-        raise ValueError(f"RUN_DIR: got {len(run_dirs)} run folder(s); give two or more to compare")
+        raise ValueError(f"RUN_DIR: got {len(run_dirs)} run folder(s); give two or more to compare "
+                         "(make compare RUNS=\"reports/a reports/b\")")
     resolved = [Path(p).resolve() for p in run_dirs]
     repeated = sorted({str(p) for p in resolved if resolved.count(p) > 1})
     if repeated:
