@@ -338,7 +338,9 @@ def comparison_table(runs: list[Run], reference: int = 0):
 
     ref = runs[reference]
     rows = []
-    keys = figure_rows(runs) + [k for k in DERIVED if k not in figure_rows(runs)]
+    keys = figure_rows(runs) + [k for k in DERIVED if k not in figure_rows(runs)
+                                and any(cell_for(r, *k).number is not None for r in runs)]
+    keys = sorted(keys, key=lambda k: k[0])  # stable: chapters in order, keys as recorded
     for chapter, key in keys:
         source = "key figure" if (chapter, key) not in DERIVED else "chapter 04 batch_sweep table, batch 8 aggregate"
         ref_cell = cell_for(ref, chapter, key)
@@ -607,7 +609,6 @@ def figures_html(runs: list[Run], long) -> str:
     head = "".join(f"<th>{html.escape(r.label)}<div class='ctx'>{html.escape(r.describe())}</div></th>" for r in runs)
     head += "".join(f"<th>{html.escape(r.label)} / {html.escape(ref)}</th>" for r in others)
     body = []
-    by_label = {r.label: r for r in runs}
     for (chapter, key), group in long.groupby(["chapter", "figure"], sort=False):
         cells = []
         for run in runs:
@@ -621,10 +622,9 @@ def figures_html(runs: list[Run], long) -> str:
         source = group["source"].iloc[0]
         note = "" if source == "key figure" else f"<div class='ctx'>{html.escape(source)}</div>"
         body.append(f"<tr><td>{html.escape(chapter)}</td><td>{html.escape(key)}{note}</td>{''.join(cells)}</tr>")
-    del by_label
     n = len(runs) + len(others)
-    return (f"<table class='data figures'><colgroup><col style='width:10%'><col style='width:14%'>"
-            + "".join(f"<col style='width:{76 / max(n, 1):.1f}%'>" for _ in range(n))
+    return (f"<table class='data figures'><colgroup><col style='width:12%'><col style='width:14%'>"
+            + "".join(f"<col style='width:{74 / max(n, 1):.1f}%'>" for _ in range(n))
             + f"</colgroup><thead><tr><th>chapter</th><th>figure</th>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>")
 
@@ -689,7 +689,11 @@ def page_html(runs: list[Run], long, guide, claims_table, claims_note: str, plot
         parts.append("<p>A claim about a 910B is decided by an NPU run, one about an A100 by a CUDA run; "
                      "<i>decided by</i> names the run whose measurement decided it (empty when documentation, "
                      "specs or the guide's own text decided it).</p>")
-        parts.append("<p>" + ", ".join(f"{html.escape(str(k))}: {v}" for k, v in counts.items()) + "</p>")
+        meanings = getattr(claims_mod, "VERDICT_CLASSES", {})
+        parts.append("<ul>" + "".join(
+            f"<li><b>{html.escape(str(k))}</b>: {v} claim(s)"
+            + (f" <span class='ctx'>({html.escape(str(meanings[k]))})</span>" if k in meanings else "") + "</li>"
+            for k, v in counts.items()) + "</ul>")
         cols = [c for c in ("id", "section", "gloss_en", "verdict", "verdict_class", "decided_by", "device_class",
                             "detail") if c in claims_table.columns]
         parts.append(_table_html(claims_table[cols], "data claims"))
