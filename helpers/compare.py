@@ -191,6 +191,11 @@ def load_run(path: "str | Path") -> Run:
                              + "; its figures are shown but not put into ratios")
     if not run.chapters:
         run.notes.append("no readable results.json in this folder: nothing to compare")
+    recorded: dict = {}  # a chapter's own notes (e.g. CPU load while timing), each text once
+    for chapter, data in run.chapters.items():
+        for text in data.get("notes") or []:
+            recorded.setdefault(str(text), []).append(chapter)
+    run.notes.extend(f"noted by {', '.join(chapters)}: {text}" for text, chapters in recorded.items())
     # What identifies the run: chapter 00's records first, then what the chapters agree on.
     env00 = run.chapters.get("00_environment_check", {})
     model_entry = env00.get("metrics", {}).get("model", {}) if env00 else {}
@@ -466,14 +471,19 @@ def _run_ticks(runs: list[Run]) -> list[str]:
     return [f"{r.label}\n{r.device_class or r.device or '?'} · {r.dtype or '?'}\n{r.model or '?'}" for r in runs]
 
 
-def _bars(ax, runs, cells, ylabel, fmt="{:.3g}", offset=0.0, width=0.8, color=None, label=None):
+def _short(value: float) -> str:
+    """A bar label without exponents: 1799, 42.8, 2.02."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _bars(ax, runs, cells, ylabel, fmt="{}", offset=0.0, width=0.8, color=None, label=None):
     xs = [i + offset for i in range(len(runs))]
     heights = [c.number if c.number is not None else 0.0 for c in cells]
     bars = ax.bar(xs, heights, width=width, color=color or [COLORS[i % len(COLORS)] for i in range(len(runs))],
                   label=label)
     top = max(heights + [1e-9])
     for x, c in zip(xs, cells):
-        text = fmt.format(c.number) if c.number is not None else "not\nmeasured"
+        text = fmt.format(_short(c.number)) if c.number is not None else "not\nmeasured"
         ax.text(x, (c.number or 0.0) + top * 0.02, text, ha="center", va="bottom", fontsize=8)
     ax.set_ylim(0, top * 1.25)
     ax.set_ylabel(ylabel)
@@ -497,12 +507,12 @@ def plot_decode(runs: list[Run]):
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels(_run_ticks(runs), fontsize=8)
     ax.legend(fontsize=8, loc="upper right")
-    ax.set_title("Decode rate measured in each run (each bar: its run's model, dtype and device)", fontsize=10)
+    ax.set_title("Decode rate per run (each bar: its run's model, dtype, device)", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def plot_single(runs: list[Run], key: tuple[str, str], ylabel: str, title: str, fmt="{:.3g}"):
+def plot_single(runs: list[Run], key: tuple[str, str], ylabel: str, title: str, fmt="{}"):
     import matplotlib.pyplot as plt
 
     cells = [figure_cell(r, *key) for r in runs]
@@ -523,7 +533,7 @@ def plot_ttft(runs: list[Run]):
 
 def plot_roofline(runs: list[Run]):
     return plot_single(runs, ROOFLINE, "% of its own roofline",
-                       "Batch-1 decode as a share of each run's own bandwidth roofline (chapter 03)", fmt="{:.0f}%")
+                       "Batch-1 decode as a share of each run's own bandwidth roofline (chapter 03)", fmt="{}%")
 
 
 def ladder_rungs(run: Run) -> list[tuple[str, float]]:
@@ -598,6 +608,11 @@ def _cell_html(cell: Cell, run: Run) -> str:
             f'<div class="ctx">{html.escape(context)}</div>')
 
 
+def _breakable(name: str) -> str:
+    """An identifier that may wrap after its underscores in a narrow column."""
+    return html.escape(name).replace("_", "_<wbr>")
+
+
 def _table_html(frame, classes: str = "data") -> str:
     return frame.to_html(index=False, na_rep="", border=0, classes=classes, escape=True)
 
@@ -621,7 +636,7 @@ def figures_html(runs: list[Run], long) -> str:
                 cells.append(f"<td><span class='why'>no ratio: {html.escape(r['why_no_ratio'])}</span></td>")
         source = group["source"].iloc[0]
         note = "" if source == "key figure" else f"<div class='ctx'>{html.escape(source)}</div>"
-        body.append(f"<tr><td>{html.escape(chapter)}</td><td>{html.escape(key)}{note}</td>{''.join(cells)}</tr>")
+        body.append(f"<tr><td>{_breakable(chapter)}</td><td>{_breakable(key)}{note}</td>{''.join(cells)}</tr>")
     n = len(runs) + len(others)
     return (f"<table class='data figures'><colgroup><col style='width:12%'><col style='width:14%'>"
             + "".join(f"<col style='width:{74 / max(n, 1):.1f}%'>" for _ in range(n))
