@@ -385,50 +385,88 @@ def wide_table(long):
 # --- the guide's table beside the runs --------------------------------------------------------
 
 def guide_benchmark_claims(claims_table=None):
-    """The guide's 910B-vs-A100 rows (decode tok/s, first-token ms, memory GB) from the claims table."""
+    """The guide's 910B-vs-A100 rows (decode tok/s, first-token ms, memory GB) from the claims table.
+
+    Each row keeps the hardware it is about (the table's ``hardware`` column, or the rule's ``device``
+    argument in an older table), the model and the weights' dtype, so nothing here is typed twice.
+    """
     from . import claims as claims_mod
 
     table = claims_mod.load_claims() if claims_table is None else claims_table
     rows = table[table["section"].astype(str).str.contains(GUIDE_TABLE_SECTION) & (table["kind"] == "performance")]
+    names = getattr(claims_mod, "HARDWARE", {})
     out = []
     for claim in rows.to_dict(orient="records"):
         args = claims_mod.parse_args(claim["args"])
-        device = args.get("device", "")
-        if claim["unit"] not in ("tok/s", "ms", "GB") or not device:
+        hardware = str(claim.get("hardware") or "")
+        about = names.get(hardware) or args.get("device", "")
+        if claim["unit"] not in ("tok/s", "ms", "GB") or not about:
             continue
-        out.append({"id": claim["id"], "unit": claim["unit"], "device": device,
-                    "value": claims_mod.number(claim["claimed_value"]), "text_zh": claim["text_zh"],
-                    "gloss_en": claim["gloss_en"], "metric": args.get("metric", "")})
+        out.append({"id": claim["id"], "unit": claim["unit"], "about": about, "hardware": hardware,
+                    "device": args.get("device", ""), "model": str(claim.get("model") or ""),
+                    "weights": args.get("weights", ""), "value": claims_mod.number(claim["claimed_value"]),
+                    "text_zh": claim["text_zh"], "gloss_en": claim["gloss_en"], "metric": args.get("metric", "")})
     return out
 
 
 def memory_cell(run: Run) -> Cell:
-    """Peak memory of batch-1 generation (chapter 04's sweep), in GB like the guide's table."""
+    """Peak memory of batch-1 generation, in GB like the guide's table.
+
+    From chapter 06's first ladder rung (native eager, batch 1: what the claims audit reads), else
+    chapter 04's batch-1 sweep point.
+    """
+    data = run.chapters.get(LADDER)
+    rows = (data or {}).get("tables", {}).get("ladder") or []
+    first = rows[0] if rows and isinstance(rows[0], dict) else {}
+    peak = first.get("peak_memory_bytes")
+    if first.get("status") == "ok" and isinstance(peak, (int, float)) and peak > 0:
+        dtypes = [e.get("dtype") for e in data["metrics"].values() if e.get("dtype")]
+        return Cell(value=peak / 1e9, unit="GB", device=str(data.get("environment", {}).get("device") or run.device),
+                    dtype=str(first.get("dtype") or _most_common(dtypes) or run.dtype),
+                    model=str(data.get("parameters", {}).get("model") or run.model),
+                    shape=f"batch {first.get('batch_size') or 1}",
+                    code_path=f"chapter 06 ladder, rung {first.get('rung', '?')}, peak memory",
+                    status=run.status.get(LADDER, ""))
     cell = batch_sweep_cell(run, 1, column="peak_memory_bytes", unit="bytes")
     if cell.number is not None:
-        rows = run.chapters[BATCHING].get("tables", {}).get("batch_sweep") or []
-        kind = next((r.get("memory_kind") for r in rows if isinstance(r, dict) and r.get("point") == 1), "")
+        sweep = run.chapters[BATCHING].get("tables", {}).get("batch_sweep") or []
+        kind = next((r.get("memory_kind") for r in sweep if isinstance(r, dict) and r.get("point") == 1), "")
         cell.value, cell.unit = cell.number / 1e9, "GB"
         cell.code_path = f"chapter 04 batch_sweep, batch 1, {kind or 'peak memory'}"
+    elif cell.missing.startswith("chapter"):
+        cell.missing = f"chapters 04 and 06 did not record it ({cell.missing} for 04)"
     return cell
 
 
-def guide_table(runs: list[Run], claims_table=None):
-    """Rows: decode tok/s, first token ms, memory GB. Columns: the guide's 910B and A100 claims, each run."""
+def guide_table(runs: list[Run], claims_table=None, verdict_table=None):
+    """Rows: decode tok/s, first token ms, memory GB. Columns: the guide's claims per hardware, then each run.
+
+    With the merged claims audit (``verdict_table``), each claim cell also says its verdict and which run
+    decided it.
+    """
     import pandas as pd
 
     measured = {"tok/s": ("decode tok/s, batch 1", lambda r: figure_cell(r, *DECODE_B1)),
                 "ms": ("first-token latency (TTFT), ms", lambda r: figure_cell(r, *TTFT)),
                 "GB": ("memory, GB", memory_cell)}
     claims = guide_benchmark_claims(claims_table)
+    decided = {}
+    if verdict_table is not None and {"id", "verdict"} <= set(verdict_table.columns):
+        for v in verdict_table.to_dict(orient="records"):
+            by = v.get("decided_by") or ""
+            decided[v["id"]] = f"{v['verdict']}" + (f", decided by {by}" if by else "")
     rows = []
     for unit, (label, read) in measured.items():
         row = {"figure": label}
         for claim in (c for c in claims if c["unit"] == unit):
-            row[f"guide's claim: {claim['device']}, Llama-2-7B fp16"] = f"{claim['value']:g} (claim {claim['id']})"
+            about = ", ".join(filter(None, (claim["model"], claim["weights"])))
+            row[f"guide's claim about {claim['about']}"] = (f"{claim['value']:g} {unit} (claim {claim['id']}"
+                                                           + (f"; {about}" if about else "") + ")"
+                                                           + (f": {decided[claim['id']]}" if claim["id"] in decided
+                                                              else ""))
         for run in runs:
             cell = read(run)
-            row[f"measured: {run.label}"] = (f"{cell.number:.4g} {cell.unit} ({cell.model}, {cell.dtype or '?'}, "
+            row[f"measured: {run.label}"] = (f"{_short(cell.number)} {cell.unit} ({cell.model}, {cell.dtype or '?'}, "
                                              f"{device_class(cell.device) or cell.device}; {cell.shape})"
                                              if cell.number is not None else (cell.missing or "not a number"))
         rows.append(row)
@@ -708,9 +746,9 @@ def page_html(runs: list[Run], long, guide, claims_table, claims_note: str, plot
         parts.append("<ul>" + "".join(
             f"<li><b>{html.escape(str(k))}</b>: {v} claim(s)"
             + (f" <span class='ctx'>({html.escape(str(meanings[k]))})</span>" if k in meanings else "") + "</li>"
-            for k, v in counts.items()) + "</ul>")
+            for k, v in counts.items() if v) + "</ul>")
         cols = [c for c in ("id", "section", "gloss_en", "verdict", "verdict_class", "decided_by", "device_class",
-                            "detail") if c in claims_table.columns]
+                            "elsewhere", "detail") if c in claims_table.columns]
         parts.append(_table_html(claims_table[cols], "data claims"))
     return (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' "
             f"content='width=device-width'><title>Comparison of {len(runs)} workbook runs</title>"
@@ -730,8 +768,8 @@ def compare(run_dirs: list, out_dir: "str | Path", reference: int = 0, claims_ta
         raise ValueError(f"reference={reference}: choose 0..{len(run_dirs) - 1} (the position of a RUN_DIR)")
     runs = label_runs([load_run(p) for p in run_dirs])
     long = comparison_table(runs, reference)
-    guide = guide_table(runs, claims_table)
     table, claims_note = merged_claims(runs)
+    guide = guide_table(runs, claims_table, table)
     plots = [("decode tok/s at batch 1 and 8", plot_decode(runs)), ("TTFT", plot_ttft(runs)),
              ("decode as a share of the roofline", plot_roofline(runs)), ("optimisation ladder", plot_ladder(runs))]
     out_dir = Path(out_dir)
