@@ -216,14 +216,15 @@ def load_run(path: "str | Path") -> Run:
 
 
 def label_runs(runs: list[Run]) -> list[Run]:
-    """Unique, short labels: the run id, with the parent folder (or a number) where ids repeat."""
-    counts = Counter(r.run_id for r in runs)
+    """Unique, short labels: the folder name (as the claims audit's ``decided_by`` names a run), with
+    the parent folder (or a number) where names repeat."""
+    names = [r.path.resolve().name for r in runs]
+    counts = Counter(names)
     seen: Counter = Counter()
-    for run in runs:
-        label = run.run_id
-        if counts[label] > 1:
-            parent = run.path.resolve().parent.name
-            label = f"{parent}/{label}"
+    for run, name in zip(runs, names):
+        label = name
+        if counts[name] > 1:
+            label = f"{run.path.resolve().parent.name}/{name}"
             seen[label] += 1
             if seen[label] > 1:
                 label = f"{label} ({seen[label]})"
@@ -694,7 +695,7 @@ def runs_table(runs: list[Run]):
     rows = []
     for run in runs:
         counts = Counter(run.status.values())
-        rows.append({"run": run.label, "folder": run.path.name, "device": run.device or "?",
+        rows.append({"run": run.label, "run id": run.run_id, "device": run.device or "?",
                      "device name": run.device_name, "dtype": run.dtype or "?", "model": run.model or "?",
                      "profile": run.profile or "?",
                      "chapters": ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none",

@@ -393,3 +393,16 @@ def test_real_bf16_vs_fp32_runs_compare_into_one_page(two_quick_runs):
     for run in loaded:
         assert run.label in page
     assert "<img" in page  # at least one headline plot from the measured figures
+
+
+def test_labels_are_folder_names_made_unique(tmp_path):
+    chapters = standard_chapters("cpu", "float32", 9.0, 400.0, 20.0)
+    a = write_run(tmp_path / "laptop", "run", "cpu", "float32", "smollm2-135m", chapters)
+    b = write_run(tmp_path / "ci", "run", "cpu", "float32", "smollm2-135m", chapters)
+    c = write_run(tmp_path / "x" / "laptop", "run", "cpu", "float32", "smollm2-135m", chapters)
+    labels = [r.label for r in compare.label_runs([compare.load_run(p) for p in (a, b, c)])]
+    assert labels == ["laptop/run", "ci/run", "laptop/run (2)"]
+    runs = compare.label_runs([compare.load_run(p) for p in (a, tmp_path / "ci" / "run")])
+    assert [r.label for r in runs] == ["laptop/run", "ci/run"]
+    (a / "run.json").write_text(json.dumps({"run_id": "renamed-later", "notebooks": []}))
+    assert compare.label_runs([compare.load_run(a)])[0].label == "run"
