@@ -176,7 +176,8 @@ def load_run(path: "str | Path") -> Run:
         if chapter == REPORT_CHAPTER:
             continue
         data, entry = run.chapters.get(chapter), entries.get(chapter, {})
-        status = str(entry.get("status") or (data or {}).get("status") or "did not run")
+        status = str(entry.get("status") or (data or {}).get("status")
+                     or ("status not recorded" if data is not None else "did not run"))
         if status == "running":
             status = "did not finish"
         if data is None and status in FINISHED:
@@ -193,7 +194,8 @@ def load_run(path: "str | Path") -> Run:
         run.notes.append("no readable results.json in this folder: nothing to compare")
     recorded: dict = {}  # a chapter's own notes (e.g. CPU load while timing), each text once
     for chapter, data in run.chapters.items():
-        for text in data.get("notes") or []:
+        notes = data.get("notes")
+        for text in notes if isinstance(notes, list) else [notes] if notes else []:
             recorded.setdefault(str(text), []).append(chapter)
     run.notes.extend(f"noted by {', '.join(chapters)}: {text}" for text, chapters in recorded.items())
     # What identifies the run: chapter 00's records first, then what the chapters agree on.

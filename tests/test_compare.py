@@ -165,7 +165,8 @@ def test_older_schema_and_unreadable_files_get_a_note_not_a_crash(three_runs, tm
     (old / "03_end_to_end").mkdir(parents=True)
     # An older results.json: no schema, no key_figures, bare values, no status, no run.json.
     (old / "03_end_to_end" / "results.json").write_text(json.dumps(
-        {"metrics": {"decode_tok_s_batch1": 19.0, "ttft_ms": {"value": 320.0, "unit": "ms"}}}))
+        {"metrics": {"decode_tok_s_batch1": 19.0, "ttft_ms": {"value": 320.0, "unit": "ms"}},
+         "notes": "one note as a plain string"}))
     (old / "04_batching").mkdir()
     (old / "04_batching" / "results.json").write_text("{ truncated")
     (old / "05_int8_quantization").mkdir()
@@ -173,13 +174,16 @@ def test_older_schema_and_unreadable_files_get_a_note_not_a_crash(three_runs, tm
     run = compare.load_run(old)
     text = " | ".join(run.notes)
     for expected in ("schema absent", "no key_figures list", "without unit or context", "not valid JSON",
-                     "not a JSON object", "no run.json"):
+                     "not a JSON object", "no run.json", "noted by 03_end_to_end: one note as a plain string"):
         assert expected in text, expected
     assert run.status["04_batching"] == "unreadable"
+    assert run.status["03_end_to_end"] == "status not recorded"
     runs = compare.label_runs([compare.load_run(npu), run])
     long = compare.comparison_table(runs)
     r = row(long, "old-run", "decode_tok_s_batch1")
     assert r["value"] == 19.0 and "older schema" in r["why_no_ratio"]
+    r = row(long, "old-run", "ttft_ms")  # with a unit but no status, dtype or shape: still no ratio
+    assert r["value"] == 320.0 and "status not recorded" in r["why_no_ratio"]
     out = compare.compare([npu, old], tmp_path / "out")
     assert "schema absent" in out["html"].read_text()
 
