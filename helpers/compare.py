@@ -658,7 +658,8 @@ def _table_html(frame, classes: str = "data", widths: Optional[dict] = None) -> 
     """A DataFrame as a fixed-layout table; ``widths`` (column -> %) keeps long text columns readable."""
     text = frame.to_html(index=False, na_rep="", border=0, classes=classes, escape=True)
     if widths:
-        cols = "".join(f"<col style='width:{widths.get(c, 5)}%'>" for c in frame.columns)
+        total = sum(widths.get(c, 5) for c in frame.columns)
+        cols = "".join(f"<col style='width:{100 * widths.get(c, 5) / total:.1f}%'>" for c in frame.columns)
         start = text.index(">", text.index("<table")) + 1
         text = f"{text[:start]}<colgroup>{cols}</colgroup>{text[start:]}"
     return text
@@ -757,9 +758,9 @@ def page_html(runs: list[Run], long, guide, claims_table, claims_note: str, plot
             + (f" <span class='ctx'>({html.escape(str(meanings[k]))})</span>" if k in meanings else "") + "</li>"
             for k, v in counts.items() if v) + "</ul>")
         cols = [c for c in ("id", "section", "gloss_en", "verdict", "verdict_class", "decided_by", "device_class",
-                            "elsewhere", "detail") if c in claims_table.columns]
+                            "elsewhere", "elsewhere_run", "detail") if c in claims_table.columns]
         widths = {"id": 4, "section": 11, "gloss_en": 19, "verdict": 9, "verdict_class": 9, "decided_by": 8,
-                  "device_class": 5, "elsewhere": 11, "detail": 24}
+                  "device_class": 5, "elsewhere": 11, "elsewhere_run": 7, "detail": 24}
         parts.append(_table_html(claims_table[cols], "data claims", widths))
     return (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' "
             f"content='width=device-width'><title>Comparison of {len(runs)} workbook runs</title>"
