@@ -14,7 +14,7 @@ export PYTHON VENV USE_SYSTEM_TORCH SETUP_DRY_RUN
 WORKSHOP_DIR ?=
 WORKSHOP_REPORT ?= 0
 
-.PHONY: setup report test lab clean-reports check-notebooks workshop-prep
+.PHONY: setup report test lab compare clean-reports check-notebooks workshop-prep
 
 setup:
 	@bash scripts/setup.sh
@@ -26,6 +26,11 @@ report: setup
 ## Unit tests, then every notebook executed with the `quick` profile.
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+## Several runs on one page: make compare RUNS="reports/a reports/b" -> reports/compare-<id>/index.html
+RUNS ?=
+compare: setup
+	$(PY) -m helpers.compare $(RUNS) $(ARGS)
 
 ## JupyterLab on the notebooks with the project's kernel (workshops, ModelArts).
 lab: setup

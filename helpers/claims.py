@@ -1,11 +1,16 @@
 """The guides' checkable claims and the rules that give each one a verdict.
 
 Taught in ``07_report.ipynb``. ``data/guide_claims.csv`` holds every claim with its original Chinese
-text, an English gloss, the claimed value and the name of a rule; ``verdicts(run_dir)`` applies
-each rule to evidence gathered from that run: every chapter's ``results.json`` (never re-measured),
-the device specs table (``data/device_specs.csv``) and chapter
-00's API check. The verdict always says what decided it (``evidence``): a measurement of this run,
-a physical bound, a computation on this machine, documentation, or the guide's own numbers.
+text, an English gloss, the claimed value, the hardware class and model the claim is about, and the
+name of a rule. ``verdicts(run_dirs)`` applies each rule to the evidence of one run folder or of
+several (an NPU run, a CUDA run, a CPU run...): every chapter's ``results.json`` (never
+re-measured), the device specs table (``data/device_specs.csv``) and chapter 00's API check.
+
+"reproduced" / "contradicted" come only from a measurement on the hardware class the claim is about
+(an NPU for a 910B claim, a CUDA GPU for an A100 claim) with a comparable model. The same technique
+measured on another device or model gets an ``elsewhere`` verdict ("same effect on cpu ...") while the
+claim itself stays "needs an NPU to check". Every verdict says what decided it (``evidence``) and,
+when a measurement did, which run (``decided_by``) on which class of device (``device_class``).
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import csv
 import inspect
 import math
 import operator
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -24,23 +30,84 @@ from .results import load_all
 DATA = Path(__file__).resolve().parent.parent / "data"
 CLAIMS_CSV = DATA / "guide_claims.csv"
 SPECS_CSV = DATA / "device_specs.csv"
-COLUMNS = ("id", "seed", "section", "text_zh", "gloss_en", "kind", "claimed_value", "unit", "rule", "args")
+COLUMNS = ("id", "seed", "section", "text_zh", "gloss_en", "kind", "claimed_value", "unit", "hardware", "model",
+           "rule", "args")
 KINDS = ("api", "performance", "ratio", "fact", "hardware")
 REPORT_CHAPTER = "07_report"
 
+# The hardware class a claim is about ('' for claims that hold on any device: APIs, formulas, the
+# guide's own arithmetic) and the verdict it keeps until a run on that class measures it.
+HARDWARE = {"npu": "an Ascend NPU (910B)", "cuda": "a CUDA GPU (A100)"}
+NEEDS = {"npu": "needs an NPU to check", "cuda": "needs a CUDA GPU to check"}
+
 VERDICTS = {
-    "reproduced": "measured in this run and within the stated tolerance of the claim",
-    "contradicted": "a measurement, computation or documentation of this run disagrees",
+    "reproduced": "measured on the hardware class the claim is about, with a comparable model (or, for a "
+                  "device-independent claim, computed here), and within the stated tolerance",
+    "contradicted": "as above, but outside the tolerance",
     "physically impossible": "beyond what the hardware can do even at its peak (the bound is shown)",
     "API does not exist": "no such name in any torch_npu / library release checked (the real one is shown)",
-    "API exists": "the name exists (live check where possible, else documented)",
+    "API exists": "the name exists (live check on an NPU run where possible, else documented)",
+    "disagrees with sources": "documentation or the specs table says otherwise (not measured)",
+    "agrees with sources": "matches documentation or the specs table (not measured)",
     "internally inconsistent": "the guide's own numbers or steps disagree with each other",
     "internally consistent": "the guide's own numbers agree with each other (not a measurement)",
-    "agrees with sources": "matches documentation or the specs table (not measured here)",
-    "needs an NPU to check": "within every bound; only an Ascend NPU run can measure it",
-    "needs other hardware to check": "within every bound; needs the named non-Ascend device",
-    "not measured in this run": "the chapter that measures it did not run, failed, or skipped it",
+    NEEDS["npu"]: "within every bound; only an Ascend NPU run with a comparable model can decide it "
+                  "(see `elsewhere` for the same technique measured on another device)",
+    NEEDS["cuda"]: "within every bound; only a CUDA GPU run with a comparable model can decide it",
+    "does not apply to inference": "a training-time technique: inference has nothing for it to act on",
+    "not measured in this run": "the chapter that measures it did not run, failed, skipped it, or no "
+                                "chapter measures it (the detail says which)",
 }
+
+# Verdicts grouped for counting: the index, the claims report and chapter 07 show these apart.
+VERDICT_CLASSES = {
+    "reproduced": "measured on the claimed hardware class with a comparable model (or computed, for "
+                  "device-independent claims) and within tolerance",
+    "contradicted": "measured on the claimed hardware class with a comparable model (or computed) and "
+                    "outside tolerance",
+    "physically impossible": "faster or smaller than the hardware's peak allows (specs-table bound)",
+    "contradicted by sources": "documentation, the specs table or an API check says otherwise",
+    "supported by sources": "documentation, the specs table or an API check agrees (not a measurement)",
+    "guide inconsistent": "the guide's own figures disagree with each other",
+    "guide consistent": "the guide's own figures agree with each other",
+    "measured on other hardware": "not decidable here; the same technique was measured on another device "
+                                  "or model (same / opposite / no effect is shown)",
+    "needs the claimed hardware": "within every bound; nothing comparable was measured",
+    "not for inference": "the claim is about training and does not apply to inference",
+    "not measured": "the chapter that measures it did not run or failed, or nothing measures it",
+}
+_CLASS_OF = {
+    "reproduced": "reproduced", "contradicted": "contradicted", "physically impossible": "physically impossible",
+    "API does not exist": "contradicted by sources", "disagrees with sources": "contradicted by sources",
+    "API exists": "supported by sources", "agrees with sources": "supported by sources",
+    "internally inconsistent": "guide inconsistent", "internally consistent": "guide consistent",
+    "does not apply to inference": "not for inference", "not measured in this run": "not measured",
+}
+
+
+def verdict_class(verdict: str, elsewhere: str = "") -> str:
+    """The class of a verdict; a "needs ..." verdict splits on whether another device measured it."""
+    if verdict in NEEDS.values():
+        return "measured on other hardware" if elsewhere else "needs the claimed hardware"
+    if verdict not in _CLASS_OF:
+        raise ValueError(f"unknown verdict {verdict!r}; known: {', '.join(VERDICTS)}")
+    return _CLASS_OF[verdict]
+
+
+def device_class(device: Any) -> str:
+    """``"npu:0"`` -> ``"npu"``, ``"cuda:1"`` -> ``"cuda"``, ``"cpu"`` -> ``"cpu"``; '' when unknown."""
+    text = str(device or "").strip().lower()
+    return text.split(":")[0] if text and text != "?" else ""
+
+
+def _model_key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", str(name or "").lower())
+
+
+def comparable_model(claimed: str, used: str) -> bool:
+    """Is the run's model the one the claim is about? (``llama2-7b`` matches ``meta-llama/Llama-2-7b-hf``)."""
+    return not claimed or (bool(used) and _model_key(claimed) in _model_key(used))
+
 
 # Released parameter counts, used for weight-bound rules (no hub download needed).
 MODEL_PARAMS = {"llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192}
@@ -80,15 +147,18 @@ def number(text: "str | float | int") -> float:
             return -ev(node.operand)
         raise ValueError(f"{text!r} is not a number or arithmetic on numbers")
 
-    return ev(ast.parse(text, mode="eval"))
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ValueError(f"{text!r} is not a number or arithmetic on numbers") from None
+    return ev(tree)
 
 
 def claimed_range(text: str) -> tuple[float, float]:
-    """``"0.05-0.1"`` -> (0.05, 0.1); a single value gives (v, v)."""
-    text = str(text).strip()
-    if "-" in text[1:] and "/" not in text and "*" not in text:
-        low, high = text.split("-", 1) if not text.startswith("-") else (text, text)
-        return number(low), number(high)
+    """``"0.05-0.1"`` -> (0.05, 0.1); a single value (``"1e-3"``, ``"29.3/16.5"``) gives (v, v)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*-\s*(\d+(?:\.\d+)?)\s*", str(text))
+    if m:
+        return float(m.group(1)), float(m.group(2))
     v = number(text)
     return v, v
 
@@ -127,6 +197,9 @@ def load_claims(path: "str | Path | None" = None):
             raise ValueError(f"{where}: kind={row['kind']!r}; choose one of {', '.join(KINDS)}")
         if row["rule"] not in RULES:
             raise ValueError(f"{where}: rule={row['rule']!r}; known rules: {', '.join(RULES)}")
+        if row["hardware"] not in ("", *HARDWARE):
+            raise ValueError(f"{where}: hardware={row['hardware']!r}; choose one of {', '.join(HARDWARE)} or "
+                             "leave it empty for a device-independent claim")
         for col in ("text_zh", "gloss_en", "claimed_value", "seed"):
             if not row[col].strip():
                 raise ValueError(f"{where}: empty {col}")
@@ -191,6 +264,30 @@ class Evidence:
     api_source: str = ""
     run_dir: str = ""
 
+    @property
+    def run_name(self) -> str:
+        return Path(self.run_dir).name if self.run_dir else ""
+
+    @property
+    def device_class(self) -> str:
+        """The run's device class: chapter 00's recorded environment, else any chapter's."""
+        first = self.results.get("00_environment_check") or next(iter(self.results.values()), {})
+        return device_class((first or {}).get("environment", {}).get("device", ""))
+
+    def chapter_device(self, chapter: str, entry: Optional[dict] = None) -> str:
+        """Where a figure was measured: the entry's own ``device``, else its chapter's environment."""
+        if entry and entry.get("device"):
+            return str(entry["device"])
+        return str((self.results.get(chapter) or {}).get("environment", {}).get("device", ""))
+
+    def chapter_model(self, chapter: str) -> str:
+        """The model a chapter ran with (its ``parameters``), else chapter 00's."""
+        for name in (chapter, "00_environment_check"):
+            model = (self.results.get(name) or {}).get("parameters", {}).get("model")
+            if model:
+                return str(model)
+        return ""
+
     def entry(self, dotted: str) -> Optional[dict]:
         """``"04_batching.batch_throughput_ratio_4"`` -> the metric entry, if the chapter recorded it."""
         chapter, _, key = dotted.partition(".")
@@ -245,6 +342,8 @@ class Verdict:
     measured: Any = None
     measured_on: str = ""
     ratio: Optional[float] = None  # measured / claimed
+    elsewhere: str = ""  # the same technique measured on another device or model, e.g. "same effect on cpu"
+    device_class: str = ""  # of the measurement that decided the verdict ('' when none did)
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -253,6 +352,58 @@ class Verdict:
 
 def _context(entry: dict) -> str:
     return ", ".join(f"{entry[k]}" for k in ("device", "dtype", "shape", "code_path") if entry.get(k))
+
+
+def effect(claimed: float, measured: float, neutral: float, noise: float) -> str:
+    """Same / opposite / no effect: the direction of ``measured`` from ``neutral`` against the claim's.
+
+    ``noise`` is the band around ``neutral`` read as no effect (relative for ratios around 1, absolute
+    in points for percentages around 0).
+    """
+    band = noise * abs(neutral) if neutral else noise
+    want = (claimed > neutral) - (claimed < neutral)
+    got = 0 if abs(measured - neutral) <= band else (measured > neutral) - (measured < neutral)
+    if got == 0:
+        return "no effect"
+    return "same effect" if got == want else "opposite effect"
+
+
+def _judged(claim: dict, ev: Evidence, chapter: str, entry: dict, ok: bool, detail: str, measured: Any,
+            ratio: Optional[float], seen: str) -> Verdict:
+    """A measurement's verdict: reproduced / contradicted only on the claim's hardware and model.
+
+    Elsewhere (another device class, or the right device with another model) the claim keeps its
+    "needs ..." verdict and ``seen`` ("same effect", "holds", ...) describes what this device showed.
+    """
+    device = ev.chapter_device(chapter, entry)
+    cls = device_class(device)
+    model = ev.chapter_model(chapter)
+    target, want_model = claim.get("hardware", ""), claim.get("model", "")
+    on = _context(entry) or device
+    if not target or (cls == target and comparable_model(want_model, model)):
+        return Verdict("reproduced" if ok else "contradicted", f"{detail}; model {model or '?'}", "measured",
+                       measured, on, ratio, device_class=cls)
+    about = HARDWARE[target] + (f" running {want_model}" if want_model else "")
+    label, _, numbers = seen.partition(": ")
+    return Verdict(NEEDS[target], f"{detail}; measured on {device or '?'} with {model or '?'}, but the claim "
+                                  f"is about {about}", "measured", measured, on, ratio,
+                   elsewhere=f"{label} on {device or '?'} ({model or '?'})" + (f": {numbers}" if numbers else ""),
+                   device_class=cls)
+
+
+def _seen(claim: dict, args: dict, measured: float, ok: bool) -> str:
+    """What a measurement elsewhere shows: an effect direction for ratios, else holds / does not hold."""
+    unit = claim.get("unit", "")
+    default = {"x": 1.0, "%": 0.0}.get(unit)
+    neutral = float(args["neutral"]) if "neutral" in args else default
+    if neutral is None:
+        return "holds" if ok else "does not hold"
+    noise = float(args.get("noise", 0.05 if unit == "x" else 2.0))
+    claimed = number(claim["claimed_value"])
+    if claimed == neutral:  # a claim like "speedup > 1": its direction is the comparison's
+        claimed = neutral + (1 if args.get("op", ">") in (">", ">=") else -1)
+    text = effect(claimed, measured, neutral, noise)
+    return f"{text}: {measured:.3g}{unit} vs claimed {claim['claimed_value']}{unit}"
 
 
 def _not_measured(ev: Evidence, dotted: str, where: str = "") -> Verdict:
@@ -280,10 +431,14 @@ def rule_api(claim: dict, args: dict, ev: Evidence) -> Verdict:
     real = row.get("real_api", "")
     if live is True:
         return Verdict("API exists", f"hasattr check on this machine found {name}; documented: {documented}",
-                       "measured", True)
+                       "measured", True, device_class=ev.device_class)
+    if live is False and "set-only" in documented:
+        # a set-only attribute has no getter, so hasattr is False on a real NPU too: trust the docs
+        return Verdict("API exists", f"{documented}; the live hasattr check is False because the attribute "
+                                     f"has no getter, which is expected (source: {source})", "documentation")
     if live is False:
         return Verdict("API does not exist", f"hasattr check on this machine: missing. Real API: {real}",
-                       "measured", False)
+                       "measured", False, device_class=ev.device_class)
     if documented.lower().startswith("does not exist") or documented.lower().startswith("no "):
         return Verdict("API does not exist", f"{documented}. Real API: {real} (source: {source})",
                        "documentation")
@@ -330,8 +485,9 @@ def rule_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
         rule_text = f"measured/claimed = {measured / claimed:.2f} (tolerance ±{tol:.0%})"
     ratio = measured / claimed if claimed else None
     detail = f"measured {measured:.3g}{claim['unit'] and ' ' + claim['unit']} vs claimed {claimed:.3g}: " \
-             f"{rule_text}; on {entry.get('device', '?')}{note}"
-    return Verdict("reproduced" if ok else "contradicted", detail, "measured", measured, on, ratio)
+             f"{rule_text}; on {on or '?'}{note}"
+    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured, ratio,
+                   _seen(claim, args, measured, ok))
 
 
 def rule_at_least(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -343,10 +499,10 @@ def rule_at_least(claim: dict, args: dict, ev: Evidence) -> Verdict:
     measured = float(entry["value"])
     tol = float(args.get("tolerance", 0.0))
     ok = measured >= claimed * (1 - tol)
-    return Verdict("reproduced" if ok else "contradicted",
-                   f"measured {measured:.3g} vs claimed at least {claimed:.3g} (tolerance {tol:.0%}); "
-                   f"on {entry.get('device', '?')}", "measured", measured, _context(entry),
-                   measured / claimed if claimed else None)
+    detail = (f"measured {measured:.3g} vs claimed at least {claimed:.3g} (tolerance {tol:.0%}); "
+              f"on {_context(entry) or '?'}")
+    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured,
+                   measured / claimed if claimed else None, _seen(claim, args, measured, ok))
 
 
 _CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
@@ -361,11 +517,43 @@ def rule_threshold(claim: dict, args: dict, ev: Evidence) -> Verdict:
     entry = ev.entry(args["metric"])
     if entry is None:
         return _not_measured(ev, args["metric"])
+    if "requires" in args:  # a field the chapter must record beside the figure for it to test the claim
+        key, _, wanted = args["requires"].partition(":")
+        if str(entry.get(key)).lower() != wanted.lower():
+            return Verdict("not measured in this run",
+                           f"{args['metric']} was recorded with {key}={entry.get(key)!r}, not {wanted}: "
+                           f"{args.get('why', 'the figure does not test the claim')}", "none")
     measured = float(entry["value"])
     ok = _CMP[op](measured, claimed)
-    return Verdict("reproduced" if ok else "contradicted",
-                   f"measured {measured:.3g} {op if ok else 'is not ' + op} {claimed:g}; on "
-                   f"{_context(entry) or '?'}", "measured", measured, _context(entry))
+    detail = f"measured {measured:.3g} {op if ok else 'is not ' + op} {claimed:g}; on {_context(entry) or '?'}"
+    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured, None,
+                   _seen(claim, args, measured, ok))
+
+
+def rule_speedup_every_shape(claim: dict, args: dict, ev: Evidence) -> Verdict:
+    """A "mode B is faster" claim, judged at every shape a chapter timed (from its table, eager / graph).
+
+    One shape's speedup does not carry a claim about a block that runs at prefill and at decode shape:
+    the claim holds only where the faster mode wins at each of them.
+    """
+    chapter, _, name = args["table"].partition(".")
+    rows = (ev.results.get(chapter) or {}).get("tables", {}).get(name) or []
+    by_case: dict = {}
+    for row in rows:
+        mode = str(row.get("mode", "")).split()[0]
+        if row.get("median_ms"):
+            by_case.setdefault(row.get("case", "?"), {})[mode] = float(row["median_ms"])
+    ratios = {case: t[args["slow"]] / t[args["fast"]] for case, t in by_case.items()
+              if args["slow"] in t and args["fast"] in t}
+    if not ratios:
+        return _not_measured(ev, f"{chapter}.{name}")
+    ok = all(r > 1 for r in ratios.values())
+    shown = "; ".join(f"{case}: {r:.2f}x" for case, r in ratios.items())
+    detail = f"{args['slow']} / {args['fast']} time per shape: {shown} (the claim needs > 1 at each)"
+    sides = {effect(2.0, r, 1.0, float(args.get("noise", 0.05))) for r in ratios.values()}
+    seen = sides.pop() if len(sides) == 1 else "mixed effect"
+    entry = {"device": ev.chapter_device(chapter)}
+    return _judged(claim, ev, chapter, entry, ok, detail, min(ratios.values()), None, f"{seen}: {shown}")
 
 
 def weight_bytes(model: str = "llama2-7b", dtype: str = "float16") -> int:
@@ -388,7 +576,7 @@ def _npu_measurement(ev: Evidence, dotted: Optional[str], want: str, context: st
     if not dotted:
         return None
     entry = ev.entry(dotted)
-    if not entry or not str(entry.get("device", "")).startswith(want):
+    if not entry or device_class(ev.chapter_device(dotted.partition(".")[0], entry)) != want:
         return None
     if context and context not in str(entry.get("context", "")):
         return None  # e.g. measured at the profile's shape, not the guide's
@@ -421,7 +609,7 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
     else:
         raise ValueError(f"claim {claim['id']}: rule bound needs unit tok/s or ms, not {unit!r}")
     if bw is None:
-        return Verdict("needs an NPU to check" if "910" in device else "needs other hardware to check",
+        return Verdict(NEEDS[claim.get("hardware") or ("npu" if "910" in device else "cuda")],
                        f"no bandwidth for {device} in {ev.specs_source}", "none")
     t_mem = nbytes / (bw * 1e9 * n)
     t_cmp = work / (flops * 1e12 * n) if (work and flops) else 0.0
@@ -434,18 +622,23 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
         return Verdict("physically impossible",
                        f"claimed {shown}, but the floor is {how} (it would need {need:.3g} TB/s); {source}",
                        "bound", ratio=bound / claimed_s)
-    want = "npu" if "910" in device else "cuda"
+    want = claim.get("hardware") or ("npu" if "910" in device else "cuda")
     entry = _npu_measurement(ev, args.get("metric"), want, args.get("context", ""))
-    if entry is not None:
+    chapter = str(args.get("metric", "")).partition(".")[0]
+    other_model = ""
+    if entry is not None and comparable_model(claim.get("model", ""), ev.chapter_model(chapter)):
         measured = float(entry["value"])
         ok = low * 0.75 <= measured <= high * 1.25  # the guides give no tolerance; ±25 % of the range
-        return Verdict("reproduced" if ok else "contradicted",
+        return _judged(claim, ev, chapter, entry, ok,
                        f"measured {measured:.3g} {unit} vs claimed {claim['claimed_value']} {unit} (±25%)",
-                       "measured", measured, _context(entry), measured / ((low + high) / 2))
-    verdict = "needs an NPU to check" if want == "npu" else "needs other hardware to check"
-    return Verdict(verdict, f"within the bound (floor {how}; claimed {shown}); run "
-                            f"{args.get('where', 'the matching chapter on that device')}", "bound",
-                   ratio=bound / claimed_s)
+                       measured, measured / ((low + high) / 2), "")
+    if entry is not None:  # the right device, another model: an absolute figure says nothing here
+        other_model = (f"; this run's {chapter} measured {float(entry['value']):.3g} {unit} on "
+                       f"{ev.chapter_device(chapter, entry)} with {ev.chapter_model(chapter) or '?'}, not "
+                       f"{claim.get('model') or 'the claimed model'}")
+    return Verdict(NEEDS[want], f"within the bound (floor {how}; claimed {shown}); run "
+                                f"{args.get('where', 'the matching chapter on that device')}{other_model}",
+                   "bound", ratio=bound / claimed_s)
 
 
 def rule_weight_memory(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -462,10 +655,39 @@ def rule_weight_memory(claim: dict, args: dict, ev: Evidence) -> Verdict:
         return Verdict("agrees with sources", f"{claimed:g} GB holds the weights ({text}) with room for a "
                                               "second copy in another format", "bound",
                        ratio=claimed * 1e9 / weights)
-    verdict = "needs an NPU to check" if "910" in args.get("device", "910") else "needs other hardware to check"
+    target = claim.get("hardware") or "npu"
     note = " (only under a GiB reading of the unit)" if as_gb < weights else ""
-    return Verdict(verdict, f"claimed {claimed:g} GB covers the weights{note}: {text}; peak memory needs a "
-                            "run on that device", "bound", ratio=claimed * 1e9 / weights)
+    found = _table_value(ev, args["peak"]) if "peak" in args else None
+    if found is not None:
+        chapter, value, where = found
+        cls = device_class(ev.chapter_device(chapter))
+        if cls == target and comparable_model(claim.get("model", ""), ev.chapter_model(chapter)):
+            measured_gb = value / 1e9
+            tol = float(args.get("tolerance", 0.10))
+            ok = abs(measured_gb / claimed - 1) <= tol
+            return _judged(claim, ev, chapter, {}, ok, f"peak memory {measured_gb:.3g} GB ({where}) vs claimed "
+                                                       f"{claimed:g} GB (tolerance ±{tol:.0%}); {text}",
+                           measured_gb, measured_gb / claimed, "")
+    return Verdict(NEEDS[target], f"claimed {claimed:g} GB covers the weights{note}: {text}; the peak memory "
+                                  f"needs {args.get('peak', 'a peak-memory figure')} from a run on "
+                                  f"{HARDWARE[target]} with {claim.get('model') or 'the model'}", "bound",
+                   ratio=claimed * 1e9 / weights)
+
+
+def _table_value(ev: Evidence, spec: str):
+    """``"06_optimization_ladder.ladder[0].peak_memory_bytes"`` -> (chapter, value, description) or None.
+
+    The row index counts rows whose status is ok (or that have no status).
+    """
+    m = re.fullmatch(r"(\w+)\.(\w+)\[(\d+)\]\.(\w+)", spec.strip())
+    if not m:
+        raise ValueError(f"table reference {spec!r} is not chapter.table[row].column")
+    chapter, name, index, column = m.group(1), m.group(2), int(m.group(3)), m.group(4)
+    rows = [r for r in (ev.results.get(chapter) or {}).get("tables", {}).get(name) or []
+            if r.get("status", "ok") == "ok"]
+    if len(rows) <= index or rows[index].get(column) in (None, ""):
+        return None
+    return chapter, float(rows[index][column]), f"{chapter} table {name}, row {rows[index].get('rung', index)}"
 
 
 def rule_fits(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -478,25 +700,49 @@ def rule_fits(claim: dict, args: dict, ev: Evidence) -> Verdict:
     detail = (f"{args['model']} {args.get('weights', 'float16')} weights are {weights / 1e9:.1f} GB; one "
               f"{src.split(':')[0]} has {mem:g} GB")
     if fits:
-        return Verdict("contradicted", detail + ": it fits on one card (tensor parallelism is needed on "
-                                                "32 GB cards, and for 70B)", "bound", ratio=weights / (mem * 1e9))
+        return Verdict("disagrees with sources", detail + ": it fits on one card (tensor parallelism is "
+                                                          "needed on 32 GB cards, and for 70B)", "bound",
+                       ratio=weights / (mem * 1e9))
     return Verdict("agrees with sources", detail + ": it does not fit on one card", "bound",
                    ratio=weights / (mem * 1e9))
 
 
 def rule_spec(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """A hardware figure against the specs table (the table's source and confidence are shown)."""
-    value, src = ev.spec(args["device"], args["column"])
     claimed = number(claim["claimed_value"])
+    if "derive_from" in args:
+        return _derived_spec(claim, args, ev, claimed)
+    value, src = ev.spec(args["device"], args["column"])
     if value is None:
         return Verdict("needs an NPU to check", f"no published {args['column']} for {args['device']} in "
                                                 f"{ev.specs_source}; measure with {args.get('where', 'a benchmark')}",
                        "none")
     op = args.get("op", "=")
     ok = value > claimed if op == ">" else math.isclose(value, claimed, rel_tol=0.05)
-    return Verdict("agrees with sources" if ok else "contradicted",
+    return Verdict("agrees with sources" if ok else "disagrees with sources",
                    f"specs table: {src}; claimed {claim['claimed_value']} {claim['unit']}", "documentation",
                    value, ratio=value / claimed if claimed else None)
+
+
+def _derived_spec(claim: dict, args: dict, ev: Evidence, claimed: float) -> Verdict:
+    """A figure the table lacks, derived from one it has times a documented ratio (shown with its source)."""
+    base, src = ev.spec(args["device"], args["derive_from"])
+    if base is None:
+        return Verdict(NEEDS[claim.get("hardware") or "npu"], f"no {args['derive_from']} for {args['device']} in "
+                                                              f"{ev.specs_source} to derive a bound from", "none")
+    factor = number(args["factor"])
+    derived = base * factor
+    how = (f"{args['derive_from']} {base:g} x {factor:g} ({args['factor_source']}) = {derived:.3g} "
+           f"{claim['unit']}; specs table: {src}")
+    tol = float(args.get("tolerance", 0.25))
+    if claimed > derived * (1 + tol):
+        return Verdict("physically impossible", f"claimed {claimed:g} exceeds the derived peak: {how}", "bound",
+                       ratio=claimed / derived)
+    ok = abs(claimed / derived - 1) <= tol
+    return Verdict("agrees with sources" if ok else "disagrees with sources",
+                   f"claimed {claimed:g} {claim['unit']} is {claimed / derived:.2f}x the derived {how}"
+                   + ("" if ok else f"; {args['note']}" if args.get("note") else ""), "bound",
+                   ratio=claimed / derived)
 
 
 def rule_pairing(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -508,7 +754,7 @@ def rule_pairing(claim: dict, args: dict, ev: Evidence) -> Verdict:
     if any(r["cann"].startswith(cann) for r in rows):
         return Verdict("agrees with sources", f"documented pairs for torch_npu {npu}.x: {pairs}", "documentation")
     other = "; ".join(f"torch_npu {r['torch_npu']}" for r in cann_rows) or "none listed"
-    return Verdict("contradicted", f"documented pairs for torch_npu {npu}.x: {pairs}; CANN {cann} pairs with "
+    return Verdict("disagrees with sources", f"documented pairs for torch_npu {npu}.x: {pairs}; CANN {cann} pairs with "
                                    f"{other} (Ascend/pytorch compatibility table)", "documentation")
 
 
@@ -544,20 +790,47 @@ def rule_unmeasured(claim: dict, args: dict, ev: Evidence) -> Verdict:
     return Verdict("not measured in this run", args.get("note", "no chapter measures this"), "none")
 
 
+def rule_not_inference(claim: dict, args: dict, ev: Evidence) -> Verdict:
+    """A training-time technique quoted in an inference guide: nothing to measure, and why."""
+    return Verdict("does not apply to inference", args["why"], "documentation")
+
+
+def rule_torch_autoload(claim: dict, args: dict, ev: Evidence) -> Verdict:
+    """"import torch_npu is required": true before torch 2.5, optional from 2.5 (device-backend autoload).
+
+    Judged on the torch version of the image the guide itself names, not on this machine's.
+    """
+    image = args["image_torch"]
+    since = args.get("autoload_since", "2.5")
+    version = tuple(int(p) for p in re.findall(r"\d+", image)[:2])
+    autoload = version >= tuple(int(p) for p in since.split("."))
+    why = (f"the guide's image has torch {image}; torch_npu registers a torch.backends entry point that "
+           f"'import torch' loads automatically from torch {since} on (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns "
+           "it off)")
+    if autoload:
+        return Verdict("disagrees with sources", why + ": the explicit import is optional there", "documentation")
+    return Verdict("agrees with sources", why + f": torch {image} predates it, so the explicit import is "
+                                                f"required on that image (optional on torch >= {since})",
+                   "documentation")
+
+
 def rule_npu_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """A speedup that only NPU runtime options produce: read chapter 06's ladder when it ran on an NPU."""
     claimed = number(claim["claimed_value"])
-    data = ev.results.get("06_optimization_ladder") or {}
-    rows = data.get("tables", {}).get("ladder") or []
-    device = str(data.get("environment", {}).get("device", ""))
-    row = next((r for r in rows if "runtime" in str(r.get("rung", "")).lower() and r.get("status") == "ok"), None)
-    if row is not None and device.startswith("npu") and row.get("speedup"):
-        measured = float(row["speedup"])
+    chapter = "06_optimization_ladder"
+    rows = [r for r in (ev.results.get(chapter) or {}).get("tables", {}).get("ladder") or []
+            if r.get("status") == "ok" and r.get("tokens_per_s")]
+    step = next((i for i, r in enumerate(rows) if args.get("rung", "runtime") in str(r.get("rung", "")).lower()),
+                None)
+    if step is not None and step > 0 and device_class(ev.chapter_device(chapter)) == "npu":
+        before, row = rows[step - 1], rows[step]
+        measured = float(row["tokens_per_s"]) / float(before["tokens_per_s"])
         ok = abs(measured / claimed - 1) <= 0.25
-        return Verdict("reproduced" if ok else "contradicted",
-                       f"ladder rung {row['rung']}: {measured:.2f}x vs claimed {claimed:g}x (±25%)",
-                       "measured", measured, device, measured / claimed)
-    return Verdict("needs an NPU to check", f"run {args.get('where', 'chapter 06 on an NPU')}", "none")
+        return _judged(claim, ev, chapter, {}, ok, f"ladder step {before['rung']} -> {row['rung']}: "
+                                                   f"{measured:.2f}x vs claimed {claimed:g}x (±25%)",
+                       measured, measured / claimed, "")
+    return Verdict(NEEDS["npu"], f"run {args.get('where', 'chapter 06 on an NPU')} (the options exist only "
+                                 "on an NPU)", "none")
 
 
 def rule_llama_rmsnorm(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -636,6 +909,8 @@ RULES: dict[str, Callable[[dict, dict, Evidence], Verdict]] = {
     "threshold": rule_threshold, "bound": rule_bound, "weight_memory": rule_weight_memory,
     "fits": rule_fits, "spec": rule_spec, "pairing": rule_pairing, "consistency": rule_consistency,
     "documented": rule_documented, "unmeasured": rule_unmeasured, "npu_ratio": rule_npu_ratio,
+    "not_inference": rule_not_inference, "torch_autoload": rule_torch_autoload,
+    "speedup_every_shape": rule_speedup_every_shape,
     "llama_rmsnorm": rule_llama_rmsnorm, "llama2_config": rule_llama2_config,
     "shape_check": rule_shape_check, "compile_generate": rule_compile_generate,
 }
@@ -650,19 +925,66 @@ def judge(claim: dict, ev: Evidence) -> Verdict:
                        "none")
 
 
-def verdicts(run_dir: "str | Path", claims=None, specs_path=None):
-    """The claims table with verdict, detail, evidence, measured value and ratio columns."""
+def _rank(v: Verdict, ev: Evidence, target: str) -> tuple:
+    """Which run's verdict wins: a measurement on the claimed hardware, then a bound or source, then a
+    measurement elsewhere, then "needs ...", then not measured; ties go to the claim's device class,
+    then to the order the runs were given."""
+    if v.evidence == "measured" and not v.elsewhere and v.verdict in ("reproduced", "contradicted", "API exists",
+                                                                       "API does not exist"):
+        rank = 0
+    elif v.verdict not in NEEDS.values() and v.verdict != "not measured in this run":
+        rank = 1
+    elif v.elsewhere:
+        rank = 2
+    elif v.verdict in NEEDS.values():
+        rank = 3
+    else:
+        rank = 4
+    return rank, 0 if target and ev.device_class == target else 1
+
+
+def _run_dirs(run_dirs) -> list:
+    if isinstance(run_dirs, (str, Path)):
+        return [Path(run_dirs)]
+    dirs = [Path(d) for d in run_dirs]
+    if not dirs:
+        raise ValueError("run_dirs is empty; give one run folder or a list of run folders")
+    return dirs
+
+
+def verdicts(run_dirs, claims=None, specs_path=None):
+    """The claims table with a verdict per claim, from one run folder or several.
+
+    With several runs (e.g. an NPU run, a CUDA run and a CPU run), each claim takes its verdict from
+    the run that can decide it: a 910B claim from an NPU run, an A100 claim from a CUDA run
+    (``_rank``). Columns added to the claims table: verdict, verdict_class, detail, evidence,
+    measured, measured_on, ratio, elsewhere, decided_by (the run folder whose measurement decided,
+    '' when documentation, specs or the guide's text did) and device_class (of that measurement).
+    """
     import pandas as pd
 
     claims = load_claims() if claims is None else claims
-    ev = gather_evidence(run_dir, specs_path)
+    runs = [gather_evidence(d, specs_path) for d in _run_dirs(run_dirs)]
     out = []
     for claim in claims.to_dict(orient="records"):
-        out.append({**claim, **asdict(judge(claim, ev))})
+        claim.setdefault("hardware", "")
+        claim.setdefault("model", "")
+        judged = [(ev, judge(claim, ev)) for ev in runs]
+        best = min(range(len(judged)), key=lambda i: (*_rank(judged[i][1], judged[i][0], claim["hardware"]), i))
+        ev, v = judged[best]
+        row = {**claim, **asdict(v)}
+        row["verdict_class"] = verdict_class(v.verdict, v.elsewhere)
+        row["decided_by"] = ev.run_name if v.evidence == "measured" else ""
+        row["device_class"] = v.device_class if v.evidence == "measured" else ""
+        out.append(row)
     return pd.DataFrame(out)
 
 
-def verdict_counts(table) -> dict[str, int]:
-    """How many claims got each verdict, in the order of ``VERDICTS``."""
-    counts = table["verdict"].value_counts().to_dict()
-    return {v: int(counts.get(v, 0)) for v in VERDICTS if counts.get(v, 0)}
+def verdict_counts(table) -> dict:
+    """How many claims fall in each class of ``VERDICT_CLASSES`` (every class, zeros included, in order)."""
+    if "verdict_class" in table:
+        classes = list(table["verdict_class"])
+    else:
+        elsewhere = table["elsewhere"] if "elsewhere" in table else [""] * len(table)
+        classes = [verdict_class(v, e) for v, e in zip(table["verdict"], elsewhere)]
+    return {c: sum(1 for x in classes if x == c) for c in VERDICT_CLASSES}

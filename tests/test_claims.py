@@ -13,8 +13,13 @@ def table():
     return claims.load_claims()
 
 
-def _chapter(run_dir, chapter, metrics=None, tables=None, status="ok"):
-    res = Results(chapter, run_dir)
+LLAMA = "meta-llama/Llama-2-7b-hf"
+
+
+def _chapter(run_dir, chapter, metrics=None, tables=None, status="ok", model="smollm2-135m", device=""):
+    """A synthetic chapter results.json; ``device`` defaults to the first metric's device."""
+    first = next(iter((metrics or {}).values()), (None, "cpu"))[1]
+    res = Results(chapter, run_dir, parameters={"model": model}, environment={"device": device or first})
     for key, (value, device) in (metrics or {}).items():
         res.record(key, value, "", device=device, dtype="float32", shape="test fixture")
     for name, rows in (tables or {}).items():
@@ -30,7 +35,7 @@ def _verdict(table, run_dir, claim_id, specs_path=None):
 
 
 def test_every_claim_parses_and_has_a_rule(table):
-    assert 40 <= len(table) <= 70
+    assert 60 <= len(table) <= 110
     assert table["id"].is_unique
     assert set(table["rule"]) <= set(claims.RULES)
     assert set(table["kind"]) == set(claims.KINDS)
@@ -55,8 +60,9 @@ def test_empty_run_gives_every_claim_a_verdict_without_rule_errors(table, tmp_pa
     assert sum(counts.values()) == len(table)
     # Decided without any measurement: bounds, the guide's own numbers, documentation, computation.
     assert counts["physically impossible"] >= 1
-    assert counts["internally inconsistent"] >= 2
-    assert counts["API does not exist"] >= 5
+    assert counts["guide inconsistent"] >= 2
+    assert counts["contradicted by sources"] >= 5
+    assert list(counts) == list(claims.VERDICT_CLASSES)
     measured_rules = out[out["rule"].isin(["ratio", "at_least", "threshold"])]
     assert (measured_rules["verdict"] == "not measured in this run").all()
 
@@ -70,18 +76,19 @@ def _claim_for(table, metric):
 def test_ratio_reproduced_and_contradicted(table, tmp_path):
     cid = _claim_for(table, "04_batching.batch_throughput_ratio_4")  # the guide: 3.2x
     good, bad = tmp_path / "good", tmp_path / "bad"
-    _chapter(good, "04_batching", {"batch_throughput_ratio_4": (3.0, "cpu")})
-    _chapter(bad, "04_batching", {"batch_throughput_ratio_4": (1.3, "cpu")})
+    _chapter(good, "04_batching", {"batch_throughput_ratio_4": (3.0, "npu:0")}, model=LLAMA)
+    _chapter(bad, "04_batching", {"batch_throughput_ratio_4": (1.3, "npu:0")}, model=LLAMA)
     v = _verdict(table, good, cid)
     assert v["verdict"] == "reproduced" and v["evidence"] == "measured"
     assert v["ratio"] == pytest.approx(3.0 / 3.2)
-    assert "cpu" in v["measured_on"]
+    assert "npu" in v["measured_on"] and v["device_class"] == "npu" and v["decided_by"] == "good"
+    assert LLAMA in v["detail"]
     assert _verdict(table, bad, cid)["verdict"] == "contradicted"
 
 
 def test_absolute_tolerance_for_percentages(table, tmp_path):
     cid = _claim_for(table, "04_batching.batch_memory_growth_pct_4")  # the guide: +15 %
-    _chapter(tmp_path, "04_batching", {"batch_memory_growth_pct_4": (2.0, "cpu")})
+    _chapter(tmp_path, "04_batching", {"batch_memory_growth_pct_4": (2.0, "npu:0")}, model=LLAMA)
     v = _verdict(table, tmp_path, cid)
     assert v["verdict"] == "contradicted" and "tolerance 10" in v["detail"]
 
@@ -128,7 +135,7 @@ def test_specs_with_other_column_names(table, tmp_path):
 def test_npu_measurement_decides_a_bound_claim(table, tmp_path):
     row = table[(table["rule"] == "bound") & (table["claimed_value"] == "16.5")].iloc[0]
     npu, cpu = tmp_path / "npu", tmp_path / "cpu"
-    _chapter(npu, "03_end_to_end", {"decode_tok_s_batch1": (16.1, "npu:0")})
+    _chapter(npu, "03_end_to_end", {"decode_tok_s_batch1": (16.1, "npu:0")}, model=LLAMA)
     _chapter(cpu, "03_end_to_end", {"decode_tok_s_batch1": (18.0, "cpu")})
     assert _verdict(table, npu, row["id"])["verdict"] == "reproduced"
     assert _verdict(table, cpu, row["id"])["verdict"] == "needs an NPU to check"
@@ -197,3 +204,85 @@ def test_guide_number_reads_the_quoted_figure():
     assert claims.guide_number("C51") == pytest.approx(29.3 / 16.5)
     with pytest.raises(KeyError, match="C999"):
         claims.guide_number("C999")
+
+
+# --- several runs, device classes, and verdicts that never reach past the data -------------------
+
+def _fill_every_metric(table, run_dir, device, model):
+    """Every metric the claims table names, recorded on ``device`` with a value near the claim."""
+    by_chapter = {}
+    for row in table.to_dict(orient="records"):
+        metric = claims.parse_args(row["args"]).get("metric")
+        if metric:
+            chapter, _, key = metric.partition(".")
+            try:
+                value = claims.claimed_range(row["claimed_value"])[0]
+            except ValueError:
+                value = 1.0
+            by_chapter.setdefault(chapter, {})[key] = (value, device)
+    for chapter, metrics in by_chapter.items():
+        _chapter(run_dir, chapter, metrics, model=model, device=device)
+
+
+@pytest.mark.parametrize("device,model", [("cpu", "smollm2-135m"), ("cpu", LLAMA), ("npu:0", "smollm2-135m"),
+                                          ("cuda:0", "smollm2-135m")])
+def test_no_measurement_off_the_claimed_hardware_reproduces_or_contradicts(table, tmp_path, device, model):
+    _fill_every_metric(table, tmp_path, device, model)
+    out = claims.verdicts(tmp_path, table)
+    cls = device_class = device.split(":")[0]
+    wrong_model = (out["model"] != "") & (model != LLAMA)
+    undecidable = out[(out["hardware"] != "") & ((out["hardware"] != device_class) | wrong_model)]
+    measured = undecidable[undecidable["evidence"] == "measured"]
+    assert len(measured) >= 8  # the fixture did reach the rules
+    assert not measured["verdict"].isin(["reproduced", "contradicted"]).any(), \
+        measured[["id", "verdict", "detail"]].to_string()
+    assert (measured["verdict_class"] == "measured on other hardware").all()
+    assert measured["elsewhere"].str.contains(cls).all()
+    assert (measured["device_class"] == cls).all()
+
+
+def test_same_values_on_the_claimed_hardware_do_decide(table, tmp_path):
+    _fill_every_metric(table, tmp_path, "npu:0", LLAMA)
+    out = claims.verdicts(tmp_path, table)
+    npu = out[(out["hardware"] == "npu") & (out["evidence"] == "measured")]
+    assert len(npu) >= 8 and npu["verdict"].isin(["reproduced", "contradicted"]).all()
+
+
+def test_several_runs_each_claim_decided_by_the_matching_device(table, tmp_path):
+    npu, cuda, cpu = tmp_path / "run-npu", tmp_path / "run-cuda", tmp_path / "run-cpu"
+    for run, dev in ((npu, "npu:0"), (cuda, "cuda:0"), (cpu, "cpu")):
+        _chapter(run, "00_environment_check", {"device": (dev, dev)}, model=LLAMA, device=dev)
+    _chapter(npu, "04_batching", {"batch_throughput_ratio_4": (3.1, "npu:0")}, model=LLAMA)
+    _chapter(cpu, "04_batching", {"batch_throughput_ratio_4": (0.9, "cpu")}, model="smollm2-135m")
+    _chapter(cuda, "03_end_to_end", {"decode_tok_s_batch1": (40.0, "cuda:0")}, model=LLAMA)
+    _chapter(cpu, "03_end_to_end", {"decode_tok_s_batch1": (41.0, "cpu")}, model=LLAMA)
+    batch4 = _claim_for(table, "04_batching.batch_throughput_ratio_4")
+    a100 = table[(table["hardware"] == "cuda") & (table["claimed_value"] == "42.8")].iloc[0]["id"]
+    subset = table[table["id"].isin([batch4, a100])]
+    for order in ([cpu, cuda, npu], [npu, cpu, cuda]):
+        out = claims.verdicts(order, subset).set_index("id")
+        assert out.loc[batch4, "verdict"] == "reproduced" and out.loc[batch4, "decided_by"] == "run-npu"
+        assert out.loc[batch4, "device_class"] == "npu"
+        assert out.loc[a100, "verdict"] == "reproduced" and out.loc[a100, "decided_by"] == "run-cuda"
+    only_cpu = claims.verdicts([cpu], subset).set_index("id")
+    assert only_cpu.loc[batch4, "verdict"] == "needs an NPU to check"
+    assert only_cpu.loc[batch4, "elsewhere"].startswith("opposite effect on cpu (smollm2-135m): 0.9x")
+    assert only_cpu.loc[a100, "verdict"] == "needs a CUDA GPU to check" and only_cpu.loc[a100, "decided_by"] == ""
+    with pytest.raises(ValueError, match="run_dirs"):
+        claims.verdicts([], subset)
+
+
+def test_verdict_classes_cover_every_verdict():
+    for verdict in claims.VERDICTS:
+        assert claims.verdict_class(verdict) in claims.VERDICT_CLASSES
+    assert claims.verdict_class("needs an NPU to check", "same effect on cpu") == "measured on other hardware"
+    with pytest.raises(ValueError, match="unknown verdict"):
+        claims.verdict_class("probably fine")
+    assert claims.device_class("npu:3") == "npu" and claims.device_class("") == ""
+    assert claims.comparable_model("llama2-7b", "NousResearch/Llama-2-7b-hf")
+    assert not claims.comparable_model("llama2-7b", "smollm2-135m")
+
+
+@pytest.mark.parametrize("measured,expected", [(3.0, "same effect"), (0.5, "opposite effect"), (1.02, "no effect")])
+def test_effect_direction(measured, expected):
+    assert claims.effect(3.2, measured, 1.0, 0.05) == expected
