@@ -77,6 +77,19 @@ VERDICT_CLASSES = {
     "not for inference": "the claim is about training and does not apply to inference",
     "not measured": "the chapter that measures it did not run or failed, or nothing measures it",
 }
+# One colour per class, shared by chapter 07's plot and the claims report's badges (white text reads on all).
+CLASS_COLOURS = {
+    "reproduced": "#1a7f37", "contradicted": "#cf222e", "physically impossible": "#82071e",
+    "contradicted by sources": "#bc4c00", "supported by sources": "#0b7285", "guide inconsistent": "#8250df",
+    "guide consistent": "#6f42c1", "measured on other hardware": "#0969da", "needs the claimed hardware": "#57606a",
+    "not for inference": "#7d4e24", "not measured": "#8c959f",
+}
+# The two guides, by the seed file each claim row names.
+GUIDES = {
+    "000_4306e0a898c10b2f.txt": "CANN-ops-nn推理实战-昇腾NPU跑Llama如何让基础算子不掉链子 "
+                                "(the ops-nn checklist: keeping the basic operators fast for Llama on an Ascend NPU)",
+    "002_c082ff817235df57.txt": "昇腾NPU与Llama大模型性能优化实战指南 (the Llama performance guide for Ascend NPUs)",
+}
 _CLASS_OF = {
     "reproduced": "reproduced", "contradicted": "contradicted", "physically impossible": "physically impossible",
     "API does not exist": "contradicted by sources", "disagrees with sources": "contradicted by sources",

@@ -468,3 +468,42 @@ def test_speedup_at_every_shape_on_a_cpu_is_mixed(tmp_path):
                  "npu")
     v = claims.verdicts(tmp_path, row).iloc[0]
     assert v["verdict"] == "needs an NPU to check" and v["elsewhere"].startswith("mixed effect on cpu")
+
+
+# --- the claims report page ------------------------------------------------------------------------
+
+def test_claims_page_groups_rows_and_badges_every_verdict(table, tmp_path):
+    import re
+
+    from helpers import report
+
+    audit = claims.verdicts(tmp_path, table)
+    page = report.claims_report_html("t", audit)
+    badges = re.findall(r'data-verdict-class="([^"]+)"', page)
+    # one badge per class in the legend, then one per claim
+    assert len(badges) == len(claims.VERDICT_CLASSES) + len(audit)
+    assert set(badges) <= set(claims.VERDICT_CLASSES)
+    for seed in set(audit["seed"]):
+        assert claims.GUIDES[seed].split(" ")[0] in page
+    for section in set(audit["section"]):
+        assert f"<h3>{section}" in page.replace("&amp;", "&") or section in page
+    row = audit.iloc[0]
+    assert row["text_zh"].split()[0] in page and row["gloss_en"][:30] in page
+    assert "table-layout:fixed" in page and "overflow-wrap:anywhere" in page
+
+
+def test_int8_plot_is_not_a_one_point_axis(table, tmp_path):
+    import matplotlib.pyplot as plt
+
+    from helpers import report
+    from helpers.results import load_all
+
+    _chapter(tmp_path, "05_int8_quantization", {"int8_decode_speedup_batch1": (1.65, "cpu"),
+                                                "int8_ppl_delta_pct": (0.36, "cpu")})
+    fig = report.plot_int8(load_all(tmp_path), table)
+    speed_ax, ppl_ax = fig.axes
+    assert speed_ax.get_xlim()[0] == 0 and speed_ax.get_xlim()[1] > 2.38  # the guide's largest speedup fits
+    low, high = ppl_ax.get_xlim()
+    assert low < 0 < 0.36 < high and high - low >= 0.5
+    assert len(speed_ax.patches) == 4  # three guide figures and the measurement
+    plt.close(fig)
