@@ -1047,8 +1047,10 @@ def verdicts(run_dirs, claims=None, specs_path=None):
     With several runs (e.g. an NPU run, a CUDA run and a CPU run), each claim takes its verdict from
     the run that can decide it: a 910B claim from an NPU run, an A100 claim from a CUDA run
     (``_rank``). Columns added to the claims table: verdict, verdict_class, detail, evidence,
-    measured, measured_on, ratio, elsewhere, decided_by (the run folder whose measurement decided,
-    '' when documentation, specs or the guide's text did) and device_class (of that measurement).
+    measured, measured_on, ratio, decided_by (the run folder whose measurement decided the verdict,
+    '' when documentation, specs, a computation or the guide's text did), device_class (of that
+    measurement), elsewhere (what the same technique did on a device or model the claim is not
+    about; the claim's verdict then stays "needs ...") and elsewhere_run (the run that showed it).
     """
     import pandas as pd
 
@@ -1063,8 +1065,10 @@ def verdicts(run_dirs, claims=None, specs_path=None):
         ev, v = judged[best]
         row = {**claim, **asdict(v)}
         row["verdict_class"] = verdict_class(v.verdict, v.elsewhere)
-        row["decided_by"] = ev.run_name if v.evidence == "measured" else ""
-        row["device_class"] = v.device_class if v.evidence == "measured" else ""
+        decided = v.evidence == "measured" and not v.elsewhere
+        row["decided_by"] = ev.run_name if decided else ""
+        row["device_class"] = v.device_class if decided else ""
+        row["elsewhere_run"] = ev.run_name if v.elsewhere else ""  # the run whose figure ``elsewhere`` shows
         out.append(row)
     return pd.DataFrame(out)
 

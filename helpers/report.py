@@ -275,7 +275,8 @@ def claims_table_html(audit) -> str:
                 value = f"{r['claimed_value']} {r.get('unit', '')}".strip()
                 about = {"npu": "about a 910B", "cuda": "about an A100"}.get(r.get("hardware", ""), "")
                 about += f" running {r['model']}" if r.get("model") else ""
-                elsewhere = (f'<span class="elsewhere">{html.escape(r["elsewhere"])}</span>'
+                shown_by = f" (run {r['elsewhere_run']})" if r.get("elsewhere_run") else ""
+                elsewhere = (f'<span class="elsewhere">{html.escape(r["elsewhere"] + shown_by)}</span>'
                              if r.get("elsewhere") else "")
                 by = ", ".join(x for x in (f"run {r['decided_by']}" if r.get("decided_by") else "",
                                            r.get("device_class") or "") if x)
