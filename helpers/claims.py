@@ -417,7 +417,9 @@ def _seen(claim: dict, args: dict, measured: float, ok: bool) -> str:
     if claimed == neutral:  # a claim like "speedup > 1": its direction is the comparison's
         claimed = neutral + (1 if args.get("op", ">") in (">", ">=") else -1)
     text = effect(claimed, measured, neutral, noise)
-    return f"{text}: {measured:.3g}{unit} vs claimed {claim['claimed_value']}{unit}"
+    shown = f"{args['op']} {number(claim['claimed_value']):.3g}" if "op" in args else \
+        f"{number(claim['claimed_value']):.3g}"
+    return f"{text}: {measured:.3g}{unit} vs claimed {shown}{unit}"
 
 
 def _not_measured(ev: Evidence, dotted: str, where: str = "") -> Verdict:
