@@ -272,7 +272,8 @@ def claims_table_html(audit) -> str:
                          '<col></colgroup><tr><th>id</th><th>the guide says (Chinese quote, English gloss)</th>'
                          '<th>verdict</th><th>why (evidence)</th></tr>')
             for r in rows.to_dict(orient="records"):
-                value = f"{r['claimed_value']} {r.get('unit', '')}".strip()
+                op = parse_args(r.get("args", "")).get("op", "") if r.get("rule") == "threshold" else ""
+                value = f"{op} {r['claimed_value']} {r.get('unit', '')}".strip()
                 about = {"npu": "about a 910B", "cuda": "about an A100"}.get(r.get("hardware", ""), "")
                 about += f" running {r['model']}" if r.get("model") else ""
                 shown_by = f" (run {r['elsewhere_run']})" if r.get("elsewhere_run") else ""
