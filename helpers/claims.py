@@ -851,8 +851,8 @@ def rule_npu_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
         return _judged(claim, ev, chapter, {}, ok, f"ladder step {before['rung']} -> {row['rung']}: "
                                                    f"{measured:.2f}x vs claimed {claimed:g}x (±{tol:.0%})",
                        measured, measured / claimed, "")
-    return Verdict(NEEDS["npu"], f"run {args.get('where', 'chapter 06 on an NPU')} (the options exist only "
-                                 "on an NPU)", "none")
+    return Verdict(NEEDS["npu"], f"run {args.get('where', 'chapter 06 on an NPU, where the options exist')}",
+                   "none")
 
 
 def rule_llama_rmsnorm(claim: dict, args: dict, ev: Evidence) -> Verdict:
