@@ -144,33 +144,59 @@ def plot_batching(results: dict, claims_table):
 
 
 def plot_int8(results: dict, claims_table):
-    """INT8 speed against quality (perplexity change), with the guide's speed claim as a line."""
+    """INT8 decode speedup beside the guide's three INT8 speedups, and the perplexity change, as bars.
+
+    Bars start at zero (speedup) or straddle it (perplexity), so a single measurement never becomes a
+    one-point axis. The guide's speedups are the expressions of claim C74 (its three INT8 figures).
+    """
     import matplotlib.pyplot as plt
 
     speed = _value(results, "05_int8_quantization.int8_decode_speedup_batch1")
     ppl = _value(results, "05_int8_quantization.int8_ppl_delta_pct")
     if speed is None and ppl is None:
         return None
-    fig, ax = plt.subplots(figsize=FIGSIZE)
-    if speed is not None and ppl is not None:
-        ax.scatter([ppl], [speed], s=60, zorder=3, label="INT8 measured here")
-        ax.annotate(f"{speed:.2f}x, {ppl:+.2f}% ppl", (ppl, speed), textcoords="offset points", xytext=(6, 6))
-    elif speed is not None:
-        ax.axhline(speed, color="#1f77b4", label=f"INT8 speedup measured here ({speed:.2f}x)")
-        ax.set_xticks([])
-        ax.text(0.5, 0.05, "perplexity not recorded in this run", transform=ax.transAxes, ha="center")
+    guide = _guide_int8_speedups(claims_table)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    labels = [f"guide: {expr} tok/s" for expr in guide] + (["measured here, batch 1"] if speed is not None else [])
+    values = list(guide.values()) + ([speed] if speed is not None else [])
+    colours = ["#ff7f0e"] * len(guide) + ["#1f77b4"] * (speed is not None)
+    if values:
+        left.barh(labels, values, color=colours)
+        for i, v in enumerate(values):
+            left.text(v, i, f" {v:.2f}x", va="center", fontsize=8)
+        left.axvline(1.0, color="black", lw=0.8)
+        left.set_xlim(0, max(values) * 1.25)
+    left.set_xlabel("INT8 / 16-bit decode tok/s (x, higher is faster)")
+    left.set_title("INT8 decode speedup", fontsize=10)
+    if ppl is not None:
+        right.barh([0], [ppl], color="#1f77b4", height=0.5)
+        right.set_yticks([])
+        span = max(abs(ppl) * 1.6, 0.5)
+        right.set_xlim(-span, span)
+        right.axvline(0, color="black", lw=0.8)
+        right.text(ppl, 0, f" {ppl:+.2f}%", va="center", ha="left" if ppl >= 0 else "right", fontsize=8)
+        right.set_title("perplexity change measured here\n(the guide gives no quality figure)", fontsize=9)
     else:
-        ax.axvline(ppl, color="#1f77b4", label=f"perplexity change measured here ({ppl:+.2f}%; no speed)")
-    claim = guide_value(claims_table, "05_int8_quantization.int8_decode_speedup_batch1")
-    if claim is not None:
-        ax.axhline(claim, color="#ff7f0e", ls="--", label=f"guide's claim {claim:.2f}x (no quality figure given)")
-    ax.axhline(1.0, color="black", lw=0.6)
-    ax.set_xlabel("perplexity change vs 16-bit (%)")
-    ax.set_ylabel("decode speedup (x)")
-    ax.set_title(f"INT8 speed vs quality on {_device(results, '05_int8_quantization')}")
-    ax.legend(fontsize=8)
+        right.text(0.5, 0.5, "perplexity not recorded in this run", ha="center", va="center",
+                   transform=right.transAxes)
+        right.set_yticks([])
+        right.set_title("perplexity change", fontsize=10)
+    right.set_xlabel("vs 16-bit (%, lower is better)")
+    fig.suptitle(f"INT8 on {_device(results, '05_int8_quantization')} (measured) vs the guide's 910B figures",
+                 fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _guide_int8_speedups(claims_table) -> dict:
+    """The guide's INT8 speedups as ``{expression: value}``, from the claims row that lists all three."""
+    for row in claims_table.to_dict(orient="records"):
+        args = parse_args(row["args"])
+        if row["rule"] == "consistency" and "others" in args and "/" in str(row["claimed_value"]) \
+                and "INT8" in str(row.get("gloss_en", "")):
+            exprs = [str(row["claimed_value"])] + args["others"].split(",")
+            return {e.strip(): number(e) for e in exprs}
+    return {}
 
 
 def plot_ladder(results: dict):
@@ -189,21 +215,123 @@ def plot_ladder(results: dict):
 
 
 def plot_verdicts(verdict_table):
-    """How many claims got each verdict."""
+    """How many claims fall in each verdict class (colours as in the claims report's badges)."""
     import matplotlib.pyplot as plt
 
-    from .claims import VERDICTS
+    from .claims import CLASS_COLOURS, verdict_counts
 
-    counts = verdict_table["verdict"].value_counts()
-    order = [v for v in VERDICTS if v in counts][::-1]
-    fig, ax = plt.subplots(figsize=FIGSIZE)
-    ax.barh(order, [counts[v] for v in order], color="#1f77b4")
-    for i, v in enumerate(order):
-        ax.text(counts[v], i, f" {counts[v]}", va="center")
+    counts = {k: v for k, v in verdict_counts(verdict_table).items() if v}
+    order = list(counts)[::-1]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(order) + 1.2))
+    ax.barh(order, [counts[c] for c in order], color=[CLASS_COLOURS[c] for c in order])
+    for i, c in enumerate(order):
+        ax.text(counts[c], i, f" {counts[c]}", va="center", fontsize=8)
+    ax.set_xlim(0, max(counts.values()) * 1.15)
     ax.set_xlabel("claims")
-    ax.set_title(f"Verdicts on {len(verdict_table)} claims of the two guides")
+    ax.set_title(f"Verdict classes of {len(verdict_table)} claims of the two guides", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+CLAIMS_PAGE_CSS = """
+*{box-sizing:border-box}
+body{font-family:system-ui,sans-serif;margin:0 auto;padding:1em 1.2em;max-width:1240px;line-height:1.4;color:#1f2328}
+h1{font-size:1.5em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #d0d7de}h3{font-size:1.05em;margin-top:1.2em}
+table{border-collapse:collapse;width:100%;table-layout:fixed;font-size:88%}
+td,th{border:1px solid #d0d7de;padding:4px 6px;vertical-align:top;text-align:left;overflow-wrap:anywhere;word-break:break-word}
+th{background:#f6f8fa}
+.claims col.id{width:4.5em}.claims col.claim{width:38%}.claims col.verdict{width:19%}
+.zh{font-family:"Noto Sans CJK SC","Noto Sans SC","Microsoft YaHei",sans-serif;background:#f6f8fa;padding:2px 4px;
+ white-space:pre-wrap;display:block;margin-bottom:3px}
+.en{display:block;color:#3b434b}.value{display:block;color:#57606a;font-size:92%;margin-top:2px}
+.badge{display:inline-block;color:#fff;border-radius:10px;padding:1px 8px;font-size:85%;font-weight:600;white-space:normal}
+.elsewhere{display:block;font-size:90%;color:#0969da;margin-top:3px}.by{display:block;font-size:85%;color:#57606a}
+.legend col.c{width:15em}.legend col.n{width:5em}
+img{max-width:100%;height:auto}
+"""
+
+
+def _badge(cls: str, text: str) -> str:
+    from .claims import CLASS_COLOURS
+
+    slug = cls.replace(" ", "-")
+    return (f'<span class="badge v-{slug}" data-verdict-class="{html.escape(cls)}" '
+            f'style="background:{CLASS_COLOURS.get(cls, "#57606a")}">{html.escape(text)}</span>')
+
+
+def claims_table_html(audit) -> str:
+    """The claims grouped by guide (seed) and section: quote + gloss, verdict badge, what decided it."""
+    from .claims import GUIDES
+
+    parts = []
+    for seed, by_seed in audit.groupby("seed", sort=False):
+        parts.append(f"<h2>{html.escape(GUIDES.get(seed, seed))}</h2>")
+        for section, rows in by_seed.groupby("section", sort=False):
+            parts.append(f"<h3>{html.escape(str(section))}</h3>")
+            parts.append('<table class="claims"><colgroup><col class="id"><col class="claim"><col class="verdict">'
+                         '<col></colgroup><tr><th>id</th><th>the guide says (Chinese quote, English gloss)</th>'
+                         '<th>verdict</th><th>why (evidence)</th></tr>')
+            for r in rows.to_dict(orient="records"):
+                op = parse_args(r.get("args", "")).get("op", "") if r.get("rule") == "threshold" else ""
+                value = f"{op} {r['claimed_value']} {r.get('unit', '')}".strip()
+                about = {"npu": "about a 910B", "cuda": "about an A100"}.get(r.get("hardware", ""), "")
+                about += f" running {r['model']}" if r.get("model") else ""
+                shown_by = f" (run {r['elsewhere_run']})" if r.get("elsewhere_run") else ""
+                elsewhere = (f'<span class="elsewhere">{html.escape(r["elsewhere"] + shown_by)}</span>'
+                             if r.get("elsewhere") else "")
+                by = ", ".join(x for x in (f"run {r['decided_by']}" if r.get("decided_by") else "",
+                                           r.get("device_class") or "") if x)
+                parts.append(
+                    f"<tr><td>{html.escape(r['id'])}</td>"
+                    f'<td><span class="zh" lang="zh">{html.escape(r["text_zh"])}</span>'
+                    f'<span class="en">{html.escape(r["gloss_en"])}</span>'
+                    f'<span class="value">claimed: {html.escape(value)}{"; " + about if about else ""}</span></td>'
+                    f"<td>{_badge(r['verdict_class'], r['verdict'])}{elsewhere}</td>"
+                    f"<td>{html.escape(r['detail'])}<span class=\"by\">evidence: {html.escape(r['evidence'])}"
+                    f"{'; decided by ' + html.escape(by) if by else ''}</span></td></tr>")
+            parts.append("</table>")
+    return "".join(parts)
+
+
+def claims_report_html(title: str, audit, blocks: list = ()) -> str:
+    """The claims report: legend with counts, the grouped claims, then ``blocks`` (as ``html_page``)."""
+    from .claims import VERDICT_CLASSES, verdict_counts
+
+    counts = verdict_counts(audit)
+    legend = "".join(f"<tr><td>{_badge(c, c)}</td><td>{counts[c]}</td><td>{html.escape(m)}</td></tr>"
+                     for c, m in VERDICT_CLASSES.items())
+    extra = []
+    for kind, content in blocks:
+        if content is None:
+            continue
+        if kind in ("h2", "h3", "p"):
+            extra.append(f"<{kind}>{html.escape(str(content))}</{kind}>")
+        elif kind == "table":
+            extra.append(content.to_html(index=False, na_rep="", border=0))
+        elif kind == "figure":
+            extra.append(f'<img alt="figure" src="data:image/png;base64,{figure_png_base64(content)}">')
+        else:
+            raise ValueError(f"block kind {kind!r}; use h2, h3, p, table or figure")
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title><style>{CLAIMS_PAGE_CSS}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1><p><em>Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from the runs' "
+            "results.json files; nothing re-measured. A verdict of reproduced or contradicted comes only from a "
+            "measurement on the hardware class a claim is about, with a comparable model; the same technique "
+            "measured elsewhere is shown in blue under the claim's own verdict.</em></p>"
+            f'<h2>Verdict classes</h2><table class="legend"><colgroup><col class="c"><col class="n"><col></colgroup>'
+            f'<tr><th>class</th><th>claims</th><th>meaning</th></tr>'
+            f"{legend}</table>{claims_table_html(audit)}{''.join(extra)}</body></html>")
+
+
+def write_claims_report(path: "str | Path", title: str, audit, blocks: list = ()) -> Path:
+    """Write ``claims_report_html`` atomically (readers never see half a page)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(claims_report_html(title, audit, blocks), encoding="utf-8")
+    tmp.replace(path)
+    return path
 
 
 # --- a code-free HTML page ---------------------------------------------------------------------

@@ -163,11 +163,13 @@ def test_failed_or_skipped_chapters_are_named(table, tmp_path):
 
 
 def test_guide_internal_inconsistencies(table, tmp_path):
-    out = claims.verdicts(tmp_path, table[table["rule"] == "consistency"])
-    by_value = dict(zip(out["claimed_value"], out["verdict"]))
-    assert by_value["16.2"] == "internally inconsistent"   # vs 16.5 and 16.6
-    assert by_value["38.5"] == "internally inconsistent"   # vs 29.3
-    assert by_value["6012"] == "internally consistent"     # 100 tokens at 16.6 tok/s
+    out = claims.verdicts(tmp_path, table[table["rule"] == "consistency"]).set_index("id")
+    assert out.loc["C38", "verdict"] == "internally inconsistent"   # 16.2 vs 16.5 and 16.6
+    assert out.loc["C41", "verdict"] == "internally inconsistent"   # 38.5 vs 29.3
+    assert out.loc["C54", "verdict"] == "internally consistent"     # 100 tokens at 16.6 tok/s
+    assert out.loc["C74", "verdict"] == "internally inconsistent"   # three INT8 speedups
+    assert out.loc["C64", "verdict"] == "internally inconsistent"   # the two seeds' first-token latencies
+    assert "other guide" in out.loc["C64", "detail"]
 
 
 def test_numbers_and_bad_rows():
@@ -238,7 +240,9 @@ def test_no_measurement_off_the_claimed_hardware_reproduces_or_contradicts(table
         measured[["id", "verdict", "detail"]].to_string()
     assert (measured["verdict_class"] == "measured on other hardware").all()
     assert measured["elsewhere"].str.contains(cls).all()
-    assert (measured["device_class"] == cls).all()
+    # the measurement elsewhere did not decide the claim: no deciding run, but the run that showed it
+    assert (measured["decided_by"] == "").all() and (measured["device_class"] == "").all()
+    assert (measured["elsewhere_run"] == tmp_path.name).all()
 
 
 def test_same_values_on_the_claimed_hardware_do_decide(table, tmp_path):
@@ -286,3 +290,222 @@ def test_verdict_classes_cover_every_verdict():
 @pytest.mark.parametrize("measured,expected", [(3.0, "same effect"), (0.5, "opposite effect"), (1.02, "no effect")])
 def test_effect_direction(measured, expected):
     assert claims.effect(3.2, measured, 1.0, 0.05) == expected
+
+
+# --- every rule kind can go both ways ------------------------------------------------------------
+
+def _claim(rule, claimed, args, unit="", hardware="", model="", cid="T1"):
+    return pd.DataFrame([{"id": cid, "seed": "fixture", "section": "fixture", "text_zh": "测试",
+                          "gloss_en": "fixture", "kind": "fact", "claimed_value": claimed, "unit": unit,
+                          "hardware": hardware, "model": model, "rule": rule, "args": args}])
+
+
+def _npu(run_dir, chapter, metrics=None, tables=None, **fields):
+    res = _chapter(run_dir, chapter, {k: (v, "npu:0") for k, v in (metrics or {}).items()}, tables,
+                   model=LLAMA, device="npu:0")
+    for key, value in fields.items():  # extra fields beside the first metric
+        first = next(iter(res.data["metrics"]))
+        res.data["metrics"][first][key] = value
+    res.save()
+
+
+LADDER = [{"rung": "native eager", "status": "ok", "tokens_per_s": 10.0, "peak_memory_bytes": 13.9e9},
+          {"rung": "+ fused operators", "status": "ok", "tokens_per_s": 12.0, "peak_memory_bytes": 13.9e9},
+          {"rung": "+ graph mode", "status": "ok", "tokens_per_s": 13.0, "peak_memory_bytes": 13.9e9},
+          {"rung": "+ runtime options", "status": "ok", "tokens_per_s": 17.4, "peak_memory_bytes": 13.9e9},
+          {"rung": "+ INT8", "status": "ok", "tokens_per_s": 25.0, "peak_memory_bytes": 7.6e9}]
+
+
+def _ladder(run_dir, **change):
+    rows = [dict(r, **change.get(r["rung"], {})) for r in LADDER]
+    _npu(run_dir, "06_optimization_ladder", {"ladder_tok_s_INT8": rows[-1]["tokens_per_s"]}, {"ladder": rows})
+
+
+def _rn_table(prefill, decode):
+    return {"residual_norm_graph": [
+        {"case": "prefill", "mode": "eager", "median_ms": 1.0}, {"case": "prefill", "mode": "graph (x)", "median_ms": 1 / prefill},
+        {"case": "decode", "mode": "eager", "median_ms": 1.0}, {"case": "decode", "mode": "graph (x)", "median_ms": 1 / decode}]}
+
+
+def _api_table(run_dir, name, live, documented):
+    _chapter(run_dir, "00_environment_check", tables={"api_check": [
+        {"guide_name": name, "real_api": "x", "documented": documented, "exists_here": live}]}, device="npu:0")
+
+
+NOT_INF = "why=training only"
+BOTH_WAYS = [
+    # (rule, claimed, unit, hardware, model, args, setup(run_dir) or None, expected verdict)
+    ("api", "n", "", "", "", "name=torch_npu.npu.rms_norm", None, "API does not exist"),
+    ("api", "n", "", "", "", "name=torch_npu.npu.rms_norm",
+     lambda d: _api_table(d, "torch_npu.npu.rms_norm", True, "does not exist"), "API exists"),
+    ("api", "n", "", "", "", "name=torch.npu.config.allow_internal_format",
+     lambda d: _api_table(d, "torch.npu.config.allow_internal_format", False, "exists (set-only)"), "API exists"),
+    ("api", "n", "", "", "", "name=torch.npu.config.allow_internal_format",
+     lambda d: _api_table(d, "torch.npu.config.allow_internal_format", False, "exists"), "API does not exist"),
+    ("python_api", "n", "", "", "", "name=transformers.BitsAndBytesConfig;params=load_in_8bit", None, "API exists"),
+    ("python_api", "n", "", "", "", "name=transformers.BitsAndBytesConfig;params=load_in_9bit", None,
+     "API does not exist"),
+    ("ratio", "3.2", "x", "npu", "llama2-7b", "metric=04_batching.r;tolerance=0.25",
+     lambda d: _npu(d, "04_batching", {"r": 3.0}), "reproduced"),
+    ("ratio", "3.2", "x", "npu", "llama2-7b", "metric=04_batching.r;tolerance=0.25",
+     lambda d: _npu(d, "04_batching", {"r": 1.5}), "contradicted"),
+    ("at_least", "3", "x", "npu", "", "metric=01_operator_verification.s",
+     lambda d: _npu(d, "01_operator_verification", {"s": 3.5}), "reproduced"),
+    ("at_least", "3", "x", "npu", "", "metric=01_operator_verification.s",
+     lambda d: _npu(d, "01_operator_verification", {"s": 1.1}), "contradicted"),
+    ("threshold", "1e-3", "", "npu", "", "metric=02_ffn_fusion.d;op=<",
+     lambda d: _npu(d, "02_ffn_fusion", {"d": 5e-4}), "reproduced"),
+    ("threshold", "1e-3", "", "npu", "", "metric=02_ffn_fusion.d;op=<",
+     lambda d: _npu(d, "02_ffn_fusion", {"d": 5e-3}), "contradicted"),
+    ("threshold", "1e-2", "", "npu", "", "metric=02_ffn_fusion.d;op=>;requires=weight_contiguous_at_op:false",
+     lambda d: _npu(d, "02_ffn_fusion", {"d": 0.05}, weight_contiguous_at_op=False), "reproduced"),
+    ("threshold", "1e-2", "", "npu", "", "metric=02_ffn_fusion.d;op=>;requires=weight_contiguous_at_op:false",
+     lambda d: _npu(d, "02_ffn_fusion", {"d": 1e-4}, weight_contiguous_at_op=False), "contradicted"),
+    ("threshold", "1e-2", "", "npu", "", "metric=02_ffn_fusion.d;op=>;requires=weight_contiguous_at_op:false",
+     lambda d: _npu(d, "02_ffn_fusion", {"d": 0.05}, weight_contiguous_at_op=True), "not measured in this run"),
+    ("speedup_every_shape", "1", "x", "npu", "", "table=02_ffn_fusion.residual_norm_graph;slow=eager;fast=graph",
+     lambda d: _npu(d, "02_ffn_fusion", {"x": 1}, _rn_table(1.5, 1.2)), "reproduced"),
+    ("speedup_every_shape", "1", "x", "npu", "", "table=02_ffn_fusion.residual_norm_graph;slow=eager;fast=graph",
+     lambda d: _npu(d, "02_ffn_fusion", {"x": 1}, _rn_table(1.5, 0.7)), "contradicted"),
+    ("bound", "16.5", "tok/s", "npu", "llama2-7b", "device=910B1;metric=03_end_to_end.t",
+     lambda d: _npu(d, "03_end_to_end", {"t": 16.0}), "reproduced"),
+    ("bound", "16.5", "tok/s", "npu", "llama2-7b", "device=910B1;metric=03_end_to_end.t",
+     lambda d: _npu(d, "03_end_to_end", {"t": 5.0}), "contradicted"),
+    ("bound", "2500", "tok/s", "npu", "llama2-7b", "device=910B1;metric=03_end_to_end.t", None, "physically impossible"),
+    ("weight_memory", "13.6", "GB", "npu", "llama2-7b", "peak=06_optimization_ladder.ladder[0].peak_memory_bytes",
+     lambda d: _ladder(d), "reproduced"),
+    ("weight_memory", "13.6", "GB", "npu", "llama2-7b", "peak=06_optimization_ladder.ladder[0].peak_memory_bytes",
+     lambda d: _ladder(d, **{"native eager": {"peak_memory_bytes": 20e9}}), "contradicted"),
+    ("weight_memory", "7.8", "GB", "npu", "llama2-7b", "weights=int8;peak=06_optimization_ladder.ladder[INT8].peak_memory_bytes",
+     lambda d: _ladder(d), "reproduced"),
+    ("weight_memory", "5", "GB", "npu", "llama2-7b", "weights=float16", None, "physically impossible"),
+    ("fits", "x", "", "npu", "", "model=llama2-13b;device=910B1", None, "disagrees with sources"),
+    ("fits", "x", "", "npu", "", "model=llama2-70b;device=910B1", None, "agrees with sources"),
+    ("spec", "64", "GB", "npu", "", "device=910B1;column=memory_gb", None, "agrees with sources"),
+    ("spec", "32", "GB", "npu", "", "device=910B1;column=memory_gb", None, "disagrees with sources"),
+    ("spec", "600", "TOPS", "npu", "", "device=910B1;derive_from=fp16_tflops;factor=2;factor_source=s", None,
+     "agrees with sources"),
+    ("spec", "256", "TOPS", "npu", "", "device=910B1;derive_from=fp16_tflops;factor=2;factor_source=s", None,
+     "disagrees with sources"),
+    ("spec", "1000", "TOPS", "npu", "", "device=910B1;derive_from=fp16_tflops;factor=2;factor_source=s", None,
+     "physically impossible"),
+    ("pairing", "x", "", "", "", "torch_npu=2.1;cann=8.0", None, "agrees with sources"),
+    ("pairing", "x", "", "", "", "torch_npu=2.3;cann=8.0", None, "disagrees with sources"),
+    ("consistency", "0.4", "x", "", "", "expr=16.5/42.8;tolerance=0.05", None, "internally consistent"),
+    ("consistency", "0.5", "x", "", "", "expr=16.5/42.8;tolerance=0.05", None, "internally inconsistent"),
+    ("consistency", "6012", "ms", "", "", "rate=16.6;tokens=100", None, "internally consistent"),
+    ("consistency", "6012", "ms", "", "", "rate=16.6;tokens=200", None, "internally inconsistent"),
+    ("npu_ratio", "1.34", "x", "npu", "llama2-7b", "rung=runtime", lambda d: _ladder(d), "reproduced"),
+    ("npu_ratio", "1.34", "x", "npu", "llama2-7b", "rung=runtime",
+     lambda d: _ladder(d, **{"+ runtime options": {"tokens_per_s": 13.1}}), "contradicted"),
+    ("llama2_config", "11008", "", "", "", "key=intermediate_size", None, "reproduced"),
+    ("llama2_config", "14336", "", "", "", "key=intermediate_size", None, "contradicted"),
+    ("shape_check", "runs", "", "", "", "x=1,4,8;weight=16,8", None, "reproduced"),
+    ("shape_check", "runs", "", "", "", "x=1,4,8;weight=8,16", None, "contradicted"),
+    ("torch_autoload", "x", "", "", "", "image_torch=2.1.0", None, "agrees with sources"),
+    ("torch_autoload", "x", "", "", "", "image_torch=2.6.0", None, "disagrees with sources"),
+    ("fp16_spacing", "1e-3", "", "", "", "k=4096", None, "internally inconsistent"),
+    ("fp16_spacing", "1e-3", "", "", "", "k=1", None, "internally consistent"),
+    ("hf_endpoint", "x", "", "", "", "variable=HF_ENDPOINT;value=https://hf-mirror.com", None, "reproduced"),
+    ("hf_endpoint", "x", "", "", "", "variable=HF_MIRROR_URL;value=https://hf-mirror.com", None, "contradicted"),
+    ("pad_token", "runs", "", "", "", "pad_token=none", None, "contradicted"),
+    ("pad_token", "runs", "", "", "", "pad_token=eos", None, "reproduced"),
+]
+# Rules whose verdict is data in the table (a documented source, a stated reason), not a check.
+FIXED = {"documented", "unmeasured", "not_inference"}
+
+
+@pytest.mark.parametrize("case", BOTH_WAYS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BOTH_WAYS)])
+def test_rule_verdict(case, tmp_path):
+    rule, claimed, unit, hardware, model, args, setup, expected = case
+    if setup is not None:
+        setup(tmp_path)
+    v = claims.verdicts(tmp_path, _claim(rule, claimed, args, unit, hardware, model)).iloc[0]
+    assert v["verdict"] == expected, v["detail"]
+    if v["verdict"] in ("reproduced", "contradicted") and hardware:
+        assert v["decided_by"] == tmp_path.name and v["device_class"] == hardware
+
+
+def test_every_checking_rule_has_cases_both_ways():
+    verdicts_by_rule = {}
+    for rule, *_, expected in BOTH_WAYS:
+        verdicts_by_rule.setdefault(rule, set()).add(expected)
+    monkeypatched = {"llama_rmsnorm", "compile_generate"}  # both ways in test_llama_rmsnorm_and_compile_...
+    missing = set(claims.RULES) - FIXED - monkeypatched - set(verdicts_by_rule)
+    assert not missing, f"rules without both-way cases: {missing}"
+    assert all(len(v) >= 2 for v in verdicts_by_rule.values()), verdicts_by_rule
+
+
+def test_llama_rmsnorm_and_compile_rules_can_fail(monkeypatch, tmp_path):
+    import torch
+    from transformers.models.llama import modeling_llama
+
+    row = _claim("llama_rmsnorm", "formula", "")
+    assert claims.verdicts(tmp_path, row).iloc[0]["verdict"] == "reproduced"
+
+    class Biased(modeling_llama.LlamaRMSNorm):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.bias = torch.nn.Parameter(torch.zeros(a[0]))
+
+    monkeypatch.setattr(modeling_llama, "LlamaRMSNorm", Biased)
+    assert claims.verdicts(tmp_path, row).iloc[0]["verdict"] == "contradicted"
+
+    row = _claim("compile_generate", "compiled", "")
+    assert claims.verdicts(tmp_path, row).iloc[0]["verdict"] == "contradicted"
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)
+    assert claims.verdicts(tmp_path, row).iloc[0]["verdict"] == "reproduced"
+
+
+def test_fixed_verdict_rules_state_their_source(table):
+    fixed = table[table["rule"].isin(FIXED)]
+    for row in fixed.to_dict(orient="records"):
+        args = claims.parse_args(row["args"])
+        assert len(args.get("source") or args.get("note") or args.get("why") or "") > 40, row["id"]
+
+
+def test_speedup_at_every_shape_on_a_cpu_is_mixed(tmp_path):
+    _chapter(tmp_path, "02_ffn_fusion", {"x": (1, "cpu")}, _rn_table(1.5, 0.7), device="cpu")
+    row = _claim("speedup_every_shape", "1", "table=02_ffn_fusion.residual_norm_graph;slow=eager;fast=graph", "x",
+                 "npu")
+    v = claims.verdicts(tmp_path, row).iloc[0]
+    assert v["verdict"] == "needs an NPU to check" and v["elsewhere"].startswith("mixed effect on cpu")
+
+
+# --- the claims report page ------------------------------------------------------------------------
+
+def test_claims_page_groups_rows_and_badges_every_verdict(table, tmp_path):
+    import re
+
+    from helpers import report
+
+    audit = claims.verdicts(tmp_path, table)
+    page = report.claims_report_html("t", audit)
+    badges = re.findall(r'data-verdict-class="([^"]+)"', page)
+    # one badge per class in the legend, then one per claim
+    assert len(badges) == len(claims.VERDICT_CLASSES) + len(audit)
+    assert set(badges) <= set(claims.VERDICT_CLASSES)
+    for seed in set(audit["seed"]):
+        assert claims.GUIDES[seed].split(" ")[0] in page
+    for section in set(audit["section"]):
+        assert f"<h3>{section}" in page.replace("&amp;", "&") or section in page
+    row = audit.iloc[0]
+    assert row["text_zh"].split()[0] in page and row["gloss_en"][:30] in page
+    assert "table-layout:fixed" in page and "overflow-wrap:anywhere" in page
+
+
+def test_int8_plot_is_not_a_one_point_axis(table, tmp_path):
+    import matplotlib.pyplot as plt
+
+    from helpers import report
+    from helpers.results import load_all
+
+    _chapter(tmp_path, "05_int8_quantization", {"int8_decode_speedup_batch1": (1.65, "cpu"),
+                                                "int8_ppl_delta_pct": (0.36, "cpu")})
+    fig = report.plot_int8(load_all(tmp_path), table)
+    speed_ax, ppl_ax = fig.axes
+    assert speed_ax.get_xlim()[0] == 0 and speed_ax.get_xlim()[1] > 2.38  # the guide's largest speedup fits
+    low, high = ppl_ax.get_xlim()
+    assert low < 0 < 0.36 < high and high - low >= 0.5
+    assert len(speed_ax.patches) == 4  # three guide figures and the measurement
+    plt.close(fig)

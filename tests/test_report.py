@@ -88,8 +88,13 @@ def test_report_notebook_renders_through_the_runner(tmp_path):
     data = load_results(run_dir, "07_report")
     assert data["status"] == "ok"
     assert data["metrics"]["claims_total"]["value"] == len(claims.load_claims())
-    verdicts = {row["id"]: row["verdict"] for row in data["tables"]["claims"]}
-    assert "reproduced" in verdicts.values()  # batch 4 throughput 3.0 vs the guide's 3.2
+    rows = {row["id"]: row for row in data["tables"]["claims"]}
+    # batch 4 throughput 3.0 on a CPU vs the guide's 3.2 on a 910B: the technique's effect, not a verdict
+    assert rows["C42"]["verdict"] == "needs an NPU to check"
+    assert rows["C42"]["verdict_class"] == "measured on other hardware"
+    assert rows["C42"]["elsewhere"].startswith("same effect on cpu")
+    counts = {row["verdict_class"]: row["claims"] for row in data["tables"]["verdict_counts"]}
+    assert sum(counts.values()) == len(rows) and counts["reproduced"] >= 1  # computed, device-independent
     assert [a["label"] for a in data["artifacts"]] == ["claims audit (HTML, no code)"]
     assert (run_dir / data["artifacts"][0]["path"]).exists()
     assert "claims audit" in (run_dir / "index.html").read_text()
