@@ -393,6 +393,8 @@ KEY_FIGURE_LABELS: dict[str, tuple[str, str]] = {
     "decode_roofline_pct": ("batch-1 decode as share of the bandwidth ceiling", "higher"),
     "graph_mode_decode_speedup": ("graph-mode decode speedup over eager", "higher"),
     "graph_compiled_graphs": ("graphs compiled for decode", "lower"),
+    "decode_kernel_floor_gbps": ("decode matmuls timed alone, achieved bandwidth", "higher"),
+    "decode_overhead_share_pct": ("share of the eager decode step outside the matmul kernels", "lower"),
     "graph_compile_s": ("graph compile time", "lower"),
     "batched_outputs_match": ("batched outputs match unbatched", ""),
     "batched_outputs_match_working_dtype": ("batched outputs match unbatched (working dtype)", ""),
