@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from .backend import as_device, dtype_name, parse_dtype, pick_device
+from .compat import drop_quantization_config
 
 EMBEDDED_MODEL = "smollm2-135m"
 TINY_MODEL = "tiny-random"
@@ -109,8 +110,7 @@ def convert_embedded(cache_dir=None, force: bool = False) -> Path:
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                          dtype=torch.float32, local_files_only=True)
             # save_pretrained refuses GGUF-"quantised" models although the weights are dense.
-            if getattr(model, "hf_quantizer", None) is not None:
-                model.hf_quantizer.remove_quantization_config(model)
+            drop_quantization_config(model)
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         if force and target.exists():
