@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -21,7 +22,7 @@ FAKE_TORCH = 'import types\n__version__ = "{version}"\nnpu = None\ncuda = types.
 
 
 def fake_site(tmp_path: Path, torch_npu_body: str, torch_version: str = "2.1.0",
-              numpy_version: "str | None" = None) -> Path:
+              numpy_version: Optional[str] = None) -> Path:
     site = tmp_path / "site"
     (site / "torch").mkdir(parents=True)
     (site / "torch" / "__init__.py").write_text(FAKE_TORCH.format(version=torch_version))
