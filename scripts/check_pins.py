@@ -30,12 +30,17 @@ INDEX_URL = os.environ.get("WORKBOOK_PIP_INDEX_URL", "https://pypi.org/simple")
 # OS in the matrix); HCE 2.0 and Ubuntu 22.04 images have a newer glibc and accept these wheels too.
 ARCHES = ("x86_64", "aarch64")
 GLIBC_MINOR_MAX = 28
+# image_torch: the torch an image brings, exact (a range lets pip backtrack through every release):
+# the oldest of the set's range that has wheels for that Python. pinned_torch: what setup installs
+# where no image torch is reused (scripts/choose_pin_set.py).
 CLAIMS = {
     "current": {"requirements": "requirements-common.txt", "python": ("3.11", "3.12"),
-                "image_torch": "torch>=2.6", "pinned_torch": {"3.11": "torch==2.13.0", "3.12": "torch==2.13.0"},
+                "image_torch": {"3.11": "torch==2.6.0", "3.12": "torch==2.6.0"},
+                "pinned_torch": {"3.11": "torch==2.13.0", "3.12": "torch==2.13.0"},
                 "extra": ("requirements.txt",)},
     "legacy": {"requirements": "requirements-legacy.txt", "python": ("3.9", "3.10", "3.11", "3.12"),
-               "image_torch": "torch>=2.1,<2.6",
+               "image_torch": {"3.9": "torch==2.1.0", "3.10": "torch==2.1.0", "3.11": "torch==2.1.0",
+                               "3.12": "torch==2.2.0"},
                "pinned_torch": {"3.9": "torch==2.8.0", "3.10": "torch==2.13.0", "3.11": "torch==2.13.0",
                                 "3.12": "torch==2.13.0"},
                "extra": ()},
@@ -63,7 +68,7 @@ def clean_pip_env() -> Dict[str, str]:
 
 
 def resolve(requirement_args: List[str], python: str, arch: str, constraints: str = "",
-            python_exe: str = sys.executable, timeout: int = 600) -> subprocess.CompletedProcess:
+            python_exe: str = sys.executable, timeout: int = 1200) -> subprocess.CompletedProcess:
     """Ask pip whether ``requirement_args`` resolve to wheels for ``python`` on ``arch``."""
     with tempfile.TemporaryDirectory(prefix="pin-check-") as tmp:
         cmd = [python_exe, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
@@ -85,9 +90,10 @@ def claimed_checks() -> List[Tuple[str, str, str, List[str], str]]:
         for python in claim["python"]:
             for arch in ARCHES:
                 where = f"{name} set, Python {python}, linux {arch}"
-                # On an image: the set next to the image's torch (any release of the claimed range).
-                checks.append((f"{where}, image torch ({claim['image_torch']})", python, arch,
-                               ["-r", claim["requirements"], "torch"], claim["image_torch"]))
+                # On an image: the set next to the image's torch.
+                image_torch = claim["image_torch"][python]
+                checks.append((f"{where}, image {image_torch}", python, arch,
+                               ["-r", claim["requirements"], image_torch], ""))
                 # Elsewhere: the set with the torch that setup pins for this Python.
                 pinned = claim["pinned_torch"][python]
                 extra = [arg for path in claim["extra"] for arg in ("-r", path)]
