@@ -35,7 +35,7 @@ test: setup
 test-legacy:
 	@WORKBOOK_PIN_SET=legacy USE_SYSTEM_TORCH=0 VENV=$(LEGACY_VENV) bash scripts/setup.sh
 	$(LEGACY_VENV)/bin/python -c "import transformers, numpy, torch; print('legacy venv: transformers', transformers.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
-	$(LEGACY_VENV)/bin/python -m pytest -m "not notebooks and not pins" -q $(ARGS)
+	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m pytest -m "not notebooks and not pins" -q $(ARGS)
 	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m helpers.run --profile quick --only 00 03 --run-id $(LEGACY_RUN_ID)
 
 ## JupyterLab on the notebooks with the project's kernel (workshops, ModelArts).

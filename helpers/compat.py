@@ -254,6 +254,18 @@ def dynamic_cache(config):
     return DynamicCache()
 
 
+def converted_model_folder(name: str, version: Optional[str] = None) -> str:
+    """The cache folder name for a model converted (saved) by this transformers line.
+
+    A folder written by transformers 5.x does not load correctly on 4.57: the tokenizer class
+    (``TokenizersBackend``) is unknown there, and 4.57 ignores 5.x's ``rope_parameters`` and would
+    silently fall back to the default RoPE theta. So each line converts into its own folder; the
+    5.x folder keeps the plain name that existing caches already use.
+    """
+    line = transformers_line(version)
+    return name if line == "5.x" else f"{name}-transformers{line[0]}"
+
+
 def drop_quantization_config(model) -> None:
     """Let ``save_pretrained`` write a model loaded from GGUF (its weights are dense after loading).
 

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from .backend import as_device, dtype_name, parse_dtype, pick_device
-from .compat import drop_quantization_config
+from .compat import converted_model_folder, drop_quantization_config
 
 EMBEDDED_MODEL = "smollm2-135m"
 TINY_MODEL = "tiny-random"
@@ -85,7 +85,8 @@ def _quiet_loading():
 
 
 def embedded_cache_dir(cache_dir=None) -> Path:
-    return cache_root(cache_dir) / "models" / EMBEDDED_MODEL
+    # One folder per transformers line: a 5.x conversion does not load correctly on 4.57.
+    return cache_root(cache_dir) / "models" / converted_model_folder(EMBEDDED_MODEL)
 
 
 def convert_embedded(cache_dir=None, force: bool = False) -> Path:

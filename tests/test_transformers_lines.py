@@ -111,3 +111,13 @@ def test_drop_quantization_config_with_and_without_a_quantizer():
     assert not hasattr(leftover.config, "quantization_config")
     assert not hasattr(leftover.config, "_pre_quantization_dtype")
     compat.drop_quantization_config(types.SimpleNamespace(config=types.SimpleNamespace()))  # nothing to do
+
+
+def test_each_transformers_line_converts_into_its_own_cache_folder(tmp_path):
+    assert compat.converted_model_folder("smollm2-135m", "5.24.0") == "smollm2-135m"
+    assert compat.converted_model_folder("smollm2-135m", "4.57.6") == "smollm2-135m-transformers4"
+    from helpers.models import embedded_cache_dir
+
+    folder = embedded_cache_dir(tmp_path)
+    assert folder.parent == tmp_path / "models"
+    assert folder.name == compat.converted_model_folder("smollm2-135m")
