@@ -268,3 +268,14 @@ def test_make_passes_use_system_torch_to_setup(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--system-site-packages" in proc.stdout and "requirements-legacy.txt" in proc.stdout
+
+
+@pytest.mark.parametrize("reported,code", [("4.57.6", 0), ("5.24.0", 1), (None, 1)])
+def test_the_legacy_run_check_reads_chapter_00s_transformers(tmp_path, reported, code):
+    chapter = tmp_path / "run" / "00_environment_check"
+    chapter.mkdir(parents=True)
+    if reported is not None:
+        (chapter / "results.json").write_text('{"environment": {"transformers": "%s"}}' % reported)
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "check_legacy_run.py"), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stdout + proc.stderr
