@@ -140,8 +140,10 @@ def byte_tokenizer():
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
+    # No token_type_ids: transformers 4.57 returns them by default and its generate rejects them.
     return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>", pad_token="<|pad|>")
+                                   eos_token="<|endoftext|>", pad_token="<|pad|>",
+                                   model_input_names=["input_ids", "attention_mask"])
 
 
 def tiny_llama(seed: int = 0, hidden_size: int = 64, layers: int = 2, heads: int = 4,
