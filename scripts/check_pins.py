@@ -67,13 +67,43 @@ def clean_pip_env() -> Dict[str, str]:
     return env
 
 
+def stub_torch_wheel(folder: Path, version: str) -> str:
+    """A dependency-free ``torch <version>+stub`` wheel in ``folder``; returns its requirement.
+
+    pip evaluates environment markers for the machine it runs on, not for --platform: checking
+    aarch64 from an x86_64 machine would demand torch's x86_64-only dependencies (nvidia-*,
+    triton). torch's own dependencies are the image's or torch's business; the sets are checked
+    against a torch of the right version, and the pinned torch wheel separately (--no-deps).
+    """
+    import zipfile
+
+    name = f"torch-{version}+stub"
+    info = f"torch-{version}+stub.dist-info"
+    path = folder / f"{name}-py3-none-any.whl"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}+stub\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: check_pins\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    return f"torch=={version}+stub"
+
+
 def resolve(requirement_args: List[str], python: str, arch: str, constraints: str = "",
-            python_exe: str = sys.executable, timeout: int = 1200) -> subprocess.CompletedProcess:
-    """Ask pip whether ``requirement_args`` resolve to wheels for ``python`` on ``arch``."""
+            python_exe: str = sys.executable, timeout: int = 1200,
+            torch_stub: Optional[str] = None, no_deps: bool = False) -> subprocess.CompletedProcess:
+    """Ask pip whether ``requirement_args`` resolve to wheels for ``python`` on ``arch``
+    (with ``torch_stub``: next to a dependency-free torch of that version)."""
     with tempfile.TemporaryDirectory(prefix="pin-check-") as tmp:
         cmd = [python_exe, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                "--only-binary", ":all:", "--python-version", python, *platform_args(arch),
                "--target", str(Path(tmp) / "target"), "--index-url", INDEX_URL]
+        if no_deps:
+            cmd.append("--no-deps")
+        if torch_stub:
+            cmd += ["--find-links", tmp]
+            requirement_args = [*requirement_args, stub_torch_wheel(Path(tmp), torch_stub)]
         if constraints:
             cfile = Path(tmp) / "constraints.txt"
             cfile.write_text(constraints + "\n")
@@ -83,8 +113,8 @@ def resolve(requirement_args: List[str], python: str, arch: str, constraints: st
                               timeout=timeout)
 
 
-def claimed_checks() -> List[Tuple[str, str, str, List[str], str]]:
-    """(label, python, arch, requirement args, constraints) for every claim of CLAIMS."""
+def claimed_checks() -> List[Tuple[str, str, str, List[str], dict]]:
+    """(label, python, arch, requirement args, resolve() options) for every claim of CLAIMS."""
     checks = []
     for name, claim in CLAIMS.items():
         for python in claim["python"]:
@@ -92,19 +122,21 @@ def claimed_checks() -> List[Tuple[str, str, str, List[str], str]]:
                 where = f"{name} set, Python {python}, linux {arch}"
                 # On an image: the set next to the image's torch.
                 image_torch = claim["image_torch"][python]
-                checks.append((f"{where}, image {image_torch}", python, arch,
-                               ["-r", claim["requirements"], image_torch], ""))
-                # Elsewhere: the set with the torch that setup pins for this Python.
+                checks.append((f"{where}, next to image {image_torch}", python, arch,
+                               ["-r", claim["requirements"]], {"torch_stub": image_torch.split("==")[1]}))
+                # Elsewhere: the set (plus torchao for current) next to the torch setup pins, and
+                # that torch's own wheel for this Python and platform.
                 pinned = claim["pinned_torch"][python]
                 extra = [arg for path in claim["extra"] for arg in ("-r", path)]
-                checks.append((f"{where}, {pinned}", python, arch,
-                               ["-r", claim["requirements"], *extra, pinned], ""))
+                checks.append((f"{where}, next to pinned {pinned}", python, arch,
+                               ["-r", claim["requirements"], *extra], {"torch_stub": pinned.split("==")[1]}))
+                checks.append((f"{where}, pinned {pinned} wheel", python, arch, [pinned], {"no_deps": True}))
     return checks
 
 
 def first_error(proc: subprocess.CompletedProcess) -> str:
     lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
-    errors = [line for line in lines if "ERROR" in line or "requires a different Python" in line]
+    errors = [line for line in lines if line.startswith("ERROR") and "Ignored the following" not in line]
     return (errors or lines or ["(no output)"])[0][:300]
 
 
@@ -113,8 +145,8 @@ def run_all(workers: int = 4) -> List[Tuple[str, Optional[str]]]:
     checks = claimed_checks()
 
     def one(check):
-        label, python, arch, args, constraints = check
-        proc = resolve(args, python, arch, constraints)
+        label, python, arch, args, options = check
+        proc = resolve(args, python, arch, **options)
         return label, (None if proc.returncode == 0 else first_error(proc))
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
