@@ -14,7 +14,13 @@ export PYTHON VENV USE_SYSTEM_TORCH SETUP_DRY_RUN
 WORKSHOP_DIR ?=
 WORKSHOP_REPORT ?= 0
 
-.PHONY: setup report test lab compare clean-reports check-notebooks workshop-prep
+# The legacy pinned set (transformers 4.57.x, numpy 1.x) in its own venv, with this machine's Python.
+LEGACY_VENV ?= .venv-legacy
+LEGACY_RUN_ID ?= legacy-quick
+# Its own model cache: the embedded GGUF is converted under transformers 4.57 (that is tested too).
+LEGACY_CACHE ?= $(LEGACY_VENV)/model-cache
+
+.PHONY: setup report test test-legacy lab compare clean-reports check-notebooks workshop-prep
 
 setup:
 	@bash scripts/setup.sh
@@ -26,6 +32,16 @@ report: setup
 ## Unit tests, then every notebook executed with the `quick` profile.
 test: setup
 	$(PY) -m pytest $(ARGS)
+
+## The legacy set for real: build $(LEGACY_VENV) from requirements-legacy.txt with the pinned CPU
+## torch, then run the unit tests (the pin check runs once, in make test) and chapters 00 and 03
+## (quick profile) under transformers 4.57.x.
+test-legacy:
+	@WORKBOOK_PIN_SET=legacy USE_SYSTEM_TORCH=0 VENV=$(LEGACY_VENV) bash scripts/setup.sh
+	$(LEGACY_VENV)/bin/python -c "import transformers, numpy, torch; print('legacy venv: transformers', transformers.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
+	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m pytest -m "not notebooks and not pins" -q $(ARGS)
+	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m helpers.run --profile quick --only 00 03 --run-id $(LEGACY_RUN_ID)
+	$(LEGACY_VENV)/bin/python scripts/check_legacy_run.py reports/$(LEGACY_RUN_ID)
 
 ## Several runs on one page: make compare RUNS="reports/a reports/b" -> reports/compare-<id>/index.html
 RUNS ?=

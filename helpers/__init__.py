@@ -1,6 +1,6 @@
 """Reusable code of the ascend-llama-workbook; each module names the notebook that teaches it.
 
-Importing ``helpers`` checks the support floor (Python >= 3.10, torch >= 2.1, the transformers
+Importing ``helpers`` checks the support floor (Python >= 3.9, torch >= 2.1, the transformers
 range of the notebooks) with a clear message, and sets quiet defaults for notebook output (no
 progress bars, no torchao .so noise).
 
@@ -10,14 +10,16 @@ the message below instead of a SyntaxError: no f-strings with '=', no walrus, no
 import os
 import sys
 
-MIN_PYTHON = (3, 10)
+MIN_PYTHON = (3, 9)
 MIN_TORCH = (2, 1, 0)
 
 if sys.version_info < MIN_PYTHON:
     raise ImportError(
         "ascend-llama-workbook needs Python >= %d.%d, this is %s. On ModelArts pick an image with "
-        "Python 3.10+ and torch >= 2.1 (for example a PyTorch 2.1+ / CANN 8.x image), not the "
-        "guide's euler2.9-py38-torch2.1.0 image." % (MIN_PYTHON + (sys.version.split()[0],))
+        "Python 3.9+ and torch >= 2.1, for example pytorch_2.1.0-cann_8.0.rc2-py_3.9-euler_2.10.7-"
+        "aarch64-snt9b (legacy pinned set) or pytorch_2.7.1-cann_8.3.rc1-py_3.11-hce_2.0.2509-aarch64-"
+        "snt9b (current set), not the guide's euler2.9-py38-torch2.1.0 image."
+        % (MIN_PYTHON + (sys.version.split()[0],))
     )
 
 # Before transformers / torchao are imported anywhere in the process.

