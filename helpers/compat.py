@@ -226,7 +226,8 @@ def cache_argument(model) -> str:
     so far); ``cache`` where a release renames it. Detected from the signature, not the version."""
     import inspect
 
-    forward = getattr(model, "forward", model)
+    # The class's forward: an instance's forward may be a compiled wrapper without the signature.
+    forward = getattr(type(model), "forward", None) or getattr(model, "forward", model)
     try:
         parameters = inspect.signature(forward).parameters
     except (TypeError, ValueError):  # a compiled or C-level forward: the long-standing name

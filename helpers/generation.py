@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import backend, bench, static_decode
+from . import backend, bench, compat, static_decode
 from .backend import as_device, dtype_name
 from .models import chat_inputs
 
@@ -256,18 +256,6 @@ def prompt_of_length(tokenizer, n_tokens: int, text: Optional[str] = None) -> tu
     return prompt, count
 
 
-def _cache_argument(model) -> str:
-    """transformers 5.x renamed ``past_key_values`` to ``cache``; older versions only know the first."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _cache_of(output):
-    return output.get("cache", None) if output.get("cache", None) is not None else output.get(
-        "past_key_values")
-
-
 @contextmanager
 def _native_stderr_silenced():
     """Kineto (torch.profiler's backend) logs start/stop lines from C++ straight to fd 2, which
@@ -304,15 +292,15 @@ def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False
         activities.append(ProfilerActivity.CUDA)
     with torch.inference_mode():
         out = model(**inputs, use_cache=True)
-        past, mask = _cache_of(out), inputs["attention_mask"]
+        past, mask = compat.cache_of(out), inputs["attention_mask"]
         token = out.logits[:, -1:].argmax(-1)
         backend.synchronize(device)
         with _native_stderr_silenced(), profile(activities=activities) as prof:
             for _ in range(steps):
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
                 out = model(input_ids=token, attention_mask=mask, use_cache=True,
-                            **{_cache_argument(model): past})
-                past, token = _cache_of(out), out.logits[:, -1:].argmax(-1)
+                            **{compat.cache_argument(model): past})
+                past, token = compat.cache_of(out), out.logits[:, -1:].argmax(-1)
             backend.synchronize(device)
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events) or 1.0
@@ -453,13 +441,13 @@ def decode_step_launches(model, tokenizer, prompt: str, *, chat: bool = False, d
     forward = static_decode.eager_forward(model)
     with torch.inference_mode():
         out = forward(**inputs, use_cache=True)
-        past = _cache_of(out)
+        past = compat.cache_of(out)
         token = out.logits[:, -1:].argmax(-1)
         mask = torch.cat([inputs["attention_mask"], inputs["attention_mask"].new_ones(1, 1)], dim=1)
 
         def step():
             forward(input_ids=token, attention_mask=mask, use_cache=True,
-                    **{static_decode.cache_kwarg(model): past})
+                    **{compat.cache_argument(model): past})
             past.crop(-1)  # drop this step's entry: every call is the same step
 
         return count_ops(step, device, warmup=1)

@@ -97,6 +97,11 @@ def embedded_cache_dir(cache_dir=None) -> Path:
     return cache_root(cache_dir) / "models" / converted_model_folder(EMBEDDED_MODEL)
 
 
+def embedded_cache_path(cache_dir=None) -> Path:
+    """Where ``embedded_cache_dir`` lies, without creating (or needing write access to) the cache."""
+    return cache_location(cache_dir) / "models" / converted_model_folder(EMBEDDED_MODEL)
+
+
 def convert_embedded(cache_dir=None, force: bool = False) -> Path:
     """Dequantise the shipped GGUF once into a float32 safetensors folder and return its path.
 
@@ -233,7 +238,7 @@ def ensure_embedded_cache(cache_dir=None) -> Path:
     config) is rebuilt when this user may write the cache. A read-only shared cache is only
     read; if it is damaged the error names the command that rebuilds it.
     """
-    folder = cache_location(cache_dir) / "models" / EMBEDDED_MODEL
+    folder = embedded_cache_path(cache_dir)
     problem = embedded_cache_problem(folder) if folder.exists() else None
     if folder.exists() and problem is None:
         return folder

@@ -33,6 +33,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from . import compat
+
 
 DEFAULT_RECOMPILE_LIMIT = 8
 NPU_MODES = ("max-autotune", "reduce-overhead")
@@ -94,12 +96,6 @@ def quiet_recompile_warnings():
         logger.setLevel(level)
 
 
-def cache_kwarg(model) -> str:
-    """transformers 5.x calls the cache ``cache``; 4.x only knows ``past_key_values``."""
-    forward = type(model).forward
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
-
-
 def make_static_cache(model, batch_size: int, max_cache_len: int, device=None, dtype=None):
     """A ``transformers.StaticCache`` for ``batch_size`` sequences of up to ``max_cache_len`` tokens.
 
@@ -140,7 +136,7 @@ def prime_cache(model, cache, inputs: dict) -> None:
     """One eager forward through ``cache``, then a reset: transformers 5.x allocates a static
     cache on first use, and a graph traced before and after that allocation would be two graphs."""
     ids = inputs["input_ids"][:, :1]
-    eager_forward(model)(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
+    eager_forward(model)(input_ids=ids, use_cache=True, **{compat.cache_argument(model): cache})
     cache.reset()
 
 
@@ -153,7 +149,7 @@ def static_generate_kwargs(model, inputs: dict, max_new_tokens: int) -> tuple[An
     batch, prompt_len = inputs["input_ids"].shape
     cache = make_static_cache(model, int(batch), int(prompt_len) + int(max_new_tokens))
     prime_cache(model, cache, inputs)
-    return cache, {cache_kwarg(model): cache, **no_auto_compile_kwargs()}
+    return cache, {compat.cache_argument(model): cache, **no_auto_compile_kwargs()}
 
 
 # --- the compiled forward ------------------------------------------------------------------------

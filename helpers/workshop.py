@@ -46,7 +46,7 @@ def unreadable_by_others(folder: "str | Path", limit: int = 20) -> list[Path]:
 
 def check_cache(cache_dir=None, rebuild: bool = False) -> tuple[bool, str]:
     """(ok, one-line message) for the embedded model in ``cache_dir``; rebuilds when asked."""
-    folder = models.cache_location(cache_dir) / "models" / models.EMBEDDED_MODEL
+    folder = models.embedded_cache_path(cache_dir)
     if rebuild:
         models.cache_root(cache_dir)  # a clear error when the folder is not writable
         folder = models.convert_embedded(cache_dir, force=True)

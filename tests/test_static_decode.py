@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from helpers import generation, ops, quant, static_decode
+from helpers import compat, generation, ops, quant, static_decode
 from helpers.models import tiny_llama
 
 PROMPT = "the static cache keeps shapes fixed"
@@ -165,7 +165,12 @@ def test_npu_mode_goes_to_torchair_and_bad_modes_fail(model, monkeypatch):
         static_decode.compile_model(m, "npu", npu_mode="O3")
 
 
-def test_cache_kwarg_follows_the_forward_signature(model):
+def test_cache_argument_follows_the_class_forward_even_when_compiled(model):
     m, _ = model
-    name = static_decode.cache_kwarg(m)
+    name = compat.cache_argument(m)
     assert name in inspect.signature(type(m).forward).parameters
+    m.forward = lambda *args, **kwargs: None  # what a compiled wrapper hides
+    try:
+        assert compat.cache_argument(m) == name
+    finally:
+        del m.forward

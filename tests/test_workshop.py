@@ -95,7 +95,7 @@ def test_prepare_makes_a_class_folder_and_names_what_others_cannot_read(tmp_path
     if mask == 0o022:
         assert private == [] and "warning" not in text
     else:
-        assert (tmp_path / "class" / "cache" / "models" / "smollm2-135m" / "model.safetensors") in \
+        assert (models.embedded_cache_path(tmp_path / "class" / "cache") / "model.safetensors") in \
             workshop.unreadable_by_others(tmp_path / "class", limit=100)
         assert "warning: other users cannot read" in text and "Your umask is 077" in text
         assert "umask 022" in text
@@ -135,7 +135,7 @@ def test_a_garbled_header_and_a_missing_file_are_named(tmp_path):
 
 
 def _whole_cache(tmp_path: Path) -> Path:
-    folder = tmp_path / "cache" / "models" / models.EMBEDDED_MODEL
+    folder = models.embedded_cache_path(tmp_path / "cache")
     folder.mkdir(parents=True)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         (folder / name).write_text("{}")
