@@ -79,13 +79,28 @@ def _guard_torch_npu_autoload():
 
 _guard_torch_npu_autoload()
 
-try:
-    import torch  # noqa: F401
-except Exception as _exc:  # torch_npu's auto-load raises RuntimeError from inside torch
-    if "backend extension" in str(_exc) or "torch_npu" in str(_exc):
-        raise ImportError("'import torch' failed while auto-loading torch_npu (%s: %s). %s"
-                          % (type(_exc).__name__, _exc, TORCH_NPU_AUTOLOAD_HINT)) from _exc
-    raise
+
+def _runner_command_line() -> bool:
+    """True in ``python -m helpers.run``: that process only reads notebooks and parameters and
+    starts kernels (which import helpers again, with every check), so it skips the 1-2 s torch
+    import and a misspelt ``-p`` is reported at once. ``sys.orig_argv`` exists from Python 3.10."""
+    argv = list(getattr(sys, "orig_argv", None) or [])
+    return "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["helpers.run"]
+
+
+def _import_torch_and_check_floors() -> None:
+    try:
+        import torch  # noqa: F401
+    except Exception as exc:  # torch_npu's auto-load raises RuntimeError from inside torch
+        if "backend extension" in str(exc) or "torch_npu" in str(exc):
+            raise ImportError("'import torch' failed while auto-loading torch_npu (%s: %s). %s"
+                              % (type(exc).__name__, exc, TORCH_NPU_AUTOLOAD_HINT)) from exc
+        raise
+    from .compat import check_support_floor, check_transformers_floor
+
+    check_support_floor()
+    check_transformers_floor()
+
 
 import logging  # noqa: E402
 
@@ -100,9 +115,7 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 for _logger in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_logger).setLevel(logging.ERROR)
 
-from .compat import check_support_floor, check_transformers_floor  # noqa: E402
-
-check_support_floor()
-check_transformers_floor()
+if not _runner_command_line():
+    _import_torch_and_check_floors()
 
 __version__ = "0.1.0"

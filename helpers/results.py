@@ -11,9 +11,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+import sys
 from typing import Any, Optional
-
-import torch
 
 RESULTS_NAME = "results.json"
 SCHEMA = 1
@@ -30,14 +29,18 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if isinstance(value, torch.dtype):
-        return str(value).replace("torch.", "")
-    if isinstance(value, (torch.device, Path)):
+    if isinstance(value, Path):
         return str(value)
-    if isinstance(value, torch.Size):
-        return list(value)
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
+    torch = sys.modules.get("torch")  # not imported means no torch value can be here (the runner)
+    if torch is not None:
+        if isinstance(value, torch.dtype):
+            return str(value).replace("torch.", "")
+        if isinstance(value, torch.device):
+            return str(value)
+        if isinstance(value, torch.Size):
+            return list(value)
+        if isinstance(value, torch.Tensor):
+            return value.tolist()
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
         try:
             return _jsonable(value.item())

@@ -216,6 +216,18 @@ def test_a_typo_stops_the_command_line_before_anything_runs(tmp_path):
     assert not (tmp_path / "typo").exists() and not (tmp_path / "latest").exists()
 
 
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="sys.orig_argv, which the runner check reads, is 3.10+")
+def test_the_runner_process_does_not_import_torch(tmp_path):
+    """torch takes 1-2 s to import; the runner only parses and starts kernels, so a typo is instant."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "helpers.run", "--profile", "quick",
+                           "--reports-dir", str(tmp_path), "-p", "graph_mod=true"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert "did you mean graph_mode" in proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "helpers" in imported and "helpers.results" in imported
+    assert "torch" not in imported
+
+
 def test_declared_parameters_have_type_default_and_comment():
     found = runner.declared_parameters(FIXTURES / "05_naps.ipynb")
     assert found["nap"] == {"type": "float", "default": "0.0",
