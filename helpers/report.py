@@ -478,12 +478,16 @@ def key_figure_html(key: str, entry: dict) -> str:
 def index_verdict_counts(run_dir: "str | Path") -> Optional[dict]:
     """Claims per verdict class for the index, once chapter 07 has run; None before that.
 
-    Counted with ``helpers.claims.verdicts`` + ``verdict_counts`` (the same functions chapter 07
-    uses), keyed by whatever classes they define; a failing audit must not break the index.
+    Chapter 07's own ``verdict_counts`` table, so the index and the claims report (which may
+    include other runs' folders) always agree; older runs without that table are counted again
+    with ``helpers.claims.verdicts``. A failing audit must not break the index.
     """
     data = load_all(run_dir).get(REPORT_CHAPTER)
     if not data or data.get("status") != "ok":
         return None
+    recorded = (data.get("tables") or {}).get("verdict_counts")
+    if recorded:
+        return {row["verdict_class"]: int(row["claims"]) for row in recorded}
     try:
         from . import claims
 

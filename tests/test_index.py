@@ -91,6 +91,21 @@ def test_index_prints_labels_and_verdict_counts_by_class(tmp_path, monkeypatch):
     assert 'data-verdict-class="supported"' in page and "8 claims" in page
 
 
+def test_index_counts_are_chapter_07s_own_so_they_match_its_claims_report(tmp_path, monkeypatch):
+    """07 may audit other runs' folders too: the index shows 07's table, never a recount of this run."""
+    def boom(*a, **k):
+        raise AssertionError("chapter 07 recorded its counts; the index must not audit again")
+    monkeypatch.setattr(claims, "verdicts", boom)
+    data = _small_run(tmp_path, with_report=True)
+    res = Results("07_report", tmp_path)
+    res.table("verdict_counts", [{"verdict_class": "reproduced", "claims": 2},
+                                 {"verdict_class": "measured on other hardware", "claims": 9}])
+    res.finish()
+    page = run.write_index(tmp_path, data).read_text()
+    assert 'data-verdict-class="measured on other hardware"' in page and "<td>9</td>" in page
+    assert "11 claims" in page
+
+
 def test_index_without_chapter_07_has_no_verdict_section(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the audit must not run before chapter 07 has")
