@@ -214,8 +214,8 @@ def current_umask() -> int:
 def share_readable(folder: "str | Path") -> None:
     """Give a folder and everything in it the modes this process's umask allows.
 
-    ``tempfile.mkdtemp`` creates 0700 folders and the safetensors writer 0600 files whatever the
-    umask, so a cache an instructor prepared (umask 022) would be unreadable for the class. With
+    ``tempfile.mkdtemp`` creates 0700 folders and some safetensors releases write 0600 files
+    whatever the umask, so a cache an instructor prepared (umask 022) would be unreadable for the class. With
     umask 022 this gives 0755 folders and 0644 files; with 077 it keeps them private.
     Files owned by someone else are left alone.
     """
