@@ -29,9 +29,12 @@ setup:
 report: setup
 	$(PY) -m helpers.run --profile $(PROFILE) $(ARGS)
 
-## Unit tests, then every notebook executed with the `quick` profile.
+## Unit tests, every notebook and its answers with the `quick` profile, then the legacy pinned set
+## (test-legacy; LEGACY=0 skips it, e.g. offline or for a quick local check).
+LEGACY ?= 1
 test: setup
 	$(PY) -m pytest $(ARGS)
+	@if [ "$(LEGACY)" = "1" ]; then $(MAKE) --no-print-directory test-legacy ARGS=; fi
 
 ## The legacy set for real: build $(LEGACY_VENV) from requirements-legacy.txt with the pinned CPU
 ## torch, then run the unit tests (the pin check runs once, in make test) and chapters 00 and 03
