@@ -578,8 +578,8 @@ def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_b
                 "computes the batch-1 matrix-vector products faster than the 16-bit path.")
         elif s.low > 1:
             lines.append(
-                f"Batch-1 decode: INT8 is {s.ratio:.2f}x as fast (spread {s.low:.2f}-{s.high:.2f}), within the "
-                f"{bound:.2f}x the weight-byte cut allows; {read}"
+                f"Batch-1 decode: INT8 is {s.ratio:.2f}x as fast (spread {s.low:.2f}-{s.high:.2f}); the spread "
+                f"includes values up to the {bound:.2f}x the weight-byte cut allows; {read}"
                 + (", so the step is bound by reading weights and fewer bytes is the gain." if pct >= 50 else
                    ", below the bandwidth, so the bytes alone do not account for it."))
         elif s.high < 1:

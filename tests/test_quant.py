@@ -289,7 +289,7 @@ def test_explanation_within_the_byte_cut_on_a_bandwidth_bound_step_and_no_false_
     lines = quant.explain_weight_only_int8(0.5, _per_batch((1.8, 1.7, 1.9), (1.9, 1.8, 2.0), (0.95, 0.8, 1.1),
                                                            (1.0, 0.9, 1.1)), 270e6, 30.0, "chapter 00", "npu")
     text = " ".join(lines)
-    assert "within the 2.00x" in text and "bound by reading weights and fewer bytes is the gain" in text
+    assert "includes values up to the 2.00x" in text and "bound by reading weights and fewer bytes is the gain" in text
     assert "No batch size shows a prefill slower" in text and "made the prefill slower" not in text
     assert "not below batch 1's" in text
 
