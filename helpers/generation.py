@@ -140,7 +140,7 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     attn = getattr(model.config, "_attn_implementation", None) or "default"
     path = (f"transformers generate, greedy, min_new_tokens=max_new_tokens, {attn} attention, left padding, "
             + ("static KV cache sized for the request" if static_cache else "dynamic KV cache")
-            + (f", forward compiled ({compiled.backend}, dynamic=False)" if compiled is not None else ", eager"))
+            + (f", forward compiled ({compiled.describe()})" if compiled is not None else ", eager"))
     return {
         "batch_size": int(batch),
         "prompt_tokens": int(prompt_len),

@@ -132,7 +132,7 @@ def graph_mode(module, device, compiler_backend=None, **options):
         return torch.compile(module, backend=npu_graph_backend(mode), **options), "torchair"
     if kind == "cpu":
         # Wraps each generated C++ kernel in a profiler range, so helpers.profiling can count it.
-        options.setdefault("options", {"cpp.enable_kernel_profile": True})
+        options["options"] = {"cpp.enable_kernel_profile": True, **(options.get("options") or {})}
     return torch.compile(module, backend="inductor", **options), "inductor"
 
 

@@ -174,3 +174,111 @@ def test_cache_argument_follows_the_class_forward_even_when_compiled(model):
         assert compat.cache_argument(m) == name
     finally:
         del m.forward
+
+
+def test_cpu_inductor_settings_are_chosen_for_cpu_inductor_only(model):
+    full = static_decode.CPU_DECODE_INDUCTOR
+    assert static_decode.decode_inductor_config("cpu", "inductor") == full
+    assert static_decode.decode_inductor_config("cuda", "inductor") == {}
+    assert static_decode.decode_inductor_config("cpu", "counting-eager") == {}
+    m, _ = model
+    compiled = static_decode.compile_model(m, "cpu")  # builds nothing until called
+    assert compiled.backend == "inductor" and compiled.inductor_config == full
+    assert "freezing" in compiled.describe() and "max-autotune" in compiled.describe()
+
+
+class ConfigRecorder(CountingEager):
+    """Counts graphs and notes inductor's freezing setting at the moment each graph is built."""
+
+    def __init__(self):
+        super().__init__()
+        self.freezing = []
+
+    def __call__(self, gm, example_inputs):
+        import torch._inductor.config as config
+
+        self.freezing.append(config.freezing)
+        return super().__call__(gm, example_inputs)
+
+
+def test_inductor_settings_hold_while_graphs_are_built_and_are_undone_after(model):
+    import torch._inductor.config as config
+
+    m, tok = model
+    before = config.freezing
+    recorder = ConfigRecorder()
+    static_decode.compile_model(m, "cpu", backend_override=recorder, inductor_config={"freezing": not before})
+    cache, kwargs = static_decode.static_generate_kwargs(m, _inputs(tok), 3)
+    _generate(m, tok, _inputs(tok), 3, **kwargs)
+    assert recorder.freezing == [not before, not before]
+    assert config.freezing == before
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_module_guards_skipped_only_when_asked(model, skip):
+    """A changed module attribute rebuilds the graph only while dynamo still guards modules."""
+    if not static_decode.module_guard_filter():
+        pytest.skip("this torch has no guard_filter_fn")
+    m, tok = model
+    counter = CountingEager()
+    compiled = static_decode.compile_model(m, "cpu", backend_override=counter, skip_module_guards=skip)
+    ids = _inputs(tok)["input_ids"]
+    with torch.no_grad():
+        m(input_ids=ids)
+        m.model.norm.variance_epsilon *= 2  # what the compiled forward may stop noticing
+        m(input_ids=ids)
+    assert compiled.module_guards_skipped is skip
+    assert counter.graphs == (1 if skip else 2)
+
+
+def test_cpu_graph_with_freezing_and_autotune_generates_the_eager_tokens():
+    """The real CPU path (inductor, freezing, max-autotune GEMM) on a tiny bf16 Llama, INT8 included.
+
+    A second cache object of the same size must reuse the graphs: with transformers' static-address
+    marks left on, freezing folds the first cache into the graph and the second run crashes.
+    """
+    m, tok = tiny_llama(seed=3, dtype=torch.bfloat16)
+    inputs = _inputs(tok)
+    quant.quantize_model_int8(m)
+    eager = _generate(m, tok, inputs, 6)
+    compiled = static_decode.compile_model(m, "cpu")
+    for _ in range(2):
+        cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 6)
+        graph = _generate(m, tok, inputs, 6, **kwargs)
+        assert torch.equal(graph, eager)
+    assert compiled.graphs == 2
+
+
+def test_release_static_addresses_unmarks_every_cache_tensor(model):
+    m, tok = model
+    cache, _ = static_decode.static_generate_kwargs(m, _inputs(tok), 4)
+    tensors = list(static_decode._cache_tensors(cache))
+    assert len(tensors) >= 2 * m.config.num_hidden_layers  # keys and values of every layer
+    marked = sum(hasattr(t, "_dynamo_static_input_type") for t in tensors)
+    assert marked > 0  # transformers marks them for CUDA graphs
+    assert static_decode.release_static_addresses(cache) == marked
+    assert not any(hasattr(t, "_dynamo_static_input_type") for t in tensors)
+
+
+def test_autotuning_is_kept_to_decode_steps_unless_asked(model):
+    """The prefill graph is built without max_autotune (it runs once per request); decode with it."""
+    import torch._inductor.config as config
+
+    m, tok = model
+
+    class AutotuneRecorder(CountingEager):
+        seen: list = []
+
+        def __call__(self, gm, example_inputs):
+            self.seen.append(config.max_autotune)
+            return super().__call__(gm, example_inputs)
+
+    for prefill, expected in ((False, [False, True]), (True, [True, True])):
+        recorder = AutotuneRecorder()
+        recorder.seen = []
+        static_decode.compile_model(m, "cpu", backend_override=recorder, autotune_prefill=prefill,
+                                    inductor_config={"max_autotune": True})
+        cache, kwargs = static_decode.static_generate_kwargs(m, _inputs(tok), 3)
+        _generate(m, tok, _inputs(tok), 3, **kwargs)
+        assert recorder.seen == expected
+        static_decode.restore_eager(m)
