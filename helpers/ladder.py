@@ -234,6 +234,7 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
         row = {"latency_ms": out["total_ms"], "tokens_per_s": out["tokens_per_s_aggregate"],
                "peak_memory_bytes": out.get("peak_memory_bytes"), "batch_size": out.get("batch_size"),
                "ttft_ms": out.get("ttft_ms"), "decode_ms_per_token": out.get("decode_ms_per_token"),
+               "decode_p10_ms": out.get("decode_p10_ms"), "decode_p90_ms": out.get("decode_p90_ms"),
                "dtype": out.get("dtype"), "code_path": out.get("code_path"),
                "weight_bytes": model_weight_bytes(model),
                "compiled_graphs": out.get("compiled_graphs"), "compile_s": out.get("compile_s")}

@@ -270,7 +270,7 @@ class CompiledForward:
     def describe(self) -> str:
         """The compile settings in words, for the code path beside each figure."""
         parts = [self.backend, "dynamic=False"]
-        if self.npu_mode:
+        if self.npu_mode and self.backend == "torchair":  # torchair's mode; other backends ignore it
             parts.append(f"mode={self.npu_mode}")
         if self.inductor_config.get("freezing"):
             parts.append("freezing")
