@@ -37,6 +37,7 @@ import functools
 import inspect
 import logging
 import time
+import warnings
 import weakref
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Optional
@@ -51,6 +52,9 @@ NPU_MODES = ("max-autotune", "reduce-overhead")
 # Set while a whole-model graph is built on a CPU. Passed as torch.compile(options=...) they did not
 # take effect for freezing in torch 2.13, so CompiledForward patches inductor's config around each call.
 CPU_DECODE_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# Autotuning prints a table per matmul shape to stderr; in an executed notebook that is pages of
+# noise, and the choice it made is already named in the code path (describe()).
+QUIET_AUTOTUNE = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
 class GraphRecompileError(RuntimeError):
@@ -289,7 +293,8 @@ class CompiledForward:
             settings = {k: v for k, v in settings.items() if not k.startswith("max_autotune")}
         import torch._inductor.config as config
 
-        return config.patch(**settings)
+        quiet = {k: v for k, v in QUIET_AUTOTUNE.items() if hasattr(config, k)}
+        return config.patch(**settings, **quiet)
 
     def __call__(self, *args, **kwargs):
         if self.inductor_config.get("freezing"):
@@ -300,7 +305,10 @@ class CompiledForward:
         before = graphs_built()
         start = time.perf_counter()
         try:
-            with torch._dynamo.config.patch(**self.options), self._inductor_patch(args, kwargs):
+            with torch._dynamo.config.patch(**self.options), self._inductor_patch(args, kwargs), \
+                    warnings.catch_warnings():
+                # inductor's autotuner still calls Tensor.storage(); the warning is torch's, not the reader's
+                warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
                 out = self.compiled(*args, **kwargs)
         except _recompile_limit_errors() as exc:
             self.graphs += graphs_built() - before
