@@ -288,3 +288,48 @@ def test_autotuning_is_kept_to_decode_steps_unless_asked(model):
         _generate(m, tok, _inputs(tok), 3, **kwargs)
         assert recorder.seen == expected
         static_decode.restore_eager(m)
+
+
+# --- the hand-written greedy loop ---------------------------------------------------------------
+
+@pytest.mark.parametrize("prompts", [(PROMPT,), ("a", PROMPT)])  # the second is left-padded
+def test_greedy_loop_gives_generates_tokens_with_two_graphs(model, prompts):
+    m, tok = model
+    inputs = _inputs(tok, prompts)
+    reference = _generate(m, tok, inputs, 10)
+    counter = CountingEager()
+    compiled = static_decode.compile_model(m, "cpu", backend_override=counter)
+    cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 10)
+    loop = static_decode.use_greedy_loop(m)
+    assert static_decode.greedy_loop_of(m) is loop
+    for n in (10, 1, 10):
+        cache.reset()
+        out = _generate(m, tok, inputs, n, **kwargs)
+        assert torch.equal(out, reference[:, :inputs["input_ids"].shape[1] + n])
+    assert counter.graphs == compiled.graphs == 2
+    static_decode.restore_generate(m)
+    assert static_decode.greedy_loop_of(m) is None and not isinstance(m.generate, static_decode.GreedyLoop)
+
+
+def test_measure_generation_times_the_loop_with_the_same_protocol(model):
+    m, tok = model
+    static_decode.use_greedy_loop(m)
+    out = generation.measure_generation(m, tok, [PROMPT], 6, "cpu", repeats=2, static_cache=True)
+    assert out["new_tokens"] == 6 and out["decode_ms_per_token"] > 0 and out["static_cache"]
+
+
+def test_greedy_loop_refuses_what_it_does_not_do(model):
+    m, tok = model
+    inputs = _inputs(tok)
+    loop = static_decode.use_greedy_loop(m)
+    with pytest.raises(ValueError, match="StaticCache"):
+        loop(**inputs, max_new_tokens=4)
+    cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 4)
+    with pytest.raises(ValueError, match="do_sample"):
+        loop(**inputs, max_new_tokens=4, do_sample=True, **kwargs)
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        loop(**inputs, max_new_tokens=4, min_new_tokens=2, **kwargs)
+    with pytest.raises(ValueError, match="does not fit the cache"):
+        loop(**inputs, max_new_tokens=40, **kwargs)
+    with pytest.raises(ValueError, match="temperature"):
+        loop(**inputs, max_new_tokens=4, temperature=0.5, **kwargs)
