@@ -136,7 +136,7 @@ def activations_label(act_dtype: torch.dtype, model_dtype: torch.dtype) -> str:
     name = backend.dtype_name(act_dtype)
     if act_dtype == model_dtype:
         return name
-    return f"{name} (cast from {backend.dtype_name(model_dtype)} at each int8 linear, output cast back)"
+    return f"{name} (cast from {backend.dtype_name(model_dtype)} at each quantized linear, output cast back)"
 
 
 class Int8Linear(nn.Module):

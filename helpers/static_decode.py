@@ -264,6 +264,9 @@ class CompiledForward:
         # the compile time for a few milliseconds of first-token latency.
         self.autotune_prefill = autotune_prefill
         self._released = weakref.WeakSet()
+        self._rebuild = lambda: graph_mode(self.eager, device, dynamic=False, fullgraph=fullgraph,
+                                           compiler_backend=backend_override, **extra)[0]
+        self.autotune_fallback = ""  # why max-autotune was dropped, when it was
         self.module_guards_skipped = bool(guards)
         self.npu_mode = npu_mode
         self.graphs = 0
@@ -283,6 +286,8 @@ class CompiledForward:
                          + ("" if self.autotune_prefill else " for decode steps"))
         if self.module_guards_skipped:
             parts.append("module guards skipped")
+        if self.autotune_fallback:
+            parts.append(self.autotune_fallback)
         return ", ".join(parts)
 
     def _inductor_patch(self, args, kwargs):
@@ -296,6 +301,13 @@ class CompiledForward:
         quiet = {k: v for k, v in QUIET_AUTOTUNE.items() if hasattr(config, k)}
         return config.patch(**settings, **quiet)
 
+    def _call_compiled(self, args, kwargs):
+        with torch._dynamo.config.patch(**self.options), self._inductor_patch(args, kwargs), \
+                warnings.catch_warnings():
+            # inductor's autotuner still calls Tensor.storage(); the warning is torch's, not the reader's
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+            return self.compiled(*args, **kwargs)
+
     def __call__(self, *args, **kwargs):
         if self.inductor_config.get("freezing"):
             for value in kwargs.values():
@@ -305,11 +317,21 @@ class CompiledForward:
         before = graphs_built()
         start = time.perf_counter()
         try:
-            with torch._dynamo.config.patch(**self.options), self._inductor_patch(args, kwargs), \
-                    warnings.catch_warnings():
-                # inductor's autotuner still calls Tensor.storage(); the warning is torch's, not the reader's
-                warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
-                out = self.compiled(*args, **kwargs)
+            try:
+                out = self._call_compiled(args, kwargs)
+            except _cpp_compile_errors() as exc:
+                if not self.inductor_config.get("max_autotune"):
+                    raise
+                # A C++ GEMM template that does not compile for this CPU (seen with ATEN_CPU_CAPABILITY
+                # set below the hardware's level) would lose the whole graph: build it with ATen's
+                # kernels instead, and say so in describe().
+                self.inductor_config = {k: v for k, v in self.inductor_config.items()
+                                        if not k.startswith("max_autotune")}
+                self.autotune_fallback = (f"max-autotune dropped: its C++ GEMM failed to compile here "
+                                          f"({_first_line(exc)})")
+                torch._dynamo.reset()
+                self.compiled = self._rebuild()
+                out = self._call_compiled(args, kwargs)
         except _recompile_limit_errors() as exc:
             self.graphs += graphs_built() - before
             raise GraphRecompileError(
@@ -324,6 +346,26 @@ class CompiledForward:
             self.compile_s += time.perf_counter() - start
         self.calls += 1
         return out
+
+
+def _cpp_compile_errors() -> tuple:
+    """The errors a failed inductor C++ compile reaches the caller as (dynamo wraps the backend's)."""
+    import torch._dynamo.exc as dynamo_exc
+
+    found = [getattr(dynamo_exc, "BackendCompilerFailed", None)]
+    try:
+        from torch._inductor.exc import CppCompileError
+
+        found.append(CppCompileError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(e for e in found if e is not None)
+
+
+def _first_line(exc: BaseException) -> str:
+    inner = getattr(exc, "inner_exception", None) or exc.__cause__ or exc
+    text = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {text[0][:120] if text else ''}"
 
 
 def compile_model(model, device, **options) -> CompiledForward:

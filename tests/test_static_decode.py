@@ -333,3 +333,41 @@ def test_greedy_loop_refuses_what_it_does_not_do(model):
         loop(**inputs, max_new_tokens=40, **kwargs)
     with pytest.raises(ValueError, match="temperature"):
         loop(**inputs, max_new_tokens=4, temperature=0.5, **kwargs)
+
+
+def test_a_cpp_gemm_that_does_not_compile_falls_back_to_aten_and_says_so(model):
+    from torch._inductor.exc import CppCompileError
+
+    class FailsWhileAutotuning:
+        __name__ = "fails-while-autotuning"
+
+        def __call__(self, gm, example_inputs):
+            import torch._inductor.config as config
+
+            if config.max_autotune:
+                raise CppCompileError(["g++"], "error: no matching function for call to 'cvtbf16_fp32'")
+            return gm.forward
+
+    m, tok = model
+    inputs = _inputs(tok)
+    reference = _generate(m, tok, inputs, 6)
+    compiled = static_decode.compile_model(m, "cpu", backend_override=FailsWhileAutotuning(),
+                                           inductor_config={"max_autotune": True})
+    cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 6)
+    assert torch.equal(_generate(m, tok, inputs, 6, **kwargs), reference)
+    assert "max-autotune dropped" in compiled.describe() and "CppCompileError" in compiled.autotune_fallback
+    assert not compiled.inductor_config.get("max_autotune")
+
+
+def test_other_compile_failures_are_not_hidden(model):
+    class Broken:
+        __name__ = "broken"
+
+        def __call__(self, gm, example_inputs):
+            raise RuntimeError("lowering failed")
+
+    m, tok = model
+    static_decode.compile_model(m, "cpu", backend_override=Broken(), inductor_config={})
+    cache, kwargs = static_decode.static_generate_kwargs(m, _inputs(tok), 4)
+    with pytest.raises(Exception, match="lowering failed"):
+        _generate(m, tok, _inputs(tok), 4, **kwargs)
