@@ -412,12 +412,30 @@ VERDICT_WORDS = {"reached": "reaches", "missed": "misses", "within_noise": "is w
                  "not_measured": "cannot be compared with"}
 
 
+def int8_kernel_saving(kernel_rows: Optional[list]) -> Optional[dict]:
+    """From ``quant.time_w8a16_kernels`` rows: the dense and the fastest int8 step (ms) and the saving."""
+    if not kernel_rows:
+        return None
+    dense = next((r for r in kernel_rows if r["kernel"].startswith("dense") and not r.get("problem")), None)
+    usable = [r for r in kernel_rows if not r["kernel"].startswith("dense") and not r.get("problem")]
+    if dense is None or not usable:
+        return None
+    best = min(usable, key=lambda r: r["decode_ms"])
+    return {"dense": dense["kernel"], "dense_ms": dense["decode_ms"], "kernel": best["kernel"],
+            "kernel_ms": best["decode_ms"], "saving_ms": dense["decode_ms"] - best["decode_ms"]}
+
+
 def reference_facts(table, llama: dict, fp32: Optional[dict],
-                    fraction: float = GOAL_FRACTION_OF_LLAMACPP) -> dict:
-    """Everything the references paragraph states, each decided by a named function above."""
+                    fraction: float = GOAL_FRACTION_OF_LLAMACPP, int8_kernels: Optional[list] = None) -> dict:
+    """Everything the references paragraph states, each decided by a named function above.
+    ``int8_kernels``: the INT8 rung's kernel timings, which explain an INT8 rung that is not faster."""
     best = best_batch1_row(table)
     facts: dict = {"llama": llama, "fraction": fraction, "best": None, "fp32": None, "blocker": None,
-                   "int8": rung_effect(table, "+ INT8")}
+                   "int8": rung_effect(table, "+ INT8"), "int8_kernels": int8_kernel_saving(int8_kernels)}
+    if facts["int8"]:
+        row = table[table["rung"] == "+ INT8"].iloc[0]
+        facts["int8"]["spread_ms"] = float(row["decode_p90_ms"] - row["decode_p10_ms"])
+        facts["int8"]["decode_ms"] = float(row["decode_ms_per_token"])
     if best is not None:
         ratio = decode_ratio(best, llama) if llama.get("status") == "ok" else None
         facts["best"] = {"rung": best["rung"], "tok_s": float(best["tokens_per_s"]),
@@ -457,7 +475,10 @@ other kernels {{ "%.2f"|format(x.parts["other kernels"]) }} ms, and the rest (Py
 {% else %}
 - llama.cpp was not measured: {{ l.reason }}.
 {% endif %}
-{% if facts.fp32 %}{% set f = facts.fp32 %}
+{% if facts.fp32 and facts.fp32.dtype == "float32" %}{% set f = facts.fp32 %}
+- The working dtype is float32, so {{ f.native_rung }} is the float32 eager run ({{ "%.1f"|format(f.tok_s) }} tok/s) \
+and each rung's `vs_float32_eager` is its own speedup; the fastest rung is at {{ "%.2f"|format(f.best.ratio) }}x.
+{% elif facts.fp32 %}{% set f = facts.fp32 %}
 - Against float32 eager ({{ "%.1f"|format(f.tok_s) }} tok/s): {{ f.native_rung }} in {{ f.dtype }} decodes at \
 {{ "%.2f"|format(f.native.ratio) }}x (spread {{ "%.2f"|format(f.native.low) }}-{{ "%.2f"|format(f.native.high) }}): \
 that is the working dtype's own share; the fastest rung at {{ "%.2f"|format(f.best.ratio) }}x.
@@ -465,7 +486,12 @@ that is the working dtype's own share; the fastest rung at {{ "%.2f"|format(f.be
 {% if facts.int8 %}{% set i = facts.int8 %}
 - The INT8 rung against {{ i.previous }}: {{ "%.2f"|format(i.ratio) }}x (spread {{ "%.2f"|format(i.low) }}-\
 {{ "%.2f"|format(i.high) }}), {{ {"faster": "faster beyond the spread", "slower": "slower beyond the spread", \
-"no_difference": "no difference beyond the noise"}[i.verdict] }}.
+"no_difference": "no difference beyond the noise"}[i.verdict] }}.\
+{% if i.verdict != "faster" and facts.int8_kernels %}{% set k = facts.int8_kernels %} Why: timed alone at this \
+model's shapes, the {{ k.kernel }} kernels take {{ "%.2f"|format(k.kernel_ms) }} ms per step against \
+{{ "%.2f"|format(k.dense_ms) }} ms for the {{ k.dense }} linears, a saving of {{ "%.2f"|format(k.saving_ms) }} ms \
+in a {{ "%.2f"|format(i.decode_ms) }} ms step whose p10-p90 spread is {{ "%.2f"|format(i.spread_ms) }} ms; \
+the rest of the step is not made smaller by INT8.{% endif %}
 {% endif %}
 """
 
@@ -474,7 +500,9 @@ def render_references(facts: dict) -> str:
     """The references paragraph (Markdown) from ``reference_facts``."""
     import jinja2
 
-    template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    # Block tags on their own lines leave blank lines, which are dropped; an inline {% if %} at the
+    # end of a bullet keeps the bullet's newline (trim_blocks would join it to the next bullet).
+    template = jinja2.Environment(lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     text = template.from_string(REFERENCES_TEMPLATE).render(facts=facts, words=VERDICT_WORDS)
     return "\n".join(line for line in text.splitlines() if line.strip())
 

@@ -626,9 +626,12 @@ def torchao_int8_weight_only(model: nn.Module) -> dict:
                                      "it is installed by make setup on the pinned CPU stack") from exc
 
         before = weight_bytes(model)
+        dtype = next(model.parameters()).dtype
         quantize_(model, Int8WeightOnlyConfig())
+    # torchao computes in the activations' own dtype: W8A16 only when the model is 16-bit
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": None,
-            "impl": "torchao Int8WeightOnlyConfig", "scheme": "w8a16", "activations": "16-bit"}
+            "impl": "torchao Int8WeightOnlyConfig", "scheme": "w8a16" if dtype != torch.float32 else "w8a32",
+            "activations": backend.dtype_name(dtype)}
 
 
 def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:

@@ -22,10 +22,11 @@ The path here keeps every shape fixed for a request:
 
 A prefill shape and a decode shape give two graphs per (batch, prompt length, cache length).
 
-On a CPU the graphs are built with inductor's ``freezing`` and, for decode steps, ``max_autotune``
-(``decode_inductor_config``): the weights become constants of the graph, so inductor can offer its
-own C++ GEMM kernels (also for the int8 weights of ``_weight_int8pack_mm``) and keeps, per shape,
-whichever of them and ATen's kernel times faster. (On an NPU, torchair's ``max-autotune`` mode hands
+On a CPU the graphs are built with inductor's ``freezing`` and, for decode steps of a model with
+int8 / int4 weights, ``max_autotune`` (``decode_inductor_config``): the weights become constants of
+the graph, so inductor can offer its own C++ GEMM kernels (for the int8 weights of
+``_weight_int8pack_mm`` and the int4 ones of ``_weight_int4pack_mm_for_cpu``) and keeps, per shape,
+whichever of them and ATen's kernel times faster. Dense float weights keep ATen's BLAS GEMMs. (On an NPU, torchair's ``max-autotune`` mode hands
 the whole graph to the graph engine instead.) Dynamo's per-call guards on module attributes are
 skipped where this torch can (``skip_guard_on_all_nn_modules_unsafe``): a compiled forward therefore
 never notices a changed model, and ``compile_model`` must run again after any change (the ladder of
@@ -87,15 +88,29 @@ def strict_recompile_options(limit: int = DEFAULT_RECOMPILE_LIMIT) -> dict:
     return options
 
 
-def decode_inductor_config(device, backend: str) -> dict:
-    """``CPU_DECODE_INDUCTOR`` for inductor on a CPU (the settings this torch knows), else ``{}``."""
+def has_quantized_linears(model) -> bool:
+    """Whether ``model`` holds int8 / int4 linears (modules with a ``qweight``, as helpers.quant's)."""
+    return any(hasattr(m, "qweight") for m in model.modules()) if hasattr(model, "modules") else False
+
+
+def decode_inductor_config(device, backend: str, quantized: bool = True) -> dict:
+    """``CPU_DECODE_INDUCTOR`` for inductor on a CPU (the settings this torch knows), else ``{}``.
+
+    Without quantized weights (``quantized=False``) max-autotune is left out: measured here on the
+    ladder's float32 graph, ATen's BLAS GEMVs were faster than the autotuned choice (33.5 against
+    30.7 tok/s) and autotuning cost about 45 s of compile time; for int8 / int4 weights inductor's
+    C++ GEMM template is what fuses the dequantization into the matmul.
+    """
     from .ops import _device_kind
 
     if backend != "inductor" or _device_kind(device) != "cpu":
         return {}
     import torch._inductor.config as config
 
-    return {k: v for k, v in CPU_DECODE_INDUCTOR.items() if hasattr(config, k)}
+    found = {k: v for k, v in CPU_DECODE_INDUCTOR.items() if hasattr(config, k)}
+    if not quantized:
+        found = {k: v for k, v in found.items() if not k.startswith("max_autotune")}
+    return found
 
 
 def module_guard_filter() -> dict:
@@ -258,8 +273,8 @@ class CompiledForward:
             extra["options"] = dict(guards)  # torch.compile pops guard_filter_fn out of the dict it gets
         self.compiled, self.backend = graph_mode(self.eager, device, dynamic=False, fullgraph=fullgraph,
                                                  compiler_backend=backend_override, **extra)
-        self.inductor_config = (decode_inductor_config(device, self.backend) if inductor_config is None
-                                else dict(inductor_config))
+        self.inductor_config = (decode_inductor_config(device, self.backend, has_quantized_linears(model))
+                                if inductor_config is None else dict(inductor_config))
         # The prefill graph runs once per request: autotuning its GEMM shapes too would about double
         # the compile time for a few milliseconds of first-token latency.
         self.autotune_prefill = autotune_prefill
@@ -284,6 +299,8 @@ class CompiledForward:
         if self.inductor_config.get("max_autotune"):
             parts.append(f"max-autotune GEMM ({self.inductor_config.get('max_autotune_gemm_backends', 'ATEN')})"
                          + ("" if self.autotune_prefill else " for decode steps"))
+        elif self.inductor_config.get("freezing") and not self.autotune_fallback:
+            parts.append("ATen GEMMs (no quantized weights: no max-autotune)")
         if self.module_guards_skipped:
             parts.append("module guards skipped")
         if self.autotune_fallback:

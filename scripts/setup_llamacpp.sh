@@ -23,10 +23,13 @@ WANT=0.3.36
 MODE=${WORKBOOK_LLAMACPP:-auto}
 STATUS="$VENV/llamacpp-status.json"
 LOG="$VENV/llamacpp-build.log"
-# Only what the Python bindings load: no multimodal (mtmd/LLaVA) library, and only the llama and
-# llama-common targets (tests, examples, tools and the server are already off in a subproject build).
-CMAKE_FLAGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF"
-TARGETS="llama;llama-common"
+# Only what the Python bindings load (libllama and ggml): no multimodal (mtmd/LLaVA) library, no
+# llama.cpp "common" library (llama-cpp-python forces it on; scripts/llamacpp-no-common.cmake turns it
+# off again right after llama.cpp's project() call), and only the llama target. Tests, examples,
+# tools and the server are off in a subproject build anyway. Measured on the 2-core machine this
+# halves the build's CPU time (188 s against 442 s for the default build, user + system).
+CMAKE_FLAGS="-DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/scripts/llamacpp-no-common.cmake"
+TARGETS="llama"
 
 write_status() {  # status reason build_s
   [ "${SETUP_DRY_RUN:-0}" = "1" ] && return 0

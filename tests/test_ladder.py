@@ -332,6 +332,13 @@ def test_references_paragraph_from_the_facts_both_ways():
     assert "**100.0 tok/s** decode" in text and "**0.33x llama.cpp**" in text and "misses the 0.5x goal" in text
     assert "What stands in the way: **matmul kernels**" in text and "1.50x" in text  # 60 / 40 ms: the dtype's share
     assert "faster beyond the spread" in text
+    assert all(line.startswith("- ") for line in text.splitlines())  # one bullet per line, none run together
+    facts = ladder.reference_facts(_table(_row("native eager", 40.0, dtype="float32"), _row("+ INT8", 30.0)),
+                                   dict(_llama(10.0), note="crashed with extra buffers"),
+                                   _row("native eager", 40.0, dtype="float32"))
+    text = ladder.render_references(facts)
+    assert "The working dtype is float32" in text and "Note: crashed with extra buffers." in text
+    assert len(text.splitlines()) == 4 and all(line.startswith("- ") for line in text.splitlines())
     fast = _table(_row("native eager", 40.0), _row("+ INT4 g32", 8.0))
     facts = ladder.reference_facts(fast, _llama(10.0), None)
     text = ladder.render_references(facts)
@@ -380,3 +387,19 @@ def test_a_measured_rung_gets_its_step_split_and_the_loop_names_itself():
     assert row["matmul_ms"] > 0 and sum(parts) == pytest.approx(row["decode_ms_per_token"])
     plain = measure(ladder.Variant(model))  # the loop is taken off again for a rung without it
     assert not plain["greedy_loop"] and plain["code_path"].startswith("transformers generate")
+
+
+def test_an_int8_rung_that_is_not_faster_is_explained_from_the_kernel_figures():
+    table = _table(_row("native eager", 40.0), _row("+ graph mode", 20.0, spread=2.0),
+                   _row("+ INT8", 19.8, spread=2.0))
+    kernels = [{"kernel": "dense bfloat16", "decode_ms": 9.0, "decode_p10_ms": 8.9, "decode_p90_ms": 9.2},
+               {"kernel": "int8pack", "decode_ms": 8.6, "decode_p10_ms": 8.5, "decode_p90_ms": 8.8},
+               {"kernel": "dequant", "decode_ms": 30.0, "decode_p10_ms": 29.0, "decode_p90_ms": 31.0}]
+    facts = ladder.reference_facts(table, _llama(10.0), None, int8_kernels=kernels)
+    assert facts["int8"]["verdict"] == "no_difference"
+    text = ladder.render_references(facts)
+    assert "no difference beyond the noise. Why:" in text and "int8pack kernels take 8.60 ms" in text
+    assert "saving of 0.40 ms" in text and "spread is 4.00 ms" in text
+    fast = ladder.reference_facts(_table(_row("native eager", 40.0), _row("+ INT8", 10.0)), _llama(10.0), None,
+                                  int8_kernels=kernels)
+    assert "Why:" not in ladder.render_references(fast)

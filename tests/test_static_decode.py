@@ -181,10 +181,16 @@ def test_cpu_inductor_settings_are_chosen_for_cpu_inductor_only(model):
     assert static_decode.decode_inductor_config("cpu", "inductor") == full
     assert static_decode.decode_inductor_config("cuda", "inductor") == {}
     assert static_decode.decode_inductor_config("cpu", "counting-eager") == {}
+    dense = static_decode.decode_inductor_config("cpu", "inductor", quantized=False)
+    assert dense == {"freezing": True}
     m, _ = model
     compiled = static_decode.compile_model(m, "cpu")  # builds nothing until called
-    assert compiled.backend == "inductor" and compiled.inductor_config == full
-    assert "freezing" in compiled.describe() and "max-autotune" in compiled.describe()
+    assert compiled.backend == "inductor" and compiled.inductor_config == dense  # dense weights: ATen GEMMs
+    assert "freezing" in compiled.describe() and "no max-autotune" in compiled.describe()
+    quant.quantize_model_int8(m, impl="dequant")
+    compiled = static_decode.compile_model(m, "cpu")
+    assert static_decode.has_quantized_linears(m) and compiled.inductor_config == full
+    assert "max-autotune GEMM (CPP,ATEN) for decode steps" in compiled.describe()
 
 
 class ConfigRecorder(CountingEager):
