@@ -1,10 +1,11 @@
 """Each notebook's ``results.json``: parameters, environment and every figure with its context.
 
-Written atomically after every ``record`` call, so an interrupted run keeps whatever it measured
-(taught in ``00_environment_check.ipynb``, where the first figures are recorded). ``read_run`` reads a
-run folder back for every page that shows one (the runner's ``index.html``, the report chapter, the
-claims audit and ``helpers.compare``): one status per chapter, merged from ``results.json`` and the
-runner's ``run.json`` in one place; nothing is re-measured.
+Written atomically after every ``record`` call, so an interrupted run keeps whatever it measured;
+every chapter records its figures here from ``00_environment_check.ipynb`` on. ``read_run`` reads a
+run folder back for everything that shows one (the runner's ``index.html``, the report chapter
+``07_report.ipynb`` that teaches it, the claims audit and ``helpers.compare``): one status per
+chapter, merged from ``results.json`` and the runner's ``run.json`` in one place; nothing is
+re-measured.
 """
 from __future__ import annotations
 
@@ -274,10 +275,6 @@ class Chapter:
     data: Optional[dict] = None  # results.json when readable
     entry: dict = field(default_factory=dict)  # run.json's entry when the runner ran it
 
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED
-
 
 @dataclass
 class RunFolder:
@@ -340,8 +337,8 @@ def read_run(path: "str | Path", expected: Iterable[str] = (), run: Optional[dic
         data, problem = read_results_file(folder / name / RESULTS_NAME)
         status, reason = chapter_status(data, problem, entries.get(name, {}))
         chapters[name] = Chapter(name, status, reason, data, entries.get(name, {}))
-        if status not in (*FINISHED, "not run"):
-            notes.append(f"{name}: {status}" + (f" ({reason})" if reason else ""))
+        if status not in (*FINISHED, "not run"):  # the last line of a traceback says what failed
+            notes.append(f"{name}: {status}" + (f" ({reason.strip().splitlines()[-1][:300]})" if reason.strip() else ""))
     return RunFolder(folder, run, chapters, notes)
 
 
