@@ -25,16 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import compat
-from .results import load_all
+from . import compat, roofline
+from .results import device_class, read_run
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 CLAIMS_CSV = DATA / "guide_claims.csv"
-SPECS_CSV = DATA / "device_specs.csv"
 COLUMNS = ("id", "seed", "section", "text_zh", "gloss_en", "kind", "claimed_value", "unit", "hardware", "model",
            "rule", "args")
 KINDS = ("api", "performance", "ratio", "fact", "hardware")
-REPORT_CHAPTER = "07_report"
 
 # The hardware class a claim is about ('' for claims that hold on any device: APIs, formulas, the
 # guide's own arithmetic) and the verdict it keeps until a run on that class measures it.
@@ -106,12 +104,6 @@ def verdict_class(verdict: str, elsewhere: str = "") -> str:
     if verdict not in _CLASS_OF:
         raise ValueError(f"unknown verdict {verdict!r}; known: {', '.join(VERDICTS)}")
     return _CLASS_OF[verdict]
-
-
-def device_class(device: Any) -> str:
-    """``"npu:0"`` -> ``"npu"``, ``"cuda:1"`` -> ``"cuda"``, ``"cpu"`` -> ``"cpu"``; '' when unknown."""
-    text = str(device or "").strip().lower()
-    return text.split(":")[0] if text and text != "?" else ""
 
 
 def _model_key(name: str) -> str:
@@ -223,50 +215,6 @@ def load_claims(path: "str | Path | None" = None):
 
 # --- evidence ---------------------------------------------------------------------------------
 
-# Column names other tables use for the same quantity (the first name is the one used here).
-SPEC_ALIASES = {
-    "hbm_bandwidth_gbps": ("hbm_bandwidth_gbps", "bandwidth_gbps", "memory_bandwidth_gbps"),
-    "fp16_tflops": ("fp16_tflops", "fp16_dense_tflops"),
-    "int8_tops": ("int8_tops", "int8_dense_tops"),
-    "memory_gb": ("memory_gb", "hbm_gb"),
-    "confidence": ("confidence", "status"),
-}
-NUMERIC_SPECS = ("hbm_bandwidth_gbps", "fp16_tflops", "int8_tops", "memory_gb")
-
-
-def _normalise_spec(raw: dict) -> Optional[dict]:
-    row = {str(k).strip(): (v.strip() if isinstance(v, str) else v) for k, v in raw.items() if k}
-    if not row.get("device"):
-        return None
-    if row.get("variant"):  # e.g. device "Ascend 910B", variant "910B4 (Atlas 800I A2 32GB)"
-        row["device"] = f"{row['device']} {row['variant']}"
-    for name, aliases in SPEC_ALIASES.items():
-        row[name] = next((row[a] for a in aliases if row.get(a) not in (None, "")), None)
-    for name in NUMERIC_SPECS:
-        try:
-            row[name] = float(row[name]) if row[name] is not None else None
-        except (TypeError, ValueError):
-            row[name] = None
-    return row
-
-
-def load_specs(path: "str | Path | None" = None) -> tuple[list[dict], str]:
-    """Rows of the device specs table (``data/device_specs.csv``) and where they came from.
-
-    A missing or unreadable table gives no rows: the bound rules then say which figure is missing
-    instead of using numbers from anywhere else.
-    """
-    path = Path(path) if path else SPECS_CSV
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = [r for r in map(_normalise_spec, csv.DictReader(fh)) if r is not None]
-    except (OSError, csv.Error, UnicodeDecodeError):
-        rows = []
-    if not rows:
-        return [], f"{path.name} (not found or empty: no device specs)"
-    return [{**r, "table": "csv"} for r in rows], path.name
-
-
 @dataclass
 class Evidence:
     """What a verdict may use: results of every chapter, specs, chapter 00's API table."""
@@ -277,6 +225,8 @@ class Evidence:
     api_rows: list = field(default_factory=list)
     api_source: str = ""
     run_dir: str = ""
+    device: str = ""  # the run's device (``RunFolder.device``)
+    states: dict = field(default_factory=dict)  # chapter -> (status, reason), as ``helpers.results`` reads them
 
     @property
     def run_name(self) -> str:
@@ -284,9 +234,7 @@ class Evidence:
 
     @property
     def device_class(self) -> str:
-        """The run's device class: chapter 00's recorded environment, else any chapter's."""
-        first = self.results.get("00_environment_check") or next(iter(self.results.values()), {})
-        return device_class((first or {}).get("environment", {}).get("device", ""))
+        return device_class(self.device)
 
     def chapter_device(self, chapter: str, entry: Optional[dict] = None) -> str:
         """Where a figure was measured: the entry's own ``device``, else its chapter's environment."""
@@ -314,36 +262,38 @@ class Evidence:
         return entry
 
     def chapter_state(self, chapter: str) -> str:
-        data = self.results.get(chapter)
-        if not data:
-            return "did not run"
-        status = data.get("status", "?")
-        if status == "running":
-            return "did not finish (failed or interrupted)"
-        return status
+        """The chapter's status as every page shows it, with the reason when it did not finish."""
+        status, reason = self.states.get(chapter, ("not run", ""))
+        return status if status in ("ok", "skipped", "not run") or not reason else f"{status} ({reason})"
 
     def spec(self, device: str, column: str) -> tuple[Optional[float], str]:
-        """The most generous value among rows whose device name contains ``device``."""
+        """The most generous ``column`` among specs rows whose device and variant contain ``device``."""
+        if column not in roofline.SPEC_NUMBERS:
+            raise ValueError(f"specs column {column!r}: the specs table has {', '.join(roofline.SPEC_NUMBERS)}")
         matches = [r for r in self.specs if r.get(column) is not None
-                   and device.lower() in str(r.get("device", "")).lower()]
+                   and device.lower() in f"{r['device']} {r['variant']}".lower()]
         if not matches:
             return None, ""
         best = max(matches, key=lambda r: r[column])
-        return float(best[column]), (f"{best['device']}: {best[column]:g} ({best.get('source', '')}; "
-                                     f"{best.get('confidence') or '?'}; from {self.specs_source})")
+        return float(best[column]), (f"{best['device']} {best['variant']}: {best[column]:g} ({best['source']}; "
+                                     f"{best['status']}; from {self.specs_source})")
 
 
 def gather_evidence(run_dir: "str | Path", specs_path=None) -> Evidence:
     """Read a run folder (never re-measure): every chapter but this report, specs, API table."""
-    results = {k: v for k, v in load_all(run_dir).items() if k != REPORT_CHAPTER}
-    specs, specs_source = load_specs(specs_path)
+    run = read_run(run_dir)
+    results = run.results()
+    specs = roofline.load_specs(specs_path)
+    specs = specs.astype(object).where(specs.notna(), None).to_dict(orient="records")
+    specs_source = Path(specs_path or roofline.SPECS_PATH).name
     api_rows = (results.get("00_environment_check") or {}).get("tables", {}).get("api_check")
     if api_rows:
         api_source = "chapter 00 api_check table of this run"
     else:
         api_rows = compat.api_check(None)
         api_source = "helpers.compat.API_CLAIMS (documented; chapter 00 did not run)"
-    return Evidence(results, specs, specs_source, list(api_rows), api_source, str(run_dir))
+    return Evidence(results, specs, specs_source, list(api_rows), api_source, str(run_dir), run.device,
+                    {n: (c.status, c.reason) for n, c in run.chapters.items()})
 
 
 # --- rules ------------------------------------------------------------------------------------
@@ -608,8 +558,8 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """
     device = args["device"]
     n = int(args.get("devices", 1))
-    bw, bw_src = ev.spec(device, "hbm_bandwidth_gbps")
-    flops, fl_src = ev.spec(device, "fp16_tflops")
+    bw, bw_src = ev.spec(device, "bandwidth_gbps")
+    flops, fl_src = ev.spec(device, "fp16_dense_tflops")
     if "bytes" in args:
         nbytes = number(args["bytes"])
     else:

@@ -15,6 +15,7 @@ from typing import Optional
 SPECS_PATH = Path(__file__).resolve().parent.parent / "data" / "device_specs.csv"
 SPEC_COLUMNS = ("device", "variant", "memory_gb", "bandwidth_gbps", "fp16_dense_tflops",
                 "status", "source", "note")
+SPEC_NUMBERS = ("memory_gb", "bandwidth_gbps", "fp16_dense_tflops")  # the last may be empty
 SPEC_STATUSES = ("official", "unofficial")
 
 # Llama-2-7B shape from its config.json (meta-llama/Llama-2-7b-hf): untied embeddings, MHA.
@@ -25,17 +26,41 @@ BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int4
 
 
 def load_specs(path: "str | Path | None" = None):
-    """The specs table as a DataFrame; fails if a row lacks a source or an official/unofficial mark."""
+    """The specs table as a DataFrame (the one reader of ``data/device_specs.csv``).
+
+    Every row needs a device, variant, memory, bandwidth, source and an official/unofficial mark;
+    a bad cell fails here with the file, the row and the column, so no bound is ever computed from
+    a figure without its source. An empty ``fp16_dense_tflops`` is read as missing (NaN).
+    """
     import pandas as pd
 
-    df = pd.read_csv(path or SPECS_PATH)
+    path = Path(path) if path else SPECS_PATH
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable specs table ({exc})") from exc
     missing = [c for c in SPEC_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"{path or SPECS_PATH}: missing columns {missing}")
-    bad = df[~df["status"].isin(SPEC_STATUSES) | df["source"].isna() | (df["source"] == "")]
-    if len(bad):
-        raise ValueError(f"rows without a source or with a status outside {SPEC_STATUSES}: "
-                         f"{bad['variant'].tolist()}")
+    if missing or df.empty:
+        raise ValueError(f"{path}: missing columns {missing}; expected {list(SPEC_COLUMNS)}" if missing
+                         else f"{path}: no rows")
+    problems = []
+    for i, row in enumerate(df.to_dict(orient="records"), 1):
+        where = f"row {i} ({row['variant'] or row['device'] or '?'}), column"
+        problems += [f"{where} {c}: empty" for c in ("device", "variant", "source") if not row[c].strip()]
+        if row["status"] not in SPEC_STATUSES:
+            problems.append(f"{where} status: {row['status']!r}, not one of {', '.join(SPEC_STATUSES)}")
+        for c in SPEC_NUMBERS:
+            text = row[c].strip()
+            if not text and c == "fp16_dense_tflops":
+                continue
+            try:
+                _check_positive(c, float(text))
+            except ValueError:
+                problems.append(f"{where} {c}: {text!r} is not a number > 0")
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    for c in SPEC_NUMBERS:
+        df[c] = pd.to_numeric(df[c].replace("", None))
     return df
 
 

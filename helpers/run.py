@@ -29,7 +29,7 @@ from typing import Optional
 
 import yaml
 
-from .results import RESULTS_NAME, load_results, write_json_atomic
+from .results import REPORT_CHAPTER, RESULTS_NAME, load_results, read_run, write_json_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
@@ -270,73 +270,37 @@ def export_html(notebook: Path) -> Optional[Path]:
         return None
 
 
-def format_figure(key: str, entry: dict) -> str:
-    value = entry.get("value")
-    if isinstance(value, float):
-        value = f"{value:.4g}"
-    context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape") if entry.get(k))
-    unit = f" {entry['unit']}" if entry.get("unit") else ""
-    return f"{key} = {value}{unit}" + (f" ({context})" if context else "")
-
-
 def write_index(run_dir: Path, run: dict) -> Path:
-    from .report import index_verdict_counts, key_figure_html, verdict_counts_html
+    """``index.html``: every chapter of the run folder (``helpers.results.read_run``), as the runner sees it."""
+    from . import pages
+    from .claims import CLASS_COLOURS, VERDICT_CLASSES
+    from .report import describe_key_figure, index_verdict_counts
 
+    folder = read_run(run_dir, run=run)
+    text = pages.labels("index")
     rows = []
-    for entry in run["notebooks"]:
-        results = load_results(run_dir, entry["notebook"]) or {}
-        metrics = results.get("metrics", {})
-        figures = [key_figure_html(k, metrics[k]) for k in results.get("key_figures", []) if k in metrics]
-        links = []
-        for label, rel in (("notebook", entry.get("output")), ("html", entry.get("html")),
-                           ("results.json", f"{entry['notebook']}/{RESULTS_NAME}" if results else None)):
-            if rel:
-                links.append(f'<a href="{html.escape(rel)}">{label}</a>')
-        for art in results.get("artifacts", []):
-            links.append(f'<a href="{html.escape(art["path"])}">{html.escape(art["label"])}</a>')
-        detail = entry.get("error") or results.get("status_reason") or ""
-        rows.append(
-            f"<tr class='{entry['status']}'><td>{html.escape(entry['notebook'])}</td>"
-            f"<td>{entry['status']}</td><td>{entry.get('duration_s', 0):.1f} s</td>"
-            f"<td>{'<br>'.join(figures)}"
-            f"{'<br><em>' + html.escape(detail[:500]) + '</em>' if detail else ''}</td>"
-            f"<td>{' · '.join(links)}</td></tr>"
-        )
-        if entry.get("solution"):
-            rows.append(_solution_row(entry["solution"], entry["notebook"]))
-    env = run.get("environment", {})
-    page = f"""<!doctype html><html><head><meta charset="utf-8">
-<title>ascend-llama-workbook run {html.escape(run['run_id'])}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:80em}}table{{border-collapse:collapse}}
-td{{overflow-wrap:anywhere}}td:first-child{{white-space:nowrap}}.dir,.ctx{{color:#666;font-size:85%}}.ctx::before{{content:"— "}}
-td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}
-tr.ok td:nth-child(2){{color:#080}}tr.failed td:nth-child(2){{color:#b00;font-weight:bold}}
-tr.skipped td:nth-child(2){{color:#888}}</style></head><body>
-<h1>ascend-llama-workbook: run {html.escape(run['run_id'])}</h1>
-<p>Profile <b>{html.escape(run['profile'])}</b>, started {html.escape(run['started'])},
-status <b>{html.escape(run['status'])}</b>. Device: {html.escape(str(env.get('device', '?')))}
-({html.escape(str(env.get('device_name', '')))}); torch {html.escape(str(env.get('torch', '?')))},
-torch_npu {html.escape(str(env.get('torch_npu') or 'not installed'))}.</p>
-<table><tr><th>notebook</th><th>status</th><th>duration</th><th>key figures (measured in this run)</th>
-<th>files</th></tr>
-{''.join(rows)}
-</table>{verdict_counts_html(index_verdict_counts(run_dir))}</body></html>"""
-    target = run_dir / "index.html"
-    tmp = target.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, target)
-    return target
-
-
-def _solution_row(solution: dict, chapter: str) -> str:
-    links = [f'<a href="{html.escape(solution[k])}">{label}</a>'
-             for label, k in (("notebook", "output"), ("html", "html")) if solution.get(k)]
-    detail = solution.get("error") or solution.get("reason") or ""
-    return (f"<tr class='{solution['status']}'><td>{html.escape(solution['notebook'])}</td>"
-            f"<td>{solution['status']}</td><td>{solution.get('duration_s', 0):.1f} s</td>"
-            f"<td>worked answers to the exercises of {html.escape(chapter)}"
-            f"{'<br><em>' + html.escape(detail[:500]) + '</em>' if detail else ''}</td>"
-            f"<td>{' · '.join(links)}</td></tr>")
+    for chapter in folder.chapters.values():
+        data, entry = chapter.data or {}, chapter.entry
+        metrics = data.get("metrics", {})
+        links = [(text[f"link_{kind}"], rel) for kind, rel in (
+            ("notebook", entry.get("output")), ("html", entry.get("html")),
+            ("results", f"{chapter.name}/{RESULTS_NAME}" if chapter.data else None)) if rel]
+        links += [(art["label"], art["path"]) for art in data.get("artifacts", [])]
+        rows.append({"name": chapter.name, "status": chapter.status, "entry": entry, "solution_of": "",
+                     "figures": [describe_key_figure(k, metrics[k]) for k in data.get("key_figures", [])
+                                 if k in metrics],
+                     "detail": "" if chapter.reason == "it wrote no results.json" else chapter.reason,
+                     "links": links})
+        solution = entry.get("solution")
+        if solution:
+            rows.append({"name": solution["notebook"], "status": solution["status"], "entry": solution,
+                         "solution_of": chapter.name, "figures": [],
+                         "detail": solution.get("error") or solution.get("reason") or "",
+                         "links": [(text[f"link_{kind}"], solution[k]) for kind, k in
+                                   (("notebook", "output"), ("html", "html")) if solution.get(k)]})
+    return pages.write(Path(run_dir) / "index.html", "index", folder=folder, run=folder.run, rows=rows,
+                       counts=index_verdict_counts(folder), meanings=VERDICT_CLASSES, colours=CLASS_COLOURS,
+                       report_chapter=REPORT_CHAPTER)
 
 
 def _environment_summary() -> dict:

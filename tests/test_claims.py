@@ -100,35 +100,38 @@ def test_impossible_claim_names_its_bound(table, tmp_path):
     assert "TB/s" in v["detail"] and "1600" in v["detail"]
 
 
+def _specs(path, rows):
+    base = {"device": "Ascend 910B", "variant": "910B1 fictional", "memory_gb": 64, "bandwidth_gbps": 1500,
+            "fp16_dense_tflops": "", "status": "unofficial", "source": "test fixture", "note": ""}
+    pd.DataFrame([{**base, **r} for r in rows]).to_csv(path, index=False)
+    return path
+
+
 def test_bound_depends_on_the_specs_table(table, tmp_path):
-    specs = tmp_path / "device_specs.csv"
-    pd.DataFrame([{"device": "Ascend 910B1 fictional", "hbm_bandwidth_gbps": 100000, "fp16_tflops": "n/a",
-                   "memory_gb": 64, "source": "test fixture", "confidence": "none", "extra": 1}]
-                 ).to_csv(specs, index=False)
+    specs = _specs(tmp_path / "device_specs.csv", [{"bandwidth_gbps": 100000}])
     row = table[table["claimed_value"] == "2500-3500"].iloc[0]
-    v = _verdict(table, tmp_path / "run", row["id"], specs_path=specs)
+    v = _verdict(table, tmp_path, row["id"], specs_path=specs)
     assert v["verdict"] == "needs an NPU to check"
-    rows, source = claims.load_specs(specs)
-    assert rows[0]["fp16_tflops"] is None and "device_specs.csv" in source
-    rows, source = claims.load_specs(tmp_path / "missing.csv")
-    assert rows == [] and "not found" in source  # no numbers from anywhere but the table
+    ev = claims.gather_evidence(tmp_path, specs)
+    assert ev.specs[0]["fp16_dense_tflops"] is None and ev.specs_source == "device_specs.csv"
+    assert ev.spec("910B1", "fp16_dense_tflops") == (None, "")  # an empty cell is no figure, never 0
+    with pytest.raises(ValueError, match="specs column 'hbm_bandwidth_gbps'"):
+        ev.spec("910B1", "hbm_bandwidth_gbps")
+    with pytest.raises(ValueError, match="missing.csv"):  # no numbers from anywhere but the table
+        claims.gather_evidence(tmp_path, tmp_path / "missing.csv")
 
 
-def test_specs_with_other_column_names(table, tmp_path):
-    specs = tmp_path / "device_specs.csv"
-    pd.DataFrame([
-        {"device": "Ascend 910B", "variant": "910B1 / 910B2", "memory_gb": 64, "bandwidth_gbps": 1500,
-         "fp16_dense_tflops": 300, "status": "unofficial", "source": "fixture"},
-        {"device": "Ascend 910B", "variant": "all 8 chips (8 x 910B)", "memory_gb": 512,
-         "bandwidth_gbps": 12000, "fp16_dense_tflops": "", "status": "derived", "source": "fixture"},
-    ]).to_csv(specs, index=False)
-    ev = claims.gather_evidence(tmp_path / "run", specs)
-    value, text = ev.spec("910B1", "hbm_bandwidth_gbps")
+def test_a_spec_is_the_chips_own_row_not_the_aggregate(table, tmp_path):
+    specs = _specs(tmp_path / "device_specs.csv", [
+        {"variant": "910B1 / 910B2", "fp16_dense_tflops": 300},
+        {"variant": "all 8 chips (8 x 910B)", "memory_gb": 512, "bandwidth_gbps": 12000}])
+    ev = claims.gather_evidence(tmp_path, specs)
+    value, text = ev.spec("910B1", "bandwidth_gbps")
     assert value == 1500 and "device_specs.csv" in text  # not the 8-chip aggregate row
-    assert ev.spec("910B1", "fp16_tflops")[0] == 300
-    assert ev.spec("A100", "hbm_bandwidth_gbps") == (None, "")  # absent from this table: no figure
+    assert ev.spec("910B1", "fp16_dense_tflops")[0] == 300
+    assert ev.spec("A100", "bandwidth_gbps") == (None, "")  # absent from this table: no figure
     row = table[table["claimed_value"] == "2500-3500"].iloc[0]
-    v = _verdict(table, tmp_path / "run", row["id"], specs_path=specs)
+    v = _verdict(table, tmp_path, row["id"], specs_path=specs)
     assert v["verdict"] == "physically impossible" and "8 x 1500" in v["detail"]
 
 
@@ -156,7 +159,7 @@ def test_api_verdicts_use_chapter_00_table(table, tmp_path):
 def test_failed_or_skipped_chapters_are_named(table, tmp_path):
     cid = _claim_for(table, "05_int8_quantization.int8_decode_speedup_batch1")
     _chapter(tmp_path, "05_int8_quantization", status="running")
-    assert "did not finish" in _verdict(table, tmp_path, cid)["detail"]
+    assert "unfinished (results.json still says running" in _verdict(table, tmp_path, cid)["detail"]
     _chapter(tmp_path, "05_int8_quantization", status="skipped")
     v = _verdict(table, tmp_path, cid)
     assert v["verdict"] == "not measured in this run" and "skipped in this fixture" in v["detail"]
@@ -283,6 +286,7 @@ def test_verdict_classes_cover_every_verdict():
     with pytest.raises(ValueError, match="unknown verdict"):
         claims.verdict_class("probably fine")
     assert claims.device_class("npu:3") == "npu" and claims.device_class("") == ""
+    assert claims.device_class("unknown (no torch)") == "" and claims.device_class("xla:0") == ""
     assert claims.comparable_model("llama2-7b", "NousResearch/Llama-2-7b-hf")
     assert not claims.comparable_model("llama2-7b", "smollm2-135m")
 
@@ -383,11 +387,11 @@ BOTH_WAYS = [
     ("fits", "x", "", "npu", "", "model=llama2-70b;device=910B1", None, "agrees with sources"),
     ("spec", "64", "GB", "npu", "", "device=910B1;column=memory_gb", None, "agrees with sources"),
     ("spec", "32", "GB", "npu", "", "device=910B1;column=memory_gb", None, "disagrees with sources"),
-    ("spec", "600", "TOPS", "npu", "", "device=910B1;derive_from=fp16_tflops;factor=2;factor_source=s", None,
+    ("spec", "600", "TOPS", "npu", "", "device=910B1;derive_from=fp16_dense_tflops;factor=2;factor_source=s", None,
      "agrees with sources"),
-    ("spec", "256", "TOPS", "npu", "", "device=910B1;derive_from=fp16_tflops;factor=2;factor_source=s", None,
+    ("spec", "256", "TOPS", "npu", "", "device=910B1;derive_from=fp16_dense_tflops;factor=2;factor_source=s", None,
      "disagrees with sources"),
-    ("spec", "1000", "TOPS", "npu", "", "device=910B1;derive_from=fp16_tflops;factor=2;factor_source=s", None,
+    ("spec", "1000", "TOPS", "npu", "", "device=910B1;derive_from=fp16_dense_tflops;factor=2;factor_source=s", None,
      "physically impossible"),
     ("pairing", "x", "", "", "", "torch_npu=2.1;cann=8.0", None, "agrees with sources"),
     ("pairing", "x", "", "", "", "torch_npu=2.3;cann=8.0", None, "disagrees with sources"),
@@ -479,8 +483,10 @@ def test_claims_page_groups_rows_and_badges_every_verdict(table, tmp_path):
 
     from helpers import report
 
+    from helpers import pages
+
     audit = claims.verdicts(tmp_path, table)
-    page = report.claims_report_html("t", audit)
+    page = report.write_claims_report(tmp_path / "claims_report.html", "t", audit).read_text()
     badges = re.findall(r'data-verdict-class="([^"]+)"', page)
     # one badge per class in the legend, then one per claim
     assert len(badges) == len(claims.VERDICT_CLASSES) + len(audit)
@@ -491,18 +497,18 @@ def test_claims_page_groups_rows_and_badges_every_verdict(table, tmp_path):
         assert f"<h3>{section}" in page.replace("&amp;", "&") or section in page
     row = audit.iloc[0]
     assert row["text_zh"].split()[0] in page and row["gloss_en"][:30] in page
-    assert "table-layout:fixed" in page and "overflow-wrap:anywhere" in page
+    assert pages.stylesheet() in page  # inlined: the page is one file
 
 
 def test_int8_plot_is_not_a_one_point_axis(table, tmp_path):
     import matplotlib.pyplot as plt
 
     from helpers import report
-    from helpers.results import load_all
+    from helpers.results import read_run
 
     _chapter(tmp_path, "05_int8_quantization", {"int8_decode_speedup_batch1": (1.65, "cpu"),
                                                 "int8_ppl_delta_pct": (0.36, "cpu")})
-    fig = report.plot_int8(load_all(tmp_path), table)
+    fig = report.plot_int8(read_run(tmp_path).results(), table)
     speed_ax, ppl_ax = fig.axes
     assert speed_ax.get_xlim()[0] == 0 and speed_ax.get_xlim()[1] > 2.38  # the guide's largest speedup fits
     low, high = ppl_ax.get_xlim()

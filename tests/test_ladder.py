@@ -201,9 +201,10 @@ def test_run_script_times_a_script_and_reports_failures(tmp_path):
     from helpers import ladder
 
     ok = tmp_path / "ok.sh"
-    ok.write_text("echo generated text\n")
+    ok.write_text("sleep 0.3; echo generated text in $(pwd)\n")
     out = ladder.run_script(str(ok), parameter="mindspeed_script")
-    assert out["returncode"] == 0 and "generated text" in out["output_tail"] and out["wall_s"] >= 0
+    assert out["returncode"] == 0 and f"generated text in {tmp_path}" in out["output_tail"]
+    assert out["wall_s"] >= 0.3  # the script's whole run is timed, not the start of the process
     bad = tmp_path / "bad.sh"
     bad.write_text("echo broken >&2; exit 3\n")
     with pytest.raises(RuntimeError, match="exited with 3"):

@@ -36,9 +36,18 @@ def test_notebook_runs_with_quick_profile(quick_run, notebook):
     assert entry["status"] == "ok", f"{notebook}: {entry.get('error')}"
     results = json.loads((quick_run["run_dir"] / notebook / "results.json").read_text())
     assert results["status"] == "ok"
-    assert results["metrics"], f"{notebook} recorded no figures"
-    for key, figure in results["metrics"].items():
-        assert "value" in figure, key
+    assert_key_figures_are_measured(results, notebook)
+
+
+def assert_key_figures_are_measured(results: dict, notebook: str) -> None:
+    """Each key figure the index shows has a value (NaN and inf are written as null) and, the device
+    itself aside, names the code path that measured it."""
+    assert results["key_figures"], f"{notebook} marked no key figures for the index"
+    for key in results["key_figures"]:
+        entry = results["metrics"][key]
+        assert entry["value"] is not None, f"{notebook}: key figure {key} has no value: {entry}"
+        if key != "device":  # the device is the context of every other figure
+            assert entry.get("code_path"), f"{notebook}: key figure {key} does not say how it was measured"
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS)

@@ -66,11 +66,22 @@ def test_specs_table_has_sources_and_no_typed_cpu_row():
     assert row["ceiling_tok_s"] == pytest.approx(30e9 / 13_476_831_232)
 
 
-def test_specs_without_source_are_rejected(tmp_path):
+def test_a_bad_specs_cell_is_named_by_file_row_and_column(tmp_path):
     path = tmp_path / "specs.csv"
-    path.write_text("device,variant,memory_gb,bandwidth_gbps,fp16_dense_tflops,status,source,note\n"
-                    "X,X1,1,100,,guess,,\n")
-    with pytest.raises(ValueError, match="source"):
+    header = "device,variant,memory_gb,bandwidth_gbps,fp16_dense_tflops,status,source,note\n"
+    path.write_text(header + "X,X1,1,100,,official,a datasheet,\nY,Y1,1,lots,,guess,,\n")
+    with pytest.raises(ValueError) as err:
+        roofline.load_specs(path)
+    message = str(err.value)
+    assert message.startswith(str(path))
+    for problem in ("row 2 (Y1), column source: empty", "row 2 (Y1), column status: 'guess'",
+                    "row 2 (Y1), column bandwidth_gbps: 'lots' is not a number"):
+        assert problem in message, problem
+    assert "row 1" not in message  # the good row is not blamed
+    path.write_text(header + "X,X1,1,100,,official,a datasheet,\n")
+    assert roofline.load_specs(path)["fp16_dense_tflops"].isna().all()  # an empty optional figure is missing
+    path.write_text("device,hbm_bandwidth_gbps,source\nX,100,s\n")  # another table's column names
+    with pytest.raises(ValueError, match=r"missing columns \['variant', 'memory_gb', 'bandwidth_gbps'"):
         roofline.load_specs(path)
 
 

@@ -36,12 +36,14 @@ def test_this_venv_holds_one_pinned_set():
     assert {name: pins[name] for name in CORE} == installed
 
 
-def test_transformers_line_names_the_major():
+def test_transformers_line_names_the_major(monkeypatch):
     assert compat.transformers_line("4.57.6") == "4.x"
     assert compat.transformers_line("5.24.0.dev0") == "5.x"
     import transformers
 
-    assert compat.transformers_line() == f"{transformers.__version__.split('.')[0]}.x"
+    for installed, line in (("4.57.6", "4.x"), ("5.24.0", "5.x")):  # without an argument: the installed one
+        monkeypatch.setattr(transformers, "__version__", installed)
+        assert compat.transformers_line() == line
 
 
 def test_both_lines_pass_the_floor_and_older_ones_fail():
