@@ -193,16 +193,6 @@ def batch_throughput_ratio(table) -> Optional[dict]:
 
 # --- building blocks for chapter 06's rungs ------------------------------------------------------
 
-def model_weight_bytes(model) -> int:
-    """Bytes of the model's weights, tied weights once and int8 weights one byte each.
-
-    Chapter 05's counter, so every chapter counts a quantized model the same way.
-    """
-    from .quant import weight_bytes
-
-    return int(weight_bytes(model))
-
-
 @dataclass
 class Variant:
     """What a rung measures: a model, the batch of prompts (None: the ladder's) and the cache kind."""
@@ -222,6 +212,7 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
     is compiled (``helpers.static_decode``) adds ``compiled_graphs`` and ``compile_s``.
     """
     from .generation import measure_generation
+    from .models import weight_bytes
 
     def measure(variant) -> dict:
         if isinstance(variant, Variant):
@@ -236,7 +227,7 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
                "ttft_ms": out.get("ttft_ms"), "decode_ms_per_token": out.get("decode_ms_per_token"),
                "decode_p10_ms": out.get("decode_p10_ms"), "decode_p90_ms": out.get("decode_p90_ms"),
                "dtype": out.get("dtype"), "code_path": out.get("code_path"),
-               "weight_bytes": model_weight_bytes(model),
+               "weight_bytes": weight_bytes(model),
                "compiled_graphs": out.get("compiled_graphs"), "compile_s": out.get("compile_s")}
         if bandwidth_gbps:
             row["roofline_tok_s"] = (out.get("batch_size") or len(batch)) * bandwidth_gbps * 1e9 / row["weight_bytes"]

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import backend, compat
+from . import backend, versions
 
 RMS_IMPLS = ("auto", "reference", "npu", "torch", "compiled")
 SWIGLU_IMPLS = ("auto", "reference", "npu", "compiled")
@@ -74,7 +74,7 @@ def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
         if kind == "npu":
             return "npu"
         impl = "reference" if op == "swiglu" else "torch"
-    if impl == "torch" and not compat.has_feature("F.rms_norm"):
+    if impl == "torch" and not versions.has_feature("F.rms_norm"):
         return "reference"  # torch < 2.4 (the 2.1 of older Ascend images) has no F.rms_norm
     return impl
 
@@ -119,7 +119,7 @@ def graph_mode(module, device, compiler_backend=None, **options):
     kind = _device_kind(device)
     if kind not in ("npu", "cuda", "cpu"):
         raise ValueError(f"device={device!r} is not valid for graph_mode; use npu, cuda or cpu")
-    if not compat.has_feature("torch.compile"):
+    if not versions.has_feature("torch.compile"):
         raise RuntimeError("graph mode needs torch.compile (torch >= 2.0)")
     if compiler_backend is not None:
         options.pop("mode", None)
@@ -378,3 +378,19 @@ def rms_norm_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
 def add_rms_norm_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
     """Minimum traffic of fused add + RMSNorm: read x and residual, write y and the new residual."""
     return 4 * x.numel() * x.element_size() + weight.numel() * weight.element_size()
+
+
+def llama_rmsnorm_matches_formula(hidden: int = 64, eps: float = 1e-5) -> dict:
+    """Does transformers' ``LlamaRMSNorm`` compute the guide's ``x / sqrt(mean(x^2) + eps) * w``, with
+    no bias? Checked on a small float32 tensor with a random weight (chapter 01 records it)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(hidden, eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(hidden, generator=g) + 0.5)
+        x = torch.randn(3, hidden, generator=g)
+        formula = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps) * norm.weight
+        diff = (norm(x) - formula).abs().max().item()
+    has_bias = any("bias" in name for name, _ in norm.named_parameters())
+    return {"matches": diff < 1e-5 and not has_bias, "max_abs_diff": diff, "has_bias": has_bias}

@@ -1,4 +1,4 @@
-"""INT8 linears per backend, calibration, library baselines and a small decode timer.
+"""INT8 linears per backend, calibration and library baselines.
 
 Taught in ``05_int8_quantization.ipynb``. One module, ``Int8Linear``, holds a symmetric
 per-output-channel int8 weight and picks a kernel per backend:
@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backend, bench, compat
+from . import backend, bench, versions
+from .models import weight_bytes
 from .quality import perplexity  # noqa: F401  (part of this module's public API)
 
 IMPLS = ("auto", "npu", "int8pack", "dequant", "emulate")
@@ -99,7 +100,7 @@ def resolve_impl(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -
             raise ValueError(f"impl={impl!r} does not do W8A8; use impl='npu' or 'emulate'")
         if scheme == "w8a16" and impl == "emulate":
             raise ValueError("impl='emulate' is for scheme='w8a8'; W8A16 uses npu, int8pack or dequant")
-        if impl == "int8pack" and not compat.has_feature("torch._weight_int8pack_mm"):
+        if impl == "int8pack" and not versions.has_feature("torch._weight_int8pack_mm"):
             raise ValueError("impl='int8pack' needs torch._weight_int8pack_mm, which this torch "
                              "lacks; use impl='dequant' or 'auto'")
         return impl
@@ -108,7 +109,7 @@ def resolve_impl(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -
         return "npu"
     if scheme == "w8a8":
         return "emulate"
-    if dtype in (torch.bfloat16, torch.float16) and compat.has_feature("torch._weight_int8pack_mm"):
+    if dtype in (torch.bfloat16, torch.float16) and versions.has_feature("torch._weight_int8pack_mm"):
         return "int8pack"
     return "dequant"
 
@@ -188,42 +189,6 @@ class Int8Linear(nn.Module):
 
 
 # --- whole models --------------------------------------------------------------------------
-
-def _tensor_nbytes(obj, seen: set) -> int:
-    """Bytes of a tensor, a tensor subclass (its inner tensors) or a tuple of them, each once."""
-    if isinstance(obj, (tuple, list)):
-        return sum(_tensor_nbytes(o, seen) for o in obj)
-    if not isinstance(obj, torch.Tensor):
-        return 0
-    if hasattr(obj, "__tensor_flatten__") and type(obj) is not torch.Tensor and not isinstance(
-            obj, nn.Parameter):
-        names, _ = obj.__tensor_flatten__()
-        return sum(_tensor_nbytes(getattr(obj, n), seen) for n in names)
-    if isinstance(obj, nn.Parameter) and hasattr(obj.data, "__tensor_flatten__") and \
-            type(obj.data) is not torch.Tensor:
-        return _tensor_nbytes(obj.data, seen)
-    try:
-        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), obj.numel())
-    except Exception:  # quantized tensors have no untyped storage to share
-        key = id(obj)
-    if key in seen:
-        return 0
-    seen.add(key)
-    extra = 0
-    if obj.is_quantized and obj.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-        extra = obj.q_per_channel_scales().numel() * 8 + obj.q_per_channel_zero_points().numel() * 8
-    return obj.numel() * obj.element_size() + extra
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of everything in the state_dict (tied weights once), including packed int8 weights.
-
-    Works for plain models, ``Int8Linear``, torchao tensor subclasses and ``quantize_dynamic``'s
-    packed parameters, so every variant is counted the same way.
-    """
-    seen: set = set()
-    return sum(_tensor_nbytes(v, seen) for v in model.state_dict(keep_vars=True).values())
-
 
 def linear_names(model: nn.Module, skip: Iterable[str] = ()) -> list[str]:
     skip = tuple(skip)
@@ -362,80 +327,11 @@ def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
                    "activations": "dynamic per-tensor int8"}
 
 
-# --- timing: a small prefill/decode split (chapter 03's measure_generation replaces it) ------
-
-@torch.inference_mode()
-def simple_decode_timing(model, tokenizer, prompt: str, batch_size: int = 1, device=None, *,
-                         min_iters: int = 5, min_seconds: float = 0.3) -> dict:
-    """TTFT (one prefill forward + argmax) and the time of one decode step, with bench.measure.
-
-    The decode step runs at context ``prompt + 1`` and its KV entry is cropped after each call,
-    so every sample times the same step. Keys follow ``helpers.generation.measure_generation``.
-    Peak memory: ``max_memory_allocated`` on NPU/CUDA; on the CPU, ``weight_bytes`` plus the growth
-    of the process RSS during the timed calls (the RSS itself also holds whatever the allocator kept
-    from loading and quantizing, which differs from run to run).
-    """
-    from transformers import DynamicCache
-
-    from .models import chat_inputs
-
-    device = backend.as_device(device or next(model.parameters()).device)
-    inputs = chat_inputs(tokenizer, [prompt] * batch_size, device)
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    dtype = next(model.parameters()).dtype
-    meta = dict(dtype=dtype, shape=f"batch {batch_size}, prompt {ids.shape[1]} tokens")
-    # transformers 5.x renamed past_key_values to cache; older releases only know the old name.
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    backend.reset_peak_memory(device)
-    on_cpu = device.type == "cpu"
-    start_rss = backend._cpu_rss_bytes() if on_cpu else 0
-
-    def prefill():
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_kw: cache})
-        return out.logits[:, -1].argmax(-1), cache
-
-    ttft = bench.measure(lambda: prefill(), device, name="prefill", warmup=1, min_iters=min_iters,
-                         min_seconds=min_seconds, code_path="model forward on the prompt + argmax",
-                         **meta)
-    next_tok, cache = prefill()
-    length = ids.shape[1]
-    step_mask = torch.cat([mask, mask.new_ones(batch_size, 1)], dim=1)
-    position = torch.full((batch_size, 1), length, device=device)
-
-    def step():
-        out = model(input_ids=next_tok[:, None], attention_mask=step_mask, position_ids=position,
-                    use_cache=True, **{cache_kw: cache})
-        cache.crop(-1)  # drop this step's KV entry so every sample times the same step
-        return out.logits[:, -1].argmax(-1)
-
-    decode = bench.measure(step, device, name="decode step", warmup=2, min_iters=min_iters * 2,
-                           min_seconds=min_seconds, code_path="one cached decode step", **meta)
-    peak = backend.peak_memory_bytes(device)
-    if on_cpu:
-        peak = weight_bytes(model) + max(peak - start_rss, 0)
-    greedy = torch.stack([next_tok, step()], dim=1).tolist()  # lets callers check the step is right
-    return {
-        "batch_size": batch_size, "prompt_tokens": int(ids.shape[1]), "new_tokens": 1,
-        "ttft_ms": ttft.median_ms, "ttft_p10_ms": ttft.p10 * 1e3, "ttft_p90_ms": ttft.p90 * 1e3,
-        "decode_ms_per_token": decode.median_ms, "decode_p10_ms": decode.p10 * 1e3,
-        "decode_p90_ms": decode.p90 * 1e3,
-        "tokens_per_s_per_user": 1e3 / decode.median_ms,
-        "tokens_per_s_aggregate": batch_size * 1e3 / decode.median_ms,
-        "total_ms": None, "peak_memory_bytes": int(peak),
-        "memory_kind": "weight bytes + peak RSS growth while timing" if on_cpu else
-                       backend.peak_memory_kind(device),
-        "dtype": backend.dtype_name(dtype), "device": str(device),
-        "code_path": "helpers.quant.simple_decode_timing (prefill forward; one cached decode step)",
-        "greedy_tokens": greedy, "timings": {"prefill": ttft, "decode": decode},
-    }
-
-
 # --- the chapter's variants ----------------------------------------------------------------
 
 VARIANTS = {
     "fp32": "float32, unquantized",
-    "16bit": "16-bit baseline (the dtype parameter: fp16 on NPU/CUDA, bf16 or fp32 on CPU)",
+    "dense": "unquantized, in the dtype parameter's dtype (fp16 on NPU/CUDA; on a CPU what auto measured)",
     "w8a16": "hand-written W8A16 Int8Linear, kernel picked per backend",
     "w8a16_dequant": "hand-written W8A16 Int8Linear, dequant-in-forward kernel",
     "torchao": "torchao Int8WeightOnlyConfig on the 16-bit model (library path)",
@@ -443,6 +339,15 @@ VARIANTS = {
     "w8a8_static": "W8A8, static per-tensor activation scales from calibration",
     "quantize_dynamic": "torch.ao quantize_dynamic, per-tensor W8 and A8 (float32, CPU only)",
 }
+
+
+def bitsandbytes_config_takes(params=("load_in_8bit", "llm_int8_threshold")) -> dict:
+    """Does transformers' ``BitsAndBytesConfig`` take the guide's arguments? (chapter 05 records it)."""
+    from transformers import BitsAndBytesConfig
+
+    have = set(inspect.signature(BitsAndBytesConfig).parameters)
+    missing = [p for p in params if p not in have]
+    return {"takes": not missing, "missing": missing, "params": list(params)}
 
 
 class VariantUnavailable(RuntimeError):
@@ -480,7 +385,7 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
     model, tokenizer = load_model(model_name, dtype=load_dtype, device=device)
     info = {"variant": name, "description": VARIANTS[name], "dtype": backend.dtype_name(load_dtype),
             "device": str(device), "bytes_before": weight_bytes(model)}
-    if name in ("fp32", "16bit"):
+    if name in ("fp32", "dense"):
         info.update(bytes_after=info["bytes_before"], impl="dense", scheme="none",
                     activations=backend.dtype_name(load_dtype))
     elif name == "w8a16":
@@ -498,42 +403,6 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
         info.update(extra)
     info["speed_is_meaningful"] = "emulate" not in str(info.get("impl"))
     return model, tokenizer, info
-
-
-def alternating_decode_timing(models_by_name: dict, tokenizer, prompt: str, batch_size: int = 1,
-                              device=None, *, rounds: int = 3, min_iters: int = 5,
-                              min_seconds: float = 0.3) -> dict:
-    """``simple_decode_timing`` of several models in turn, ``rounds`` times, samples pooled per model.
-
-    On a shared machine the load drifts over minutes; timing A, B, A, B, ... makes the drift hit
-    every model alike, so a ratio of their medians compares the models, not the moments.
-    """
-    if rounds < 1:
-        raise ValueError(f"rounds={rounds!r} is not valid; it must be an integer >= 1")
-    runs: dict = {name: [] for name in models_by_name}
-    for _ in range(rounds):
-        for name, lm in models_by_name.items():
-            runs[name].append(simple_decode_timing(lm, tokenizer, prompt, batch_size, device,
-                                                   min_iters=min_iters, min_seconds=min_seconds))
-    out = {}
-    for name, parts in runs.items():
-        pooled = {}
-        for part in ("prefill", "decode"):
-            ts = [r["timings"][part] for r in parts]
-            pooled[part] = bench.Timing(f"{name} {part}", [s for t in ts for s in t.samples], 1,
-                                        ts[0].first_call_s, ts[0].device,
-                                        {**ts[0].meta, "rounds": rounds})
-        res = dict(parts[0])
-        pre, dec = pooled["prefill"], pooled["decode"]
-        res.update(ttft_ms=pre.median_ms, ttft_p10_ms=pre.p10 * 1e3, ttft_p90_ms=pre.p90 * 1e3,
-                   decode_ms_per_token=dec.median_ms, decode_p10_ms=dec.p10 * 1e3,
-                   decode_p90_ms=dec.p90 * 1e3, tokens_per_s_per_user=1e3 / dec.median_ms,
-                   tokens_per_s_aggregate=batch_size * 1e3 / dec.median_ms,
-                   peak_memory_bytes=max(r["peak_memory_bytes"] for r in parts),
-                   code_path=res["code_path"] + f", {rounds} alternating rounds pooled",
-                   timings=pooled)
-        out[name] = res
-    return out
 
 
 # --- reading the headline figures ------------------------------------------------------------

@@ -18,10 +18,18 @@ SPEC_COLUMNS = ("device", "variant", "memory_gb", "bandwidth_gbps", "fp16_dense_
 SPEC_NUMBERS = ("memory_gb", "bandwidth_gbps", "fp16_dense_tflops")  # the last may be empty
 SPEC_STATUSES = ("official", "unofficial")
 
-# Llama-2-7B shape from its config.json (meta-llama/Llama-2-7b-hf): untied embeddings, MHA.
+# The released Llama-2 shapes from their config.json files (meta-llama/Llama-2-{7b,13b,70b}-hf):
+# untied embeddings; 7B and 13B use multi-head attention, 70B grouped-query attention (8 KV heads).
 LLAMA2_7B_CONFIG = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                         tie_word_embeddings=False)
+LLAMA2_CONFIGS = {
+    "7b": LLAMA2_7B_CONFIG,
+    "13b": dict(vocab_size=32000, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                num_attention_heads=40, num_key_value_heads=40, tie_word_embeddings=False),
+    "70b": dict(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
+}
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int4": 0.5}
 
 
@@ -96,11 +104,14 @@ def llama_parameter_count(vocab_size: int, hidden_size: int, intermediate_size: 
     return num_hidden_layers * per_layer + embeddings + hidden_size
 
 
-def llama2_7b_weight_bytes(dtype: str = "float16") -> int:
-    """Weight bytes of Llama-2-7B (6.74 B parameters) stored in ``dtype`` (scales of int formats ignored)."""
+def llama2_weight_bytes(dtype: str = "float16", size: str = "7b") -> int:
+    """Weight bytes of a released Llama-2 (7B: 6.74 B parameters) stored in ``dtype`` (scales of int
+    formats ignored). A model loaded in this run is counted by ``helpers.models.weight_bytes``."""
     if dtype not in BYTES_PER_ELEMENT:
         raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(BYTES_PER_ELEMENT)}")
-    return int(llama_parameter_count(**LLAMA2_7B_CONFIG) * BYTES_PER_ELEMENT[dtype])
+    if size not in LLAMA2_CONFIGS:
+        raise ValueError(f"size={size!r} is not valid; choose one of {', '.join(LLAMA2_CONFIGS)}")
+    return int(llama_parameter_count(**LLAMA2_CONFIGS[size]) * BYTES_PER_ELEMENT[dtype])
 
 
 def prefill_floor_ms(prompt_tokens: int, parameters: int, tflops: float) -> float:

@@ -44,14 +44,17 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import compat
+from . import versions
 
 
 DEFAULT_RECOMPILE_LIMIT = 8
 NPU_MODES = ("max-autotune", "reduce-overhead")
 # Set while a whole-model graph is built on a CPU. Passed as torch.compile(options=...) they did not
 # take effect for freezing in torch 2.13, so CompiledForward patches inductor's config around each call.
-CPU_DECODE_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# cpp.enable_kernel_profile names each generated kernel in torch.profiler (a GEMM template shows as
+# graph_N_gemm_..._kernel), so chapter 03 can say which matmul kernels a compiled step ran.
+CPU_DECODE_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                       "cpp.enable_kernel_profile": True}
 # Autotuning prints a table per matmul shape to stderr; in an executed notebook that is pages of
 # noise, and the choice it made is already named in the code path (describe()).
 QUIET_AUTOTUNE = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
@@ -95,7 +98,15 @@ def decode_inductor_config(device, backend: str) -> dict:
         return {}
     import torch._inductor.config as config
 
-    return {k: v for k, v in CPU_DECODE_INDUCTOR.items() if hasattr(config, k)}
+    def known(name: str) -> bool:  # dotted names are sub-configs (cpp.enable_kernel_profile)
+        owner = config
+        for part in name.split("."):
+            if not hasattr(owner, part):
+                return False
+            owner = getattr(owner, part)
+        return True
+
+    return {k: v for k, v in CPU_DECODE_INDUCTOR.items() if known(k)}
 
 
 def module_guard_filter() -> dict:
@@ -174,7 +185,7 @@ def prime_cache(model, cache, inputs: dict) -> None:
     """One eager forward through ``cache``, then a reset: transformers 5.x allocates a static
     cache on first use, and a graph traced before and after that allocation would be two graphs."""
     ids = inputs["input_ids"][:, :1]
-    eager_forward(model)(input_ids=ids, use_cache=True, **{compat.cache_argument(model): cache})
+    eager_forward(model)(input_ids=ids, use_cache=True, **{versions.cache_argument(model): cache})
     cache.reset()
 
 
@@ -187,7 +198,7 @@ def static_generate_kwargs(model, inputs: dict, max_new_tokens: int) -> tuple[An
     batch, prompt_len = inputs["input_ids"].shape
     cache = make_static_cache(model, int(batch), int(prompt_len) + int(max_new_tokens))
     prime_cache(model, cache, inputs)
-    return cache, {compat.cache_argument(model): cache, **no_auto_compile_kwargs()}
+    return cache, {versions.cache_argument(model): cache, **no_auto_compile_kwargs()}
 
 
 # --- the compiled forward ------------------------------------------------------------------------
@@ -353,3 +364,18 @@ def graph_fields(compiled: Optional[CompiledForward], before: tuple = (0, 0.0)) 
     return {"compiled_graphs": int(compiled.graphs - before[0]), "compile_s": float(compiled.compile_s - before[1]),
             "graph_backend": compiled.backend, "npu_mode": compiled.npu_mode, "graph_settings": compiled.describe()}
 
+
+
+def compiled_module_runs_generate_compiled() -> bool:
+    """Does ``torch.compile(model).generate(...)`` run the compiled graph? Checked on a tiny module
+    (chapter 03 records it): ``torch.compile`` returns an ``OptimizedModule`` whose attributes other
+    than ``forward`` are the original module's, so its ``generate`` calls the eager ``forward``."""
+    class Tiny(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+        def generate(self):
+            return self  # transformers' generate calls self(...) on this object
+
+    compiled = torch.compile(Tiny())
+    return compiled.generate() is compiled

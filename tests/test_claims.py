@@ -291,11 +291,6 @@ def test_verdict_classes_cover_every_verdict():
     assert not claims.comparable_model("llama2-7b", "smollm2-135m")
 
 
-@pytest.mark.parametrize("measured,expected", [(3.0, "same effect"), (0.5, "opposite effect"), (1.02, "no effect")])
-def test_effect_direction(measured, expected):
-    assert claims.effect(3.2, measured, 1.0, 0.05) == expected
-
-
 # --- every rule kind can go both ways ------------------------------------------------------------
 
 def _claim(rule, claimed, args, unit="", hardware="", model="", cid="T1"):
@@ -346,17 +341,23 @@ BOTH_WAYS = [
      lambda d: _api_table(d, "torch.npu.config.allow_internal_format", False, "exists (set-only)"), "API exists"),
     ("api", "n", "", "", "", "name=torch.npu.config.allow_internal_format",
      lambda d: _api_table(d, "torch.npu.config.allow_internal_format", False, "exists"), "API does not exist"),
-    ("python_api", "n", "", "", "", "name=transformers.BitsAndBytesConfig;params=load_in_8bit", None, "API exists"),
-    ("python_api", "n", "", "", "", "name=transformers.BitsAndBytesConfig;params=load_in_9bit", None,
-     "API does not exist"),
+    ("fact", "14336", "", "", "", "metric=02_ffn_fusion.size",
+     lambda d: _chapter(d, "02_ffn_fusion", {"size": (14336, "cpu")}, device="cpu"), "reproduced"),
+    ("fact", "14336", "", "", "", "metric=02_ffn_fusion.size",
+     lambda d: _chapter(d, "02_ffn_fusion", {"size": (11008, "cpu")}, device="cpu"), "contradicted"),
+    ("fact", "runs", "", "", "", "metric=04_batching.runs;want=true",
+     lambda d: _chapter(d, "04_batching", {"runs": (False, "cpu")}, device="cpu"), "contradicted"),
+    ("fact", "runs", "", "", "", "metric=04_batching.runs;want=true",
+     lambda d: _chapter(d, "04_batching", {"runs": (True, "cpu")}, device="cpu"), "reproduced"),
+    ("fact", "runs", "", "", "", "metric=04_batching.runs;want=true", None, "not measured in this run"),
     ("ratio", "3.2", "x", "npu", "llama2-7b", "metric=04_batching.r;tolerance=0.25",
      lambda d: _npu(d, "04_batching", {"r": 3.0}), "reproduced"),
     ("ratio", "3.2", "x", "npu", "llama2-7b", "metric=04_batching.r;tolerance=0.25",
      lambda d: _npu(d, "04_batching", {"r": 1.5}), "contradicted"),
-    ("at_least", "3", "x", "npu", "", "metric=01_operator_verification.s",
-     lambda d: _npu(d, "01_operator_verification", {"s": 3.5}), "reproduced"),
-    ("at_least", "3", "x", "npu", "", "metric=01_operator_verification.s",
-     lambda d: _npu(d, "01_operator_verification", {"s": 1.1}), "contradicted"),
+    ("threshold", "3", "x", "npu", "", "metric=01_operator_verification.s;op=>=;tolerance=0.25",
+     lambda d: _npu(d, "01_operator_verification", {"s": 2.5}), "reproduced"),
+    ("threshold", "3", "x", "npu", "", "metric=01_operator_verification.s;op=>=;tolerance=0.25",
+     lambda d: _npu(d, "01_operator_verification", {"s": 2.0}), "contradicted"),
     ("threshold", "1e-3", "", "npu", "", "metric=02_ffn_fusion.d;op=<",
      lambda d: _npu(d, "02_ffn_fusion", {"d": 5e-4}), "reproduced"),
     ("threshold", "1e-3", "", "npu", "", "metric=02_ffn_fusion.d;op=<",
@@ -402,21 +403,13 @@ BOTH_WAYS = [
     ("npu_ratio", "1.34", "x", "npu", "llama2-7b", "rung=runtime", lambda d: _ladder(d), "reproduced"),
     ("npu_ratio", "1.34", "x", "npu", "llama2-7b", "rung=runtime",
      lambda d: _ladder(d, **{"+ runtime options": {"tokens_per_s": 13.1}}), "contradicted"),
-    ("llama2_config", "11008", "", "", "", "key=intermediate_size", None, "reproduced"),
-    ("llama2_config", "14336", "", "", "", "key=intermediate_size", None, "contradicted"),
-    ("shape_check", "runs", "", "", "", "x=1,4,8;weight=16,8", None, "reproduced"),
-    ("shape_check", "runs", "", "", "", "x=1,4,8;weight=8,16", None, "contradicted"),
     ("torch_autoload", "x", "", "", "", "image_torch=2.1.0", None, "agrees with sources"),
     ("torch_autoload", "x", "", "", "", "image_torch=2.6.0", None, "disagrees with sources"),
     ("fp16_spacing", "1e-3", "", "", "", "k=4096", None, "internally inconsistent"),
     ("fp16_spacing", "1e-3", "", "", "", "k=1", None, "internally consistent"),
-    ("hf_endpoint", "x", "", "", "", "variable=HF_ENDPOINT;value=https://hf-mirror.com", None, "reproduced"),
-    ("hf_endpoint", "x", "", "", "", "variable=HF_MIRROR_URL;value=https://hf-mirror.com", None, "contradicted"),
-    ("pad_token", "runs", "", "", "", "pad_token=none", None, "contradicted"),
-    ("pad_token", "runs", "", "", "", "pad_token=eos", None, "reproduced"),
 ]
 # Rules whose verdict is data in the table (a documented source, a stated reason), not a check.
-FIXED = {"documented", "unmeasured", "not_inference"}
+FIXED = {"documented", "unmeasured"}
 
 
 @pytest.mark.parametrize("case", BOTH_WAYS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BOTH_WAYS)])
@@ -434,31 +427,28 @@ def test_every_checking_rule_has_cases_both_ways():
     verdicts_by_rule = {}
     for rule, *_, expected in BOTH_WAYS:
         verdicts_by_rule.setdefault(rule, set()).add(expected)
-    monkeypatched = {"llama_rmsnorm", "compile_generate"}  # both ways in test_llama_rmsnorm_and_compile_...
-    missing = set(claims.RULES) - FIXED - monkeypatched - set(verdicts_by_rule)
+    missing = set(claims.RULES) - FIXED - set(verdicts_by_rule)
     assert not missing, f"rules without both-way cases: {missing}"
     assert all(len(v) >= 2 for v in verdicts_by_rule.values()), verdicts_by_rule
 
 
-def test_llama_rmsnorm_and_compile_rules_can_fail(monkeypatch, tmp_path):
-    import torch
-    from transformers.models.llama import modeling_llama
+def test_no_rule_runs_an_experiment(tmp_path):
+    """Rules judge what chapters recorded: auditing a run imports no torch and starts no process."""
+    import subprocess
+    import sys
 
-    row = _claim("llama_rmsnorm", "formula", "")
-    assert claims.verdicts(tmp_path, row).iloc[0]["verdict"] == "reproduced"
-
-    class Biased(modeling_llama.LlamaRMSNorm):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            self.bias = torch.nn.Parameter(torch.zeros(a[0]))
-
-    monkeypatch.setattr(modeling_llama, "LlamaRMSNorm", Biased)
-    assert claims.verdicts(tmp_path, row).iloc[0]["verdict"] == "contradicted"
-
-    row = _claim("compile_generate", "compiled", "")
-    assert claims.verdicts(tmp_path, row).iloc[0]["verdict"] == "contradicted"
-    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)
-    assert claims.verdicts(tmp_path, row).iloc[0]["verdict"] == "reproduced"
+    # Imported as the runner imports helpers (its process skips the torch import), so any torch
+    # in sys.modules afterwards was imported by the audit itself.
+    code = ("import subprocess, sys\n"
+            "sys.orig_argv = [sys.executable, '-m', 'helpers.run']\n"
+            "def no_process(*a, **k): raise AssertionError('a claims rule started a process')\n"
+            "subprocess.run = subprocess.Popen = no_process\n"
+            "from helpers import claims\n"
+            f"table = claims.verdicts({str(tmp_path)!r})\n"
+            "assert len(table) > 50 and not table['detail'].str.contains('rule .* failed').any()\n"
+            "assert 'torch' not in sys.modules, 'a claims rule imported torch'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
 
 
 def test_fixed_verdict_rules_state_their_source(table):

@@ -3,7 +3,7 @@
 | fault | test |
 |---|---|
 | torch_npu without CANN breaks ``import torch`` | test_torch_npu_autoload_without_cann_* (here) |
-| torch / torch_npu versions do not pair | test_compat.py::test_pairing_* |
+| torch / torch_npu versions do not pair | test_versions.py::test_pairing_* |
 | device=npu without an NPU | test_backend.py::test_broken_torch_npu_auto_falls_back_and_explicit_npu_raises |
 | no network / unknown model / missing path | test_models.py::test_bad_model_names_*, test_hub_id_* |
 | bad parameters | test_params.py, test_models.py::test_bad_dtype_and_source_fail_before_loading |

@@ -44,7 +44,7 @@ def test_unknown_keys_fall_back_to_their_name():
 
 
 def test_prefix_keys_name_their_batch_or_rung():
-    assert report.key_figure_label("int8_decode_speedup_batch8") == ("INT8 decode speedup over 16-bit, batch 8",
+    assert report.key_figure_label("int8_decode_speedup_batch8") == ("INT8 decode speedup over dense, batch 8",
                                                                        "higher")
     assert report.key_figure_label("ladder_tok_s_fused_ops")[0] == "ladder rung fused ops decode speed"
 

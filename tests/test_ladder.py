@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from helpers import bench, ladder
+from helpers import bench, ladder, models
 
 
 def _measure(latency_ms):
@@ -151,7 +151,7 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
     assert calls == [(1, 4, 1, False), (4, 4, 1, False), (2, 4, 1, True)]
     assert one["compiled_graphs"] is None and static["compiled_graphs"] == 2 and static["compile_s"] == 9.0
     assert one["latency_ms"] == 500.0 and four["tokens_per_s"] == 32.0
-    assert one["weight_bytes"] == ladder.model_weight_bytes(model) > 0
+    assert one["weight_bytes"] == models.weight_bytes(model) > 0
     assert four["roofline_tok_s"] == pytest.approx(4 * one["roofline_tok_s"])
 
 

@@ -303,3 +303,18 @@ def test_apply_fused_modules_auto_on_cpu_is_bit_exact_in_bf16(tiny_model):
     counts = ops.apply_fused_modules(fused, impl="auto")
     assert counts["impl"] == "reference" and counts["swiglu_impl"] == "reference"
     torch.testing.assert_close(_logits(fused, ids), _logits(ref, ids), atol=0, rtol=0)
+
+
+def test_llama_rmsnorm_formula_check_can_fail(monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    assert ops.llama_rmsnorm_matches_formula()["matches"] is True
+
+    class Biased(modeling_llama.LlamaRMSNorm):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.bias = torch.nn.Parameter(torch.zeros(a[0]))
+
+    monkeypatch.setattr(modeling_llama, "LlamaRMSNorm", Biased)
+    out = ops.llama_rmsnorm_matches_formula()
+    assert out["has_bias"] is True and out["matches"] is False

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from helpers import compat, generation, ops, quant, static_decode
+from helpers import generation, ops, quant, static_decode, versions
 from helpers.models import tiny_llama
 
 PROMPT = "the static cache keeps shapes fixed"
@@ -167,11 +167,11 @@ def test_npu_mode_goes_to_torchair_and_bad_modes_fail(model, monkeypatch):
 
 def test_cache_argument_follows_the_class_forward_even_when_compiled(model):
     m, _ = model
-    name = compat.cache_argument(m)
+    name = versions.cache_argument(m)
     assert name in inspect.signature(type(m).forward).parameters
     m.forward = lambda *args, **kwargs: None  # what a compiled wrapper hides
     try:
-        assert compat.cache_argument(m) == name
+        assert versions.cache_argument(m) == name
     finally:
         del m.forward
 
@@ -288,3 +288,9 @@ def test_autotuning_is_kept_to_decode_steps_unless_asked(model):
         _generate(m, tok, _inputs(tok), 3, **kwargs)
         assert recorder.seen == expected
         static_decode.restore_eager(m)
+
+
+def test_compiling_the_module_leaves_generate_eager(monkeypatch):
+    assert static_decode.compiled_module_runs_generate_compiled() is False
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)  # a compile that wrapped everything
+    assert static_decode.compiled_module_runs_generate_compiled() is True

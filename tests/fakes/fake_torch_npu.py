@@ -127,6 +127,7 @@ def make_npu_namespace(available: bool = False):
     ns.get_device_name = lambda i=0: "Ascend910B4"
     ns.mem_get_info = lambda i=0: (30 * 2**30, 32 * 2**30)
     ns.max_memory_allocated = lambda *a: 0
+    ns.memory_allocated = lambda *a: 0
     ns.reset_peak_memory_stats = lambda *a: None
     ns.empty_cache = lambda: None
     ns.is_bf16_supported = lambda: True

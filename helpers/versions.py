@@ -1,16 +1,16 @@
-"""Support floor, torch / torch_npu / CANN pairing, and feature detection with fallbacks.
+"""Versions: the support floor, torch / torch_npu / CANN pairing, feature detection and the
+shims for both transformers lines.
 
 Taught in ``00_environment_check.ipynb``. Helpers call ``has_feature`` instead of assuming a
 recent torch, so they also run on the torch 2.1 of older Ascend images, and the transformers shims
 at the end of this file instead of assuming one transformers line: setup installs transformers 5.x
-(current pinned set) or 4.57.x (legacy set, Python 3.9-3.10 or torch 2.1-2.5).
+(current pinned set) or 4.57.x (legacy set, Python 3.9-3.10 or torch 2.1-2.5). Importing this module
+imports neither torch nor transformers (the claims audit reads ``KNOWN_GOOD`` without them).
 """
 from __future__ import annotations
 
 import re
 from typing import Optional
-
-import torch
 
 MIN_TORCH = (2, 1, 0)
 # Both pinned lines: 4.57.x (legacy set) and 5.x (current). 4.56 is the first release that takes
@@ -40,7 +40,11 @@ def version_tuple(version: str) -> tuple[int, int, int]:
 
 def check_support_floor(torch_version: Optional[str] = None) -> None:
     """Raise ImportError with advice when torch is older than the floor."""
-    version = torch_version or torch.__version__
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    version = torch_version
     if version_tuple(version) < MIN_TORCH:
         raise ImportError(
             f"ascend-llama-workbook needs torch >= {'.'.join(map(str, MIN_TORCH))}, found {version}. "
@@ -127,88 +131,30 @@ def pairing_check(torch_version: str, torch_npu_version: Optional[str],
 
 
 # --- features that newer torch versions added; helpers check before using them --------------
-_FEATURES = {
-    "F.rms_norm": lambda: hasattr(torch.nn.functional, "rms_norm"),
-    "nn.RMSNorm": lambda: hasattr(torch.nn, "RMSNorm"),
-    "torch.accelerator": lambda: hasattr(torch, "accelerator"),
-    "torch._weight_int8pack_mm": lambda: hasattr(torch, "_weight_int8pack_mm"),
-    "torch.compile": lambda: hasattr(torch, "compile"),
+_FEATURES = {  # name -> dotted attribute path under torch
+    "F.rms_norm": "nn.functional.rms_norm",
+    "nn.RMSNorm": "nn.RMSNorm",
+    "torch.accelerator": "accelerator",
+    "torch._weight_int8pack_mm": "_weight_int8pack_mm",
+    "torch.compile": "compile",
 }
 
 
 def has_feature(name: str) -> bool:
     if name not in _FEATURES:
         raise KeyError(f"unknown feature {name!r}; known: {', '.join(_FEATURES)}")
-    return bool(_FEATURES[name]())
+    import torch
 
-
-def feature_table() -> dict[str, bool]:
-    return {name: has_feature(name) for name in _FEATURES}
-
-
-# --- the guides' API names against the real torch_npu API -----------------------------------
-# "documented" is what Ascend/pytorch and op-plugin sources say (shared reference npu_api.md);
-# "here" is checked live with hasattr when torch_npu imports on this machine.
-API_CLAIMS = [
-    {"guide_name": "torch_npu.npu.rms_norm", "real_api": "torch_npu.npu_rms_norm",
-     "documented": "does not exist; npu_rms_norm(x, gamma, epsilon) -> (y, rstd)"},
-    {"guide_name": "torch_npu.npu.linear_activation", "real_api": "torch_npu.npu_swiglu",
-     "documented": "does not exist; npu_swiglu(x, dim=-1) = silu(a) * b on the two halves "
-                   "(also npu_ffn for a whole FFN)"},
-    {"guide_name": "torch_npu.npu.fused_add_norm", "real_api": "torch_npu.npu_add_rms_norm",
-     "documented": "does not exist; npu_add_rms_norm(x1, x2, gamma, epsilon) -> (y, rstd, x1 + x2)"},
-    {"guide_name": "torch_npu.npu.layer_norm", "real_api": "torch_npu.npu_layer_norm_eval",
-     "documented": "does not exist; aten layer_norm runs on NPU, npu_layer_norm_eval is the beta op"},
-    {"guide_name": "torch.npu.config.enable_auto_mixed_precision", "real_api": "torch.autocast('npu')",
-     "documented": "does not exist and assigning it is silently ignored; use torch.autocast"},
-    {"guide_name": "torch.npu.config.allow_internal_format", "real_api": "torch.npu.config.allow_internal_format",
-     "documented": "exists (set-only); default off on 910B/A2"},
-    {"guide_name": "torch.compile(model, backend='npu')", "real_api": "torchair.get_npu_backend()",
-     "documented": "exists: 'npu' is torchair's backend with the default config"},
-    {"guide_name": "mindspeed_llm.Pipeline", "real_api": "MindSpeed-LLM inference.py via "
-     "examples/mcore/llama2/generate_llama2_7b_ptd.sh", "documented": "does not exist; "
-     "mindspeed_llm exports only megatron_adaptor"},
-    {"guide_name": "BitsAndBytesConfig(load_in_8bit=True) on NPU",
-     "real_api": "torch_npu.npu_weight_quant_batchmatmul (W8A16)",
-     "documented": "no INT8 bitsandbytes backend on NPU; an 8-bit bnb model cannot be .to()-moved"},
-]
-
-_REAL_NPU_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_ffn",
-                 "npu_weight_quant_batchmatmul", "npu_quant_matmul", "npu_dynamic_quant",
-                 "npu_fusion_attention", "npu_incre_flash_attention", "npu_prompt_flash_attention",
-                 "npu_fused_infer_attention_score", "npu_layer_norm_eval")
-
-
-def _lookup(root, dotted: str) -> bool:
-    obj = root
-    for part in dotted.split("."):
+    obj = torch
+    for part in _FEATURES[name].split("."):
         if not hasattr(obj, part):
             return False
         obj = getattr(obj, part)
     return True
 
 
-def api_check(torch_npu_module=None) -> list[dict]:
-    """Each guide API name: documented verdict, and a live hasattr check when torch_npu is here."""
-    rows = []
-    for claim in API_CLAIMS:
-        row = dict(claim)
-        name = claim["guide_name"]
-        if torch_npu_module is None or not name.startswith(("torch_npu.", "torch.npu.")):
-            row["exists_here"] = None  # cannot be checked on this machine
-        else:
-            root, rest = (torch_npu_module, name[len("torch_npu."):]) if name.startswith(
-                "torch_npu.") else (torch, name[len("torch."):])
-            row["exists_here"] = _lookup(root, rest)
-        rows.append(row)
-    return rows
-
-
-def real_ops_check(torch_npu_module=None) -> list[dict]:
-    """The real fused ops, by their real names, with availability on this machine."""
-    return [{"op": f"torch_npu.{op}",
-             "available_here": None if torch_npu_module is None else hasattr(torch_npu_module, op)}
-            for op in _REAL_NPU_OPS]
+def feature_table() -> dict[str, bool]:
+    return {name: has_feature(name) for name in _FEATURES}
 
 
 # --- transformers 4.57.x (legacy set) and 5.x (current set): detect, never assume --------------

@@ -1,0 +1,58 @@
+"""The chapters' figures (matplotlib), each drawn from a table the chapter recorded.
+
+Taught where each figure appears: ``plot_decode_gap`` in ``03_end_to_end.ipynb``. A function here
+draws what its table says and nothing else: every bar is the sum of its own measured parts, and its
+label is that sum (``tests/test_plots.py`` checks both on a case where a compiled path's kernels
+beat the eager ones).
+"""
+from __future__ import annotations
+
+import math
+
+PART_COLOURS = {"matmul_ms": "#4c72b0", "rest_ms": "#c44e52"}
+
+
+def decode_gap_parts(gap) -> list[dict]:
+    """Bar heights per path of a ``generation.decode_gap`` table: the step, its weight-matmul kernel
+    part (at most the step) and the rest; both parts non-negative and adding up to the step."""
+    bars = []
+    for row in gap.to_dict(orient="records"):
+        step = float(row["step_ms"])
+        matmul = float(row["matmul_ms"]) if row.get("matmul_ms") == row.get("matmul_ms") else math.nan
+        if math.isnan(matmul):
+            bars.append({"path": row["path"], "step_ms": step, "matmul_ms": 0.0, "rest_ms": step,
+                         "split": False})
+            continue
+        matmul = min(max(matmul, 0.0), step)
+        bars.append({"path": row["path"], "step_ms": step, "matmul_ms": matmul, "rest_ms": step - matmul,
+                     "split": True})
+    return bars
+
+
+def plot_decode_gap(gap, title: str = "", figsize=(7, 4.5)):
+    """Stacked bars per path: that path's own weight-matmul kernel time and the rest of its step,
+    labelled with the step time; a dashed line at the roofline (bytes per step / bandwidth)."""
+    import matplotlib.pyplot as plt
+
+    bars = decode_gap_parts(gap)
+    fig, ax = plt.subplots(figsize=figsize)
+    names = [b["path"] for b in bars]
+    matmul = [b["matmul_ms"] for b in bars]
+    rest = [b["rest_ms"] for b in bars]
+    ax.bar(names, matmul, color=PART_COLOURS["matmul_ms"], label="weight-matmul kernels this path ran")
+    ax.bar(names, rest, bottom=matmul, color=PART_COLOURS["rest_ms"],
+           label="rest of the step: attention, norms, launches, Python")
+    for i, b in enumerate(bars):
+        share = f"\nmatmul {100 * b['matmul_ms'] / b['step_ms']:.0f} %" if b["split"] and b["step_ms"] else ""
+        ax.text(i, b["step_ms"], f"{b['step_ms']:.1f} ms{share}", ha="center", va="bottom", fontsize=9)
+    roofline = float(gap["roofline_ms"].iloc[0]) if len(gap) else math.nan
+    if roofline == roofline:
+        ax.axhline(roofline, color="black", linestyle="--", linewidth=1,
+                   label=f"roofline: bytes / bandwidth = {roofline:.1f} ms")
+    ax.set_ylabel("ms per decode step (batch 1)")
+    ax.set_title(title or "Where one decode step goes")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=1)
+    top = max([b["step_ms"] for b in bars] + [roofline if roofline == roofline else 0.0])
+    ax.set_ylim(0, top * 1.3 if top > 0 else 1)
+    fig.tight_layout()
+    return fig
