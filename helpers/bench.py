@@ -232,3 +232,48 @@ def reference_bandwidth(device, run_dir=None, size_mib: int = 128) -> tuple[floa
             return float(value), "measured in chapter 00 of this run"
     measured = memory_bandwidth(device, size_mib=size_mib, min_seconds=0.3)
     return measured["read_gbps"], f"measured now ({size_mib} MiB torch.sum on {device})"
+
+
+def timing_row(t: Timing, nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
+               **labels) -> dict:
+    """One table row of a timing: its labels, median / p10 / p90 (ms), noise flag, first call, and
+    the achieved GB/s (and share of ``bandwidth_gbps``) when the bytes it moves are given."""
+    row = {**labels, "median_ms": t.median_ms, "p10_ms": t.p10 * 1e3, "p90_ms": t.p90 * 1e3,
+           "noisy": t.noisy, "first_call_s": t.first_call_s}
+    if nbytes:
+        row["GB/s"] = nbytes / t.median / 1e9
+        if bandwidth_gbps:
+            row["% of bandwidth"] = 100 * row["GB/s"] / bandwidth_gbps
+    return row
+
+
+def check_and_time(variants: list, device, *, expected=None, measure: Optional[Callable] = None,
+                   nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None):
+    """Run each variant once (its first call, compilation included, timed apart), check its output
+    against ``expected`` with the dtype's ``assert_close`` tolerances, then time it.
+
+    ``variants`` is a list of ``(labels, fn)`` or ``(labels, fn, nbytes)`` with ``labels`` a dict
+    such as ``{"impl": "torch", "layout": "contiguous"}`` (a variant's own ``nbytes`` overrides the
+    common one); ``measure(fn, name)`` returns a ``Timing`` (default: ``measure`` with its defaults).
+    Returns the rows (``timing_row``) and the timings keyed by the labels' values.
+    """
+    measure = measure or (lambda fn, name: globals()["measure"](fn, device, name=name))
+    rows, timings = [], {}
+    for labels, fn, *own_bytes in variants:
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        first = time.perf_counter() - t0
+        if expected is not None:
+            got = out if isinstance(out, (tuple, list)) else (out,)
+            want = expected if isinstance(expected, (tuple, list)) else (expected,)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)  # a wrong kernel fails the chapter, not just its figure
+        key = tuple(labels.values())
+        timing = measure(fn, " / ".join(map(str, key)))
+        timings[key if len(key) > 1 else key[0]] = timing
+        row = timing_row(timing, own_bytes[0] if own_bytes else nbytes, bandwidth_gbps, **labels)
+        row["first_call_s"] = first
+        rows.append(row)
+    return rows, timings

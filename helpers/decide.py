@@ -68,15 +68,15 @@ class Ranking:
     runner_up: Optional[str] = None
 
 
-def rank(options: Iterable[tuple[str, float, float, float]]) -> Optional[Ranking]:
-    """``options`` are (name, median, p10, p90) of a figure where higher is better (tok/s).
-
-    Returns None when no option has a finite median.
+def rank(options: Iterable[tuple[str, float, float, float]], higher_is_better: bool = True
+         ) -> Optional[Ranking]:
+    """``options`` are (name, median, p10, p90) of a figure; higher is better (tok/s) unless
+    ``higher_is_better=False`` (a time). Returns None when no option has a finite median.
     """
     rows = [(n, m, lo, hi) for n, m, lo, hi in options if _finite(m)]
     if not rows:
         return None
-    rows.sort(key=lambda r: r[1], reverse=True)
+    rows.sort(key=lambda r: r[1], reverse=higher_is_better)
     name, _, lo, hi = rows[0]
     spread = (lo, hi) if _finite(lo, hi) else (rows[0][1], rows[0][1])
     tied = [r[0] for r in rows
@@ -144,12 +144,14 @@ def share_of(part: float, whole: float) -> float:
 
 
 def bandwidth_regime(achieved_gbps: float, bandwidth_gbps: float, bound_share: float = 0.6) -> str:
-    """Is a decode step limited by reading weights? ``at the bandwidth`` only when it reaches
-    ``bound_share`` of the measured read bandwidth; below that, the step spends its time elsewhere
-    (kernels that do not stream at full speed, launches, Python), and calling it memory-bound would
-    claim more than was measured."""
+    """Is a step limited by moving bytes? ``at the bandwidth`` only when it reaches ``bound_share``
+    of the measured read bandwidth; ``above the bandwidth`` past 100 % (the data stayed in the caches,
+    so DRAM does not bound it); below that, the time goes elsewhere (kernels that do not stream at full
+    speed, launches, Python), and calling it memory-bound would claim more than was measured."""
     if not _finite(achieved_gbps, bandwidth_gbps) or bandwidth_gbps <= 0:
         return "not measured"
+    if achieved_gbps > bandwidth_gbps:
+        return "above the bandwidth"
     return "at the bandwidth" if achieved_gbps >= bound_share * bandwidth_gbps else "below the bandwidth"
 
 
@@ -171,3 +173,9 @@ def changed(values: Sequence[float], spreads: Sequence[tuple[float, float]] = ()
     if first and abs(last / first - 1) > 0.10:
         return "grows" if last > first else "shrinks"
     return "no change beyond the noise"
+
+
+def time_ratio_direction(low: float, high: float) -> str:
+    """For a ratio of times (candidate / baseline, > 1 means the candidate takes longer): ``slower``
+    when the whole spread is above 1, ``faster`` when below, else no difference beyond the noise."""
+    return {FASTER: SLOWER, SLOWER: FASTER}.get(direction(low, high), SAME)

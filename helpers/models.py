@@ -347,6 +347,7 @@ def tiny_llama(seed: int = 0, hidden_size: int = 64, layers: int = 2, heads: int
     finally:
         torch.random.set_rng_state(generator_state)
     model.eval()
+    model.requires_grad_(False)
     return model, tokenizer
 
 
@@ -428,6 +429,7 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
                 "of the form 'org/name' such as 'NousResearch/Llama-2-7b-hf'."
             )
     lm.eval()
+    lm.requires_grad_(False)  # inference only: no op anywhere records an autograd graph
     lm.to(target)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -394,3 +394,63 @@ def llama_rmsnorm_matches_formula(hidden: int = 64, eps: float = 1e-5) -> dict:
         diff = (norm(x) - formula).abs().max().item()
     has_bias = any("bias" in name for name, _ in norm.named_parameters())
     return {"matches": diff < 1e-5 and not has_bias, "max_abs_diff": diff, "has_bias": has_bias}
+
+
+# --- chapter 01: the implementations side by side, each checked before it is timed --------------
+
+def rms_norm_inputs(shape, device, dtype, seed: int = 0):
+    """``(x, weight, x_non_contiguous)`` for an RMSNorm check: random x, a random weight near 1 (a
+    kernel that ignores the weight fails the check; the guide's ``w = ones`` would hide that), and
+    the same values with the hidden dim strided, which is what a transpose upstream leaves."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g).to(device, dtype)
+    weight = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(device, dtype)
+    return x, weight, x.mT.contiguous().mT
+
+
+def rms_norm_variants(x, x_non_contiguous, weight, impls, eps: float = 1e-5) -> list:
+    """``bench.check_and_time`` variants: every ``impl`` on the contiguous and the strided input."""
+    return [({"impl": impl, "layout": layout}, (lambda inp=inp, impl=impl: rms_norm(inp, weight, eps, impl=impl)))
+            for impl in impls for layout, inp in (("contiguous", x), ("non-contiguous", x_non_contiguous))]
+
+
+def add_rms_norm_variants(x, weight, impls, eps: float = 1e-5, seed: int = 1):
+    """``(variants, expected)`` for residual add + RMSNorm on ``x``'s shape with a random residual."""
+    residual = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x.device, x.dtype)
+    variants = [({"impl": impl}, (lambda impl=impl: add_rms_norm(x, residual, weight, eps, impl=impl)))
+                for impl in impls]
+    return variants, add_rms_norm_reference(x, residual, weight, eps)
+
+
+def edge_op_variants(table: torch.Tensor, lm_head: torch.Tensor, prompt_tokens: int, seed: int = 2) -> list:
+    """The "odds and ends" of a step: one embedding row, a prompt's rows, and the logits GEMV, each
+    with the bytes it must move (a lookup reads a row and writes it; the GEMV reads all of lm_head)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, hidden = table.shape
+    one = torch.randint(0, vocab, (1, 1), generator=g).to(table.device)
+    many = torch.randint(0, vocab, (1, prompt_tokens), generator=g).to(table.device)
+    h = torch.randn(1, 1, hidden, generator=g).to(table.device, table.dtype)
+    size = table.element_size()
+    return [({"op": "embedding, 1 token", "shape": f"ids 1x1, table {vocab}x{hidden}"},
+             lambda: F.embedding(one, table), 2 * hidden * size),
+            ({"op": f"embedding, {prompt_tokens} tokens", "shape": f"ids 1x{prompt_tokens}, table {vocab}x{hidden}"},
+             lambda: F.embedding(many, table), 2 * prompt_tokens * hidden * size),
+            ({"op": "lm_head, 1 token", "shape": f"1x{hidden} @ {vocab}x{hidden}^T"},
+             lambda: F.linear(h, lm_head), vocab * hidden * size + vocab * size)]
+
+
+def rmsnorm_guide_bounds(specs, claim_id: str = "C06") -> dict:
+    """What the guide's RMSNorm time implies (its claim, not a measurement): the bandwidth its
+    0.05-0.1 ms needs on its fp16 (1, 4096, 4096) tensor, and the fastest a 910B1 could be at the
+    bandwidth in ``data/device_specs.csv`` (an unofficial figure there)."""
+    from .claims import claimed_range, load_claims
+
+    table = load_claims()
+    low_ms, high_ms = claimed_range(table[table["id"] == claim_id].iloc[0]["claimed_value"])
+    nbytes = 2 * 4096 * 4096 * 2 + 4096 * 2  # fp16: read x, write y, read gamma
+    npu = specs[specs["variant"].str.contains("910B1")].iloc[0]
+    return {"guide_dtype": "float16", "guide_low_ms": low_ms, "guide_high_ms": high_ms,
+            "guide_implied_gbps_low": nbytes / (high_ms / 1e3) / 1e9,
+            "guide_implied_gbps_high": nbytes / (low_ms / 1e3) / 1e9,
+            "npu_bandwidth_gbps": float(npu["bandwidth_gbps"]), "npu_spec_status": str(npu["status"]),
+            "npu_floor_ms": nbytes / (float(npu["bandwidth_gbps"]) * 1e9) * 1e3}

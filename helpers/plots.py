@@ -56,3 +56,45 @@ def plot_decode_gap(gap, title: str = "", figsize=(7, 4.5)):
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
     fig.tight_layout()
     return fig
+
+
+def plot_timings(table, group: str, series: str, title: str, counts: str = "", figsize=(8, 3.2)):
+    """Median ms per ``group`` (an implementation) and ``series`` (a layout, a case) on a log axis,
+    since implementations can differ by orders of magnitude; ``counts`` labels each bar (ops/call)."""
+    import matplotlib.pyplot as plt
+
+    pivot = table.pivot_table(index=group, columns=series, values="median_ms", sort=False)
+    fig, ax = plt.subplots(figsize=figsize)
+    pivot.plot.bar(ax=ax, rot=0)
+    if counts:
+        labels = table.pivot_table(index=group, columns=series, values=counts, sort=False)
+        for bars, col in zip(ax.containers, pivot.columns):
+            ax.bar_label(bars, [f"{int(n)} ops" if n == n else "" for n in labels[col]], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("median ms, log scale (lower is better)")
+    ax.set_xlabel(group)
+    ax.legend(title=series, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over a bar
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_edge_ops(table, model_name: str, step_ms: float, figsize=(8, 3.2)):
+    """Embedding and lm_head timings per model, beside the loaded model's measured decode step."""
+    import matplotlib.pyplot as plt
+
+    labels = [f"{m}\n{o}" for m, o in zip(table["model"], table["op"])]
+    own = [i for i, m in enumerate(table["model"]) if m == model_name]
+    fig, ax = plt.subplots(figsize=figsize)
+    ax.barh(range(len(labels)), table["median_ms"],
+            color=["#69c" if i in own else "#9b9" for i in range(len(labels))])
+    ax.set_yticks(range(len(labels)), labels)
+    # The decode step was measured for the loaded model only, so its line spans that model's rows.
+    ax.plot([step_ms] * 2, [min(own) - 0.45, max(own) + 0.45], color="#c63", ls="--",
+            label=f"{model_name} decode step {step_ms:.1f} ms (measured)")
+    ax.set_xscale("log")
+    ax.set_xlabel("median ms (log scale)")
+    ax.legend(fontsize=8)
+    ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return fig

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+WORDS = TEMPLATES  # the phrase tables (words.<lang>.yaml) stay with the package's templates
 LANGUAGES = ("en",)
 AUDIT_OPEN, AUDIT_CLOSE = "\u27e6", "\u27e7"  # ⟦source=text⟧ around each figure in audit mode
 
@@ -117,7 +118,10 @@ def context_of(results: dict, run: Optional[dict] = None) -> dict:
 # --- formatting ------------------------------------------------------------------------------------
 
 def _plain(value: Any) -> Any:
-    return value.value if isinstance(value, (Fig,)) else value.get("value") if isinstance(value, Record) else value
+    """The recorded value behind a ``Fig`` or a figure's ``Record`` (its ``value``)."""
+    if isinstance(value, Record):
+        value = value.get("value")
+    return value.value if isinstance(value, Fig) else value
 
 
 def format_number(value: Any, digits: int = 3) -> str:
@@ -171,7 +175,47 @@ class Renderer:
         return self.mark(value, str(_plain(value)))
 
 
-def environment(renderer: Renderer):
+def pct(part: Any, whole: Any) -> Fig:
+    """``part`` as a percentage of ``whole``: the one derived number a template may state, named by
+    both sources (``100 * a / b``)."""
+    a, b = _plain(part), _plain(whole)
+    value = 100.0 * a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else math.nan
+    return Fig(value, f"100*{getattr(part, 'source', a)}/{getattr(whole, 'source', b)}", "%")
+
+
+def other_dtype(dtype: Any, device: Any) -> str:
+    """The dtype an exercise compares with: float32 for a 16-bit run; for a float32 run the 16-bit
+    dtype of the device (bfloat16 on a CPU, float16 on NPU / CUDA)."""
+    if str(_plain(dtype)) != "float32":
+        return "float32"
+    return "bfloat16" if str(_plain(device)).startswith("cpu") else "float16"
+
+
+def words(lang: str = "en") -> dict:
+    """The phrase table of a language: what each ``helpers.decide`` decision says."""
+    import yaml
+
+    path = WORDS / f"words.{lang}.yaml"
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = "p90_ms",
+            higher_is_better: bool = False) -> dict:
+    """``decide.rank`` over table rows: ``names`` (the best, or every option tied with it, as one
+    text) and ``decision`` (a key of the phrase table: ``least time, clear`` / ``least time, tied`` or,
+    for ``higher_is_better``, ``most, clear`` / ``most, tied``)."""
+    from . import decide
+
+    found = decide.rank([(str(_plain(r[name])), _plain(r[value]), _plain(r.get(low)), _plain(r.get(high)))
+                         for r in rows], higher_is_better)
+    if found is None:
+        return {"names": "", "decision": "not measured", "clear": False}
+    kind = "most" if higher_is_better else "least time"
+    return {"names": ", ".join(f"`{n}`" for n in found.tied), "clear": found.clear,
+            "decision": f"{kind}, {'clear' if found.clear else 'tied'}"}
+
+
+def environment(renderer: Renderer, lang: str = "en"):
     """The Jinja2 environment: strict about missing names, filters for figures, ``decide`` as globals."""
     import jinja2
 
@@ -181,8 +225,8 @@ def environment(renderer: Renderer):
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
                              autoescape=False)
     env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text)
-    plain = {name: getattr(decide, name) for name in ("direction", "met", "effect", "bandwidth_regime",
-                                                      "changed", "share_of")}
+    plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
+                                                      "bandwidth_regime", "changed")}
 
     def unwrap(fn):
         def call(*args, **kwargs):
@@ -191,8 +235,17 @@ def environment(renderer: Renderer):
         return call
 
     env.globals.update({name: unwrap(fn) for name, fn in plain.items()})
-    env.globals["rank"] = lambda rows, name="name", value="value", low="low", high="high": decide.rank(
-        [(str(_plain(r[name])), _plain(r[value]), _plain(r.get(low)), _plain(r.get(high))) for r in rows])
+    env.globals.update(pct=pct, other_dtype=other_dtype, ranking=ranking)
+    table = words(lang)
+
+    def say(decision: Any) -> str:
+        key = decision["decision"] if isinstance(decision, dict) else str(_plain(decision))
+        if key not in table:
+            raise KeyError(f"words.{lang}.yaml has no phrase for the decision {key!r}")
+        return table[key]
+
+    env.filters["say"] = say
+    env.tests["startswith"] = lambda value, prefix: str(_plain(value)).startswith(prefix)
     return env
 
 
@@ -218,7 +271,8 @@ def render(chapter: str, block: str, results: dict, run: Optional[dict] = None, 
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise TypeError(f"{key}={value!r}: numbers reach a template only as recorded figures")
     renderer = Renderer(audit)
-    template = environment(renderer).get_template(template_name(chapter, lang))
+    name = template_name(chapter, lang)  # checks lang first
+    template = environment(renderer, lang).get_template(name)
     if block not in template.blocks:
         raise KeyError(f"{template_name(chapter, lang)} has no block {block!r}; it has {list(template.blocks)}")
     context = template.new_context({**context_of(results, run), **extra})
