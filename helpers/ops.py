@@ -574,7 +574,8 @@ def apply_fused_modules(model: nn.Module, impl: str = "auto") -> dict:
     norm_impl, norm_reason = explain_impl(impl, first, "rms_norm")
     act_impl, act_reason = explain_impl("reference" if impl == "torch" else impl, first, "swiglu")
     if cpu_auto:
-        norm_reason = act_reason = "auto on cpu: the reference formula (F.rms_norm is no faster here)"
+        norm_reason = "auto on cpu: the reference RMSNorm (F.rms_norm is no faster here; it matches LlamaRMSNorm)"
+        act_reason = "auto on cpu: the reference silu(gate) * up after the merged gate_up matmul"
     counts = {"rmsnorm": 0, "mlp": 0, "impl": norm_impl, "swiglu_impl": act_impl, "skipped_mlp": 0,
               "impl_reason": norm_reason, "swiglu_reason": act_reason}
     targets = []

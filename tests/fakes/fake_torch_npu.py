@@ -124,7 +124,7 @@ def build(line) -> types.ModuleType:
         if not 1 <= input.dim() <= 8:
             raise RuntimeError(f"npu_swiglu: input must have 1-8 dims, got {input.dim()}" + ACLNN)
         if not -input.dim() <= dim < input.dim():
-            # op-plugin@b761d582:op_plugin/ops/base_ops/opapi/SwiGluKernelNpuOpApi.cpp:28
+            # op-plugin@b761d582:op_plugin/ops/base_ops/opapi/SwiGluKernelNpuOpApi.cpp:27
             raise RuntimeError(f"dim out of range{dim}")
         if not input.is_contiguous():
             raise RuntimeError("npu_swiglu: input must be contiguous" + ACLNN)
@@ -222,7 +222,7 @@ def build(line) -> types.ModuleType:
         if input.dim() <= 1:
             raise RuntimeError(f"npu_dynamic_quant: x must have more than 1 dim, got {input.dim()}" + ACLNN)
         if dst_type not in (_UNSET, None, torch.int8):
-            # op-plugin@30d42570:op_plugin/ops/opapi/DynamicQuantKernelNpuOpApi.cpp:54 (int4 not modelled)
+            # op-plugin@30d42570:op_plugin/ops/opapi/DynamicQuantKernelNpuOpApi.cpp:57-58 (int4 not modelled)
             raise RuntimeError("dtype must be torch.int8 for int8 or torch.quint4x2 for int4")
         x = input.float()
         if smooth_scales is not None:

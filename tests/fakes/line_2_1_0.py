@@ -38,7 +38,7 @@ COMPILER_CONFIG_OPTIONS = ("debug", "aoe_config", "export_config", "dump_config"
 MODES = None
 # 702161d7:python/torchair/configs/option_base.py:40: "'" + str(v) + "' not in optional list " + str(...)
 OPTION_ERROR_STYLE = "str"
-# 702161d7:python/torchair/configs/option_base.py:58-63: NpuBaseConfig.__setattr__ raises
+# 702161d7:python/torchair/configs/option_base.py:59-63: NpuBaseConfig.__setattr__ raises
 # ValueError("CompilerConfig has no option mode, all options [...]"), not wrapped (no pretty_error_msg).
 WRAPS_CONFIG_ERRORS = False
 # 702161d7:python/torchair/npu_fx_compiler.py:356-376: _npu_backend(gm, example_inputs,
