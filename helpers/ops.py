@@ -15,12 +15,18 @@ Every operator takes ``impl``:
   reference);
 * ``"compiled"`` - the reference under ``torch.compile`` (inductor fuses the elementwise chain;
   torchair on an NPU);
-* ``"auto"`` - ``"npu"`` for NPU tensors, ``"torch"`` elsewhere.
+* ``"auto"`` - ``"npu"`` for NPU tensors where this torch_npu has the op (``hasattr``, never a
+  version guess: torch_npu 2.1.0 has only ``npu_rms_norm``), ``"torch"`` / ``"reference"`` elsewhere.
 
-``resolve_impl`` says which of these really runs, so notebooks can label each figure's code path.
+``resolve_impl`` says which of these really runs and ``explain_impl`` why, so notebooks can label
+each figure's code path. Graph mode on an NPU goes through torchair; ``npu_graph_plan`` reads what
+this torchair offers from its own ``CompilerConfig`` (``mode`` exists only from torchair 7.0.0,
+``npugraph_ex`` from 26.0.0) and ``ge_fallbacks`` keeps a fused op out of a GE graph where this
+torchair has no GE converter for it.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -64,6 +70,41 @@ def _check_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
         raise ValueError(f"eps={eps!r} is not valid; it must be a number > 0 such as 1e-6")
 
 
+# The torch_npu op behind each fused operator, and the first torch_npu line that has it (op-plugin's
+# op_plugin_functions.yaml of each release branch; Ascend/pytorch COMPATIBILITY.en.md). The table only
+# words messages: whether an op is there is always checked with hasattr on the installed torch_npu.
+NPU_OPS = {"rms_norm": "npu_rms_norm", "add_rms_norm": "npu_add_rms_norm", "swiglu": "npu_swiglu"}
+NPU_OP_SINCE = {
+    "npu_rms_norm": "torch_npu 2.1.0 (CANN 7.0.0)",
+    "npu_add_rms_norm": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
+    "npu_swiglu": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
+    "npu_weight_quant_batchmatmul": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
+    "npu_quant_matmul": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
+    "npu_trans_quant_param": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
+    "npu_dynamic_quant": "torch_npu 2.1.0.post6 (CANN 8.0.RC2)",
+}
+
+
+def _torch_npu_version(module=None) -> str:
+    module = module if module is not None else backend.import_torch_npu().module
+    return str(getattr(module, "__version__", "unknown")) if module is not None else "not loaded"
+
+
+def npu_op_missing(name: str) -> Optional[str]:
+    """None when the installed torch_npu has op ``name``; otherwise why not, for messages."""
+    module = backend.import_torch_npu().module
+    if module is not None and hasattr(module, name):
+        return None
+    since = NPU_OP_SINCE.get(name, "a newer torch_npu")
+    if module is None:
+        return f"torch_npu is not loaded, so torch_npu.{name} is not there"
+    return f"torch_npu {_torch_npu_version(module)} has no torch_npu.{name} (it arrived with {since})"
+
+
+def _fallback_impl(op: str) -> str:
+    return "reference" if op == "swiglu" or not versions.has_feature("F.rms_norm") else "torch"
+
+
 def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
     """The implementation that really runs for ``impl`` on ``device`` (``auto`` and fallbacks
     resolved); ``op`` is ``"rms_norm"``, ``"add_rms_norm"`` or ``"swiglu"``."""
@@ -72,11 +113,33 @@ def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
     kind = _device_kind(device)
     if impl == "auto":
         if kind == "npu":
-            return "npu"
+            return "npu" if npu_op_missing(NPU_OPS[op]) is None else _fallback_impl(op)
         impl = "reference" if op == "swiglu" else "torch"
+    if impl == "npu":
+        _npu_op(NPU_OPS[op])  # an explicit request fails here, naming the op this line lacks
     if impl == "torch" and not versions.has_feature("F.rms_norm"):
         return "reference"  # torch < 2.4 (the 2.1 of older Ascend images) has no F.rms_norm
     return impl
+
+
+def explain_impl(impl: str, device, op: str = "rms_norm") -> tuple:
+    """``(resolve_impl(...), why)``: the implementation that runs and the reason, for a chapter to print."""
+    chosen = resolve_impl(impl, device, op)
+    kind = _device_kind(device)
+    npu_name = NPU_OPS[op]
+    if impl == "auto" and kind == "npu":
+        missing = npu_op_missing(npu_name)
+        if missing is None:
+            return chosen, f"auto on an NPU: torch_npu.{npu_name} exists in torch_npu {_torch_npu_version()}"
+        return chosen, f"auto on an NPU: {missing}; the {chosen} implementation runs instead"
+    if impl == "npu":
+        return chosen, f"impl='npu' requested: torch_npu.{npu_name}"
+    if impl == "auto":
+        why = f"auto on {kind}: torch_npu.{npu_name} is an NPU op"
+        return chosen, why + ("; F.rms_norm" if chosen == "torch" else "; the reference formula")
+    if chosen != impl:
+        return chosen, f"impl={impl!r} requested; this torch has no F.rms_norm (torch >= 2.4), so the reference runs"
+    return chosen, f"impl={impl!r} requested"
 
 
 def _torch_npu():
@@ -87,14 +150,32 @@ def _torch_npu():
     return found.module
 
 
+def _npu_op(name: str):
+    """``torch_npu.<name>``, or a clear error naming this torch_npu and the line that has the op."""
+    module = _torch_npu()
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise RuntimeError(f"impl='npu' needs torch_npu.{name}, but {npu_op_missing(name)}. "
+                           "Use impl='auto' to fall back to an implementation this line has.")
+    return fn
+
+
 # --- graph mode ---------------------------------------------------------------------------------
 
-def npu_graph_backend(mode: Optional[str] = None):
-    """torchair's backend for ``torch.compile`` (GE graph mode), built the documented way.
+# npu_graph_mode values: "max-autotune" = the whole graph to GE (torchair's default), "reduce-overhead"
+# = aclgraph capture/replay (torchair 7.0.0 and newer; "不再演进" after torch_npu 7.3.0, torchair
+# docs/zh/overview.md), "npugraph_ex" = its successor (in CompilerConfig.mode from torchair 26.0.0).
+NPU_GRAPH_MODES = ("max-autotune", "reduce-overhead", "npugraph_ex")
+# Where each mode first appears (torchair configs/compiler_config.py on each branch; the commits the
+# Ascend/pytorch release branches pin; COMPATIBILITY.en.md): for messages only, never to decide.
+TORCHAIR_MODE_SINCE = {
+    "reduce-overhead": "torchair 7.0.0, i.e. torch_npu 2.1.0.post12, 2.3.1.post6, 2.4.0.post4 or 2.5.1 "
+                       "(CANN 8.1.RC1) and newer",
+    "npugraph_ex": "torchair 26.0.0, i.e. torch_npu 2.7.1.post4, 2.8.0.post4 or 2.9.0.post2 (CANN 9.0.0) and newer",
+}
 
-    ``backend="npu"`` is the same with the default config; building it explicitly lets ``mode``
-    ("max-autotune" = GE graph, "reduce-overhead" = aclgraph) be chosen.
-    """
+
+def _import_torchair():
     try:
         import torchair  # ships inside torch_npu builds that include it
     except ImportError as exc:
@@ -102,25 +183,158 @@ def npu_graph_backend(mode: Optional[str] = None):
             "graph mode on an NPU needs torchair, which could not be imported "
             f"({exc}); it ships with torch_npu - reinstall a torch_npu build that includes it. "
             "torch.compile(backend='npu') would silently run eagerly without it.") from exc
+    return torchair
+
+
+def torchair_modes(config) -> Optional[tuple]:
+    """The values this torchair's ``CompilerConfig.mode`` accepts, read from the config itself:
+    None where the config has no ``mode`` option (torchair before 7.0.0), ``()`` where it has one
+    without a list of choices."""
+    fixed = getattr(config, "_fixed_attrs", None)
+    if isinstance(fixed, (list, tuple)) and "mode" not in fixed:
+        return None
+    try:
+        option = getattr(config, "mode")
+    except AttributeError:
+        return None
+    optional = getattr(option, "optional", None)
+    return tuple(optional) if isinstance(optional, (list, tuple)) else ()
+
+
+def npu_graph_plan(mode: Optional[str] = None) -> dict:
+    """What torchair builds for ``npu_graph_mode=mode`` on this torch_npu line, and why.
+
+    Decided from the ``CompilerConfig`` this torchair really has: ``max-autotune`` on a torchair
+    without a ``mode`` option is its default GE graph, built with no option set; ``reduce-overhead``
+    or ``npugraph_ex`` where the config does not offer them is an error naming the torch_npu they
+    need. Returns ``requested``, ``mode_set`` (what was assigned to ``config.mode``, or None),
+    ``graph`` (``"GE"`` or ``"aclgraph"``), ``reason``, ``torch_npu`` and the ``config`` itself.
+    """
+    if mode is not None and mode not in NPU_GRAPH_MODES:
+        raise ValueError(f"npu_graph_mode={mode!r} is not valid; choose one of "
+                         f"{', '.join(map(repr, NPU_GRAPH_MODES))} or None for torchair's default")
+    torchair = _import_torchair()
     config = torchair.CompilerConfig()
-    if mode is not None:
+    modes = torchair_modes(config)
+    version = _torch_npu_version()
+    plan = {"requested": mode, "mode_set": None, "graph": "GE", "torch_npu": version, "config": config,
+            "modes": modes}
+    if mode is None:
+        plan["reason"] = "torchair's default config: the whole graph to GE"
+    elif modes is None:
+        if mode != "max-autotune":
+            raise RuntimeError(
+                f"npu_graph_mode={mode!r} needs torchair's CompilerConfig.mode, which the torchair of "
+                f"torch_npu {version} does not have: {mode} arrived with {TORCHAIR_MODE_SINCE[mode]}. Use "
+                "npu_graph_mode='max-autotune' (the GE graph, this torchair's default) or an image with a "
+                "newer torch_npu.")
+        plan["reason"] = (f"the torchair of torch_npu {version} has no CompilerConfig.mode; its default is the "
+                          "GE graph max-autotune names, so no option was set")
+    elif modes and mode not in modes:
+        raise RuntimeError(
+            f"npu_graph_mode={mode!r} is not offered by the torchair of torch_npu {version} (its "
+            f"CompilerConfig.mode takes {', '.join(modes)}): {mode} arrived with {TORCHAIR_MODE_SINCE[mode]}.")
+    else:
         config.mode = mode
-    return torchair.get_npu_backend(compiler_config=config)
+        plan["mode_set"] = mode
+        plan["graph"] = "GE" if mode == "max-autotune" else "aclgraph"
+        plan["reason"] = f"CompilerConfig.mode = {mode!r}: " + (
+            "the whole graph to GE" if mode == "max-autotune" else "aclgraph capture and replay")
+        if mode == "reduce-overhead" and "npugraph_ex" in (modes or ()):
+            plan["reason"] += "; deprecated on this torchair in favour of npugraph_ex"
+    return plan
+
+
+def npu_graph_backend(mode: Optional[str] = None, plan: Optional[dict] = None):
+    """torchair's backend for ``torch.compile``, built the documented way from ``npu_graph_plan``.
+
+    ``backend="npu"`` is the same with the default config; building it explicitly lets ``mode``
+    ("max-autotune" = GE graph, "reduce-overhead" / "npugraph_ex" = aclgraph) be chosen where this
+    torchair offers it.
+    """
+    plan = plan if plan is not None else npu_graph_plan(mode)
+    return _import_torchair().get_npu_backend(compiler_config=plan["config"])
+
+
+def backend_takes_options(backend_fn) -> bool:
+    """Whether a compile backend accepts torch.compile's ``options`` (a ``**kwargs`` parameter):
+    torchair's ``_npu_backend`` does only from torchair 7.3.0 (7.2.0's takes none)."""
+    fn = getattr(backend_fn, "func", backend_fn)  # get_npu_backend returns a functools.partial
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True  # cannot tell: let the backend decide
+    return any(p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+_GE_PROBES = {
+    "npu_rms_norm": lambda op, x: op(x, torch.ones_like(x[0]), 1e-6)[0],
+    "npu_add_rms_norm": lambda op, x: op(x, x, torch.ones_like(x[0]), 1e-6)[0],
+    "npu_swiglu": lambda op, x: op(x, dim=-1),
+}
+
+
+def ge_probe(name: str, backend_fn, device, dtype) -> Optional[str]:
+    """None when ``torch_npu.<name>`` compiles into a GE graph with ``backend_fn``; else the error.
+
+    An op needs a GE converter in torchair to be inside a GE graph (``Unsupported torch op ... by
+    ge`` otherwise), and which ops have one depends on the torchair version. A two-row graph with
+    only that op answers the question for this torchair, whatever its version.
+    """
+    op = getattr(backend.import_torch_npu().module, name)
+    probe = _GE_PROBES[name]
+    x = torch.randn(2, 8, device=device, dtype=dtype)
+    try:
+        torch.compile(lambda t: probe(op, t), backend=backend_fn, dynamic=False, fullgraph=True)(x)
+    except Exception as exc:  # torchair raises inside dynamo's compile step
+        inner = getattr(exc, "inner_exception", None) or exc
+        return next((line for line in str(inner).splitlines() if line.strip()), type(inner).__name__)
+    return None
+
+
+def ge_fallbacks(model: nn.Module, backend_fn) -> list:
+    """Keep fused ops without a GE converter in this torchair out of the GE graph of ``model``.
+
+    Each torch_npu op the fused modules of ``model`` use is probed (``ge_probe``); the modules whose
+    op cannot be in a GE graph switch to the reference implementation (the rest of the graph stays
+    fused). Returns one row per op that fell back, with the reason, for the chapter to print.
+    """
+    users: dict = {}
+    for module in model.modules():
+        if isinstance(module, FusedRMSNorm) and module.impl == "npu":
+            users.setdefault("npu_rms_norm", []).append(module)
+        elif isinstance(module, FusedLlamaMLP) and module.impl == "npu":
+            users.setdefault("npu_swiglu", []).append(module)
+    first = next(model.parameters(), None)
+    rows = []
+    for name, modules in users.items():
+        error = ge_probe(name, backend_fn, first.device, first.dtype)
+        if error is None:
+            continue
+        for module in modules:
+            module.impl = "reference"
+        rows.append({"op": f"torch_npu.{name}", "modules": len(modules), "now": "reference",
+                     "reason": f"no GE converter for it in the torchair of torch_npu {_torch_npu_version()} "
+                               f"({error}); the reference formula runs inside the graph"})
+    return rows
 
 
 def graph_mode(module, device, compiler_backend=None, **options):
     """``(torch.compile(module, backend=...), backend_name)``: torchair on NPU, inductor elsewhere.
 
     ``options`` go to ``torch.compile`` (``dynamic``, ``fullgraph``, ...); on NPU ``mode`` goes to
-    torchair's ``CompilerConfig.mode`` instead, since torch's ``mode=`` only applies to inductor.
-    ``compiler_backend`` (a name such as ``"eager"`` or a callable) replaces the device's backend,
-    e.g. to count graphs cheaply in tests.
+    torchair's ``CompilerConfig.mode`` instead (see ``npu_graph_plan``; ``npu_plan`` passes one already
+    made), since torch's ``mode=`` only applies to inductor, and ``options`` other than
+    ``guard_filter_fn`` (which torch.compile takes itself) are refused where torchair's backend takes
+    none. ``compiler_backend`` (a name such as ``"eager"`` or a callable) replaces the device's
+    backend, e.g. to count graphs cheaply in tests.
     """
     kind = _device_kind(device)
     if kind not in ("npu", "cuda", "cpu"):
         raise ValueError(f"device={device!r} is not valid for graph_mode; use npu, cuda or cpu")
     if not versions.has_feature("torch.compile"):
         raise RuntimeError("graph mode needs torch.compile (torch >= 2.0)")
+    plan = options.pop("npu_plan", None)
     if compiler_backend is not None:
         options.pop("mode", None)
         name = compiler_backend if isinstance(compiler_backend, str) else getattr(
@@ -129,7 +343,14 @@ def graph_mode(module, device, compiler_backend=None, **options):
     if kind == "npu":
         mode = options.pop("mode", None)
         options.setdefault("dynamic", False)  # GE graphs are built per static shape
-        return torch.compile(module, backend=npu_graph_backend(mode), **options), "torchair"
+        plan = plan if plan is not None else npu_graph_plan(mode)
+        npu_backend = npu_graph_backend(plan=plan)
+        extra = [k for k in (options.get("options") or {}) if k != "guard_filter_fn"]
+        if extra and not backend_takes_options(npu_backend):
+            raise ValueError(f"options {', '.join(map(repr, extra))} cannot reach torchair: the backend of torch_npu "
+                             f"{plan['torch_npu']} takes no options (torchair's _npu_backend has no **kwargs "
+                             "before 7.3.0); leave them out")
+        return torch.compile(module, backend=npu_backend, **options), "torchair"
     if kind == "cpu":
         # Wraps each generated C++ kernel in a profiler range, so helpers.profiling can count it.
         options["options"] = {"cpp.enable_kernel_profile": True, **(options.get("options") or {})}
@@ -162,7 +383,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, impl: str
     _check_norm(x, weight, eps)
     impl = resolve_impl(impl, x, "rms_norm")
     if impl == "npu":
-        return _torch_npu().npu_rms_norm(x, weight, epsilon=eps)[0]  # returns (y, rstd)
+        return _npu_op("npu_rms_norm")(x, weight, epsilon=eps)[0]  # returns (y, rstd)
     if impl == "torch":
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     if impl == "compiled":
@@ -196,7 +417,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         raise ValueError(f"residual must have the shape of x {tuple(x.shape)}; got {shape}")
     impl = resolve_impl(impl, x, "add_rms_norm")
     if impl == "npu":
-        y, _rstd, new_residual = _torch_npu().npu_add_rms_norm(x, residual, weight, eps)
+        y, _rstd, new_residual = _npu_op("npu_add_rms_norm")(x, residual, weight, eps)
         return y, new_residual
     if impl == "torch":
         return _add_rms_norm_torch(x, residual, weight, eps)
@@ -221,7 +442,7 @@ def swiglu(gate_up: torch.Tensor, dim: int = -1, impl: str = "auto") -> torch.Te
         raise ValueError(f"gate_up must have an even size along dim={dim} (gate and up halves); got {shape}")
     impl = resolve_impl(impl, gate_up, "swiglu")
     if impl == "npu":
-        return _torch_npu().npu_swiglu(gate_up, dim=dim)
+        return _npu_op("npu_swiglu")(gate_up, dim=dim)
     if impl == "compiled":
         return _compiled(swiglu_reference, gate_up)(gate_up, dim)
     return swiglu_reference(gate_up, dim)
@@ -275,7 +496,8 @@ def make_ffn(w_gate, w_up, w_down, variant: str, device=None) -> Callable[[torch
     w_gate_up = merge_gate_up(w_gate, w_up)
     if variant == "merged":
         return lambda x: ffn_merged(x, w_gate_up, w_down, impl="reference")
-    act = "npu" if _device_kind(device) == "npu" else "compiled"
+    # npu_swiglu where this torch_npu has it (not before torch_npu 2.1.0.post4), else the reference
+    act = resolve_impl("auto", device, "swiglu") if _device_kind(device) == "npu" else "compiled"
     return lambda x: ffn_merged(x, w_gate_up, w_down, impl=act)
 
 
@@ -338,18 +560,24 @@ def apply_fused_modules(model: nn.Module, impl: str = "auto") -> dict:
     a merged gate_up matmul on CUDA; on CPU the reference norm (``F.rms_norm`` is no faster there, and
     the reference matches ``LlamaRMSNorm`` bit for bit, so 16-bit logits do not drift) and the merged
     gate_up matmul. ``"reference"`` / ``"compiled"`` / ``"npu"`` force one path (``"torch"`` applies
-    to the norms only; MLPs then use the reference SwiGLU).
+    to the norms only; MLPs then use the reference SwiGLU). On an NPU, ``auto`` uses a torch_npu op
+    only where this torch_npu has it; ``impl_reason`` / ``swiglu_reason`` say what was chosen and why.
     Logits stay equal to the original model's within the dtype's tolerance (tests check this).
     """
     _check_impl(impl, RMS_IMPLS)
     first = next(model.parameters(), None)
     if first is None:
         raise ValueError("model has no parameters; pass a loaded Llama-style model")
-    if impl == "auto" and _device_kind(first) == "cpu":
+    cpu_auto = impl == "auto" and _device_kind(first) == "cpu"
+    if cpu_auto:
         impl = "reference"
-    norm_impl = resolve_impl(impl, first, "rms_norm")
-    act_impl = resolve_impl("reference" if impl == "torch" else impl, first, "swiglu")
-    counts = {"rmsnorm": 0, "mlp": 0, "impl": norm_impl, "swiglu_impl": act_impl, "skipped_mlp": 0}
+    norm_impl, norm_reason = explain_impl(impl, first, "rms_norm")
+    act_impl, act_reason = explain_impl("reference" if impl == "torch" else impl, first, "swiglu")
+    if cpu_auto:
+        norm_reason = "auto on cpu: the reference RMSNorm (F.rms_norm is no faster here; it matches LlamaRMSNorm)"
+        act_reason = "auto on cpu: the reference silu(gate) * up after the merged gate_up matmul"
+    counts = {"rmsnorm": 0, "mlp": 0, "impl": norm_impl, "swiglu_impl": act_impl, "skipped_mlp": 0,
+              "impl_reason": norm_reason, "swiglu_reason": act_reason}
     targets = []
     for name, module in model.named_modules():
         if _is_rmsnorm(module):

@@ -3,8 +3,13 @@
 Taught in ``05_int8_quantization.ipynb``. One module, ``Int8Linear``, holds a symmetric
 per-output-channel int8 weight and picks a kernel per backend:
 
-* ``npu``: ``torch_npu.npu_weight_quant_batchmatmul`` (W8A16; weight laid out (K, N), scale per N),
-  or ``npu_dynamic_quant`` + ``npu_quant_matmul`` for W8A8;
+* ``npu``: ``torch_npu.npu_weight_quant_batchmatmul`` (W8A16; the (N, K) weight passed as its
+  transposed (K, N) view, the layout the docs recommend per channel, and the scale in the activation
+  dtype, cast once), or ``npu_dynamic_quant`` + ``npu_quant_matmul`` for W8A8 (``output_dtype``
+  always given; a static activation scale is folded into an int64 ``npu_trans_quant_param`` scale
+  for float16 output, which GE graph mode needs). These ops take only float16 / bfloat16
+  activations, so float32 never reaches them, and each is used only where this torch_npu has it
+  (``npu_int8_choice``);
 * ``int8pack``: ``torch._weight_int8pack_mm`` (CPU, and CUDA where torch has it) with 16-bit
   activations; fed float32 activations with more than one row it is pathologically slow, so
   ``auto`` never picks it for float32;
@@ -103,15 +108,53 @@ def resolve_impl(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -
         if impl == "int8pack" and not versions.has_feature("torch._weight_int8pack_mm"):
             raise ValueError("impl='int8pack' needs torch._weight_int8pack_mm, which this torch "
                              "lacks; use impl='dequant' or 'auto'")
+        if impl == "npu":
+            return npu_int8_choice("npu", dtype, scheme)[0]  # raises for float32 or a missing op
         return impl
     kind = backend.as_device(device).type
     if kind == "npu":
-        return "npu"
+        return npu_int8_choice("auto", dtype, scheme)[0]
     if scheme == "w8a8":
         return "emulate"
     if dtype in (torch.bfloat16, torch.float16) and versions.has_feature("torch._weight_int8pack_mm"):
         return "int8pack"
     return "dequant"
+
+
+# The torch_npu ops each NPU scheme needs: checked with hasattr on the installed torch_npu (the INT8
+# ops arrive with torch_npu 2.1.0.post4, npu_dynamic_quant with 2.1.0.post6; ops.NPU_OP_SINCE).
+NPU_INT8_OPS = {
+    "w8a16": ("npu_weight_quant_batchmatmul",),
+    "w8a8": ("npu_dynamic_quant", "npu_quant_matmul"),
+    "w8a8_static": ("npu_quant_matmul", "npu_trans_quant_param"),
+}
+NPU_ACT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def npu_int8_choice(impl: str, dtype: torch.dtype, scheme: str = "w8a16", static: bool = False) -> tuple:
+    """``(kernel, why)`` for INT8 on an NPU: ``"npu"`` where this torch_npu has the scheme's ops and
+    the activations are float16 / bfloat16 (all these ops accept; op-plugin docs), otherwise the
+    fallback (``dequant`` for W8A16, ``emulate`` for W8A8) with the reason. ``impl="npu"`` turns a
+    float32 dtype or a missing op into an error naming it instead of falling back."""
+    from .ops import npu_op_missing
+
+    ops_needed = NPU_INT8_OPS["w8a8_static" if scheme == "w8a8" and static else scheme]
+    fallback = "dequant" if scheme == "w8a16" else "emulate"
+    names = " + ".join(f"torch_npu.{name}" for name in ops_needed)
+    if dtype not in NPU_ACT_DTYPES:
+        if impl == "npu":
+            raise ValueError(f"dtype={backend.dtype_name(dtype)} is not valid for impl='npu': {names} take float16 "
+                             "or bfloat16 activations only; load the model with dtype=float16 (or bfloat16)")
+        return fallback, (f"{backend.dtype_name(dtype)} activations: {names} take float16 or bfloat16 only, so "
+                          f"the {fallback} kernel runs; load the model with dtype=float16 to use them")
+    missing = [m for m in (npu_op_missing(name) for name in ops_needed) if m]
+    if missing:
+        if impl == "npu":
+            raise ValueError(f"impl='npu' for {scheme} needs {names}, but {'; '.join(missing)}; use impl='auto' "
+                             "to fall back")
+        return fallback, f"{'; '.join(missing)}: the {fallback} kernel runs instead"
+    return "npu", f"{names} with {backend.dtype_name(dtype)} activations" + (
+        "" if impl == "npu" else " (auto on an NPU: this torch_npu has them)")
 
 
 class Int8Linear(nn.Module):
@@ -128,15 +171,19 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.scheme = scheme
         self.impl = resolve_impl(impl, weight.device, weight.dtype, scheme)
+        self.impl_reason = f"impl={impl!r} on {weight.device.type}"
+        if impl in ("auto", "npu") and (self.impl == "npu" or backend.as_device(weight.device).type == "npu"):
+            self.impl, self.impl_reason = npu_int8_choice(impl, weight.dtype, scheme, static=act_scale is not None)
         self.act_scale = act_scale
         q, scale = quantize_weight(weight)
-        # The NPU kernels read the weight as (K, N); transposing once here keeps forward cheap.
-        layout = q.t().contiguous() if self.impl == "npu" else q
+        layout = _npu_weight_layout(q, scheme) if self.impl == "npu" else q
         self.register_buffer("qweight", layout.to(weight.device))
         self.register_buffer("scale", scale.to(weight.device))
-        # int8pack wants the scale in the activation dtype; keep that copy ready.
+        # int8pack and the NPU's W8A16 want the scale in the activation dtype; cast once, here.
         self.register_buffer("scale_act", scale.to(device=weight.device, dtype=weight.dtype),
                              persistent=False)
+        if self.impl == "npu" and scheme == "w8a8":
+            self.register_buffer("npu_scale", _npu_w8a8_scale(self.scale, weight.dtype, act_scale), persistent=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
                                                                    requires_grad=False)
 
@@ -159,10 +206,9 @@ class Int8Linear(nn.Module):
 
     def _w8a16(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == "npu":
-            import torch_npu
-
-            return torch_npu.npu_weight_quant_batchmatmul(
-                x, self.qweight, antiquant_scale=self.scale.to(x.dtype))
+            _check_npu_activation(x, self.scale_act.dtype)
+            # the (N, K) weight viewed as (K, N): the per-channel layout the docs recommend
+            return _torch_npu().npu_weight_quant_batchmatmul(x, self.qweight.t(), antiquant_scale=self.scale_act)
         if self.impl == "int8pack":
             scale = self.scale_act if self.scale_act.dtype == x.dtype else self.scale.to(x.dtype)
             return torch._weight_int8pack_mm(x, self.qweight, scale)
@@ -170,15 +216,7 @@ class Int8Linear(nn.Module):
 
     def _w8a8(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == "npu":
-            import torch_npu
-
-            if self.act_scale is None:
-                xq, token_scale = torch_npu.npu_dynamic_quant(x)
-                return torch_npu.npu_quant_matmul(xq, self.qweight, self.scale, pertoken_scale=token_scale,
-                                                  output_dtype=x.dtype)
-            xq = quantize_static(x, self.act_scale)
-            return torch_npu.npu_quant_matmul(xq, self.qweight, self.scale * self.act_scale,
-                                              output_dtype=x.dtype)
+            return self._w8a8_npu(x)
         if self.act_scale is None:
             xq, token_scale = quantize_per_token(x)
         else:
@@ -186,6 +224,56 @@ class Int8Linear(nn.Module):
             token_scale = torch.full((x.shape[0],), self.act_scale, device=x.device)
         acc = _int8_matmul(xq, self.qweight).float()
         return (acc * self.scale[None, :] * token_scale[:, None]).to(x.dtype)
+
+    def _w8a8_npu(self, x: torch.Tensor) -> torch.Tensor:
+        """W8A8 on an NPU; ``output_dtype`` always given (``npu_quant_matmul`` defaults to int8)."""
+        npu = _torch_npu()
+        _check_npu_activation(x, self.scale_act.dtype)
+        if self.act_scale is None:
+            xq, token_scale = npu.npu_dynamic_quant(x)
+            return npu.npu_quant_matmul(xq, self.qweight, self.npu_scale, pertoken_scale=token_scale,
+                                        output_dtype=x.dtype)
+        xq = quantize_static(x, self.act_scale)
+        return npu.npu_quant_matmul(xq, self.qweight, self.npu_scale, output_dtype=x.dtype)
+
+
+def _torch_npu():
+    from .ops import _torch_npu as loaded
+
+    return loaded()
+
+
+def _check_npu_activation(x: torch.Tensor, dtype: torch.dtype) -> None:
+    if x.dtype != dtype:
+        raise ValueError(f"x is {backend.dtype_name(x.dtype)} but this NPU Int8Linear was quantized for "
+                         f"{backend.dtype_name(dtype)} activations (the npu INT8 ops take float16 or bfloat16, "
+                         "with the scale in that dtype); quantize the model in the dtype it runs in")
+
+
+def _npu_weight_layout(q: torch.Tensor, scheme: str) -> torch.Tensor:
+    """The int8 weight as the NPU kernels read it. W8A16: the (N, K) tensor itself, passed as its
+    ``.t()`` view; for per-channel scales the docs recommend that transposed input over a (K, N)
+    copy (op-plugin 7.2.0 docs/context/torch_npu-npu_weight_quant_batchmatmul.md, weight). W8A8:
+    a contiguous (K, N) x2, as the docs' examples pass it."""
+    return q if scheme == "w8a16" else q.t().contiguous()
+
+
+def _npu_w8a8_scale(scale: torch.Tensor, dtype: torch.dtype, act_scale: Optional[float]) -> torch.Tensor:
+    """The ``scale`` npu_quant_matmul gets, made once at quantization time, from the docs' table of
+    dtype combinations (op-plugin 7.2.0 docs/context/torch_npu-npu_quant_matmul.md, 表2):
+
+    * bfloat16 output: a bfloat16 scale (float32 or bfloat16 are allowed, with or without pertoken);
+    * float16 output with ``pertoken_scale`` (dynamic W8A8): float32;
+    * float16 output without it (static W8A8): in graph mode a float32 scale is refused, so the int64
+      form from ``npu_trans_quant_param`` (the static activation scale folded in).
+    """
+    if act_scale is not None:
+        scale = scale * act_scale
+    if dtype == torch.bfloat16:
+        return scale.to(torch.bfloat16)
+    if act_scale is None:
+        return scale.float()
+    return _torch_npu().npu_trans_quant_param(scale.float().contiguous())
 
 
 # --- whole models --------------------------------------------------------------------------
@@ -229,17 +317,18 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
             raise ValueError(f"act_scales has no scale for {len(missing)} layers, e.g. {missing[0]!r}; "
                              "calibrate the same model before quantizing")
     before = weight_bytes(model)
-    impls = set()
+    impls, reasons = set(), set()
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         scale = None if act_scales is None else float(act_scales[name]) / 127.0
         new = Int8Linear(getattr(parent, child), impl=impl, scheme=scheme, act_scale=scale)
         impls.add(new.impl)
+        reasons.add(new.impl_reason)
         setattr(parent, child, new)
     gc.collect()
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
-            "impl": ",".join(sorted(impls)), "scheme": scheme,
+            "impl": ",".join(sorted(impls)), "impl_reason": "; ".join(sorted(reasons)), "scheme": scheme,
             "activations": "16-bit" if scheme == "w8a16" else (
                 "dynamic per-token int8" if act_scales is None else "static per-tensor int8 (calibrated)")}
 

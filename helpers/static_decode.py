@@ -16,9 +16,12 @@ The path here keeps every shape fixed for a request:
   ``generate`` (``make_static_cache``, ``static_generate_kwargs``), and primed by one eager
   forward, so the lazily allocated cache of transformers 5.x is not a new shape for the graph;
 * ``model.forward`` compiled with ``dynamic=False`` and ``fullgraph=True`` on every backend
-  (torchair on NPU with GE ``max-autotune`` or aclgraph ``reduce-overhead`` as ``npu_mode``,
-  inductor on CPU/CUDA), wrapped in ``CompiledForward``, which counts the graphs dynamo builds
-  and turns reaching the recompile limit into ``GraphRecompileError`` instead of a silent eager run.
+  (torchair on NPU with GE ``max-autotune`` or aclgraph ``reduce-overhead`` / ``npugraph_ex`` as
+  ``npu_mode``, each only where that torchair offers it, see ``ops.npu_graph_plan``; inductor on
+  CPU/CUDA), wrapped in ``CompiledForward``, which counts the graphs dynamo builds and turns
+  reaching the recompile limit into ``GraphRecompileError`` instead of a silent eager run. In a GE
+  graph a fused op without a GE converter in that torchair falls back to the reference
+  (``ops.ge_fallbacks``), and the settings say so.
 
 A prefill shape and a decode shape give two graphs per (batch, prompt length, cache length).
 
@@ -48,7 +51,8 @@ from . import versions
 
 
 DEFAULT_RECOMPILE_LIMIT = 8
-NPU_MODES = ("max-autotune", "reduce-overhead")
+# torchair's modes (ops.NPU_GRAPH_MODES): GE graph, aclgraph, and aclgraph's successor npugraph_ex
+NPU_MODES = ("max-autotune", "reduce-overhead", "npugraph_ex")
 # Set while a whole-model graph is built on a CPU. Passed as torch.compile(options=...) they did not
 # take effect for freezing in torch 2.13, so CompiledForward patches inductor's config around each call.
 # cpp.enable_kernel_profile names each generated kernel in torch.profiler (a GEMM template shows as
@@ -264,6 +268,9 @@ class CompiledForward:
             torch._dynamo.reset()  # graphs of earlier measurements must not count or be reused
         self.eager = model.forward
         extra = {"mode": npu_mode} if npu_mode is not None and _device_kind(device) == "npu" else {}
+        self.npu_plan, self.ge_fallbacks = self._npu_settings(model, device, npu_mode, backend_override)
+        if self.npu_plan is not None:
+            extra["npu_plan"] = self.npu_plan
         guards = module_guard_filter() if skip_module_guards else {}
         if guards:
             extra["options"] = dict(guards)  # torch.compile pops guard_filter_fn out of the dict it gets
@@ -282,10 +289,28 @@ class CompiledForward:
         self.compile_s = 0.0
         functools.update_wrapper(self, self.eager)
 
+    @staticmethod
+    def _npu_settings(model, device, npu_mode, backend_override):
+        """``(plan, fallbacks)`` on an NPU with torchair: what this torchair builds for ``npu_mode``
+        (``ops.npu_graph_plan``) and, for a GE graph, the fused ops that fell back for want of a GE
+        converter (``ops.ge_fallbacks``, probed before dynamo is reset). ``(None, [])`` elsewhere."""
+        from . import ops
+
+        if backend_override is not None or ops._device_kind(device) != "npu":
+            return None, []
+        plan = ops.npu_graph_plan(npu_mode)
+        fallbacks = ops.ge_fallbacks(model, ops.npu_graph_backend(plan=plan)) if plan["graph"] == "GE" else []
+        return plan, fallbacks
+
     def describe(self) -> str:
         """The compile settings in words, for the code path beside each figure."""
         parts = [self.backend, "dynamic=False"]
-        if self.npu_mode and self.backend == "torchair":  # torchair's mode; other backends ignore it
+        if self.npu_plan is not None and self.backend == "torchair":
+            plan = self.npu_plan
+            parts.append(f"mode={plan['mode_set']}" if plan["mode_set"] else
+                         f"{plan['graph']} graph (torchair default, no mode option set)")
+            parts.extend(f"{row['op']} -> reference (no GE converter)" for row in self.ge_fallbacks)
+        elif self.npu_mode and self.backend == "torchair":  # torchair's mode; other backends ignore it
             parts.append(f"mode={self.npu_mode}")
         if self.inductor_config.get("freezing"):
             parts.append("freezing")
@@ -361,8 +386,18 @@ def graph_fields(compiled: Optional[CompiledForward], before: tuple = (0, 0.0)) 
     ``(compiled.graphs, compiled.compile_s)`` taken when the measurement started."""
     if compiled is None:
         return {}
-    return {"compiled_graphs": int(compiled.graphs - before[0]), "compile_s": float(compiled.compile_s - before[1]),
-            "graph_backend": compiled.backend, "npu_mode": compiled.npu_mode, "graph_settings": compiled.describe()}
+    fields = {"compiled_graphs": int(compiled.graphs - before[0]), "compile_s": float(compiled.compile_s - before[1]),
+              "graph_backend": compiled.backend, "npu_mode": compiled.npu_mode, "graph_settings": compiled.describe()}
+    if compiled.npu_plan is not None:  # what this torchair built for npu_mode, and why
+        fields["npu_graph"] = {k: compiled.npu_plan[k] for k in ("requested", "mode_set", "graph", "reason", "torch_npu")}
+        fields["ge_fallbacks"] = list(compiled.ge_fallbacks)
+    return fields
+
+
+def inductor_autotuned(fields: dict) -> bool:
+    """Whether a graph measurement ran kernels inductor's GEMM autotuning chose. On torchair,
+    ``max-autotune`` means the whole graph to GE instead, so the backend decides, not the words."""
+    return fields.get("graph_backend") == "inductor" and "max-autotune GEMM" in str(fields.get("graph_settings", ""))
 
 
 

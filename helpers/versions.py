@@ -20,6 +20,8 @@ TRANSFORMERS_RANGE = ((4, 56, 0), (6, 0, 0))
 # Known-good torch_npu / CANN pairs from Ascend/pytorch COMPATIBILITY.en.md (see
 # shared reference). torch_npu X.Y.Z[.postN] always pairs with torch X.Y.Z.
 KNOWN_GOOD = [
+    {"torch_npu": "2.1.0", "torch": "2.1.0", "cann": "7.0.0"},
+    {"torch_npu": "2.1.0.post6", "torch": "2.1.0", "cann": "8.0.RC2"},  # pytorch_2.1.0-cann_8.0.rc2 image
     {"torch_npu": "2.1.0.post10", "torch": "2.1.0", "cann": "8.0.0"},
     {"torch_npu": "2.1.0.post12", "torch": "2.1.0", "cann": "8.1.RC1"},
     {"torch_npu": "2.1.0.post17", "torch": "2.1.0", "cann": "8.3.RC1"},
@@ -27,6 +29,7 @@ KNOWN_GOOD = [
     {"torch_npu": "2.4.0.post4", "torch": "2.4.0", "cann": "8.1.RC1"},
     {"torch_npu": "2.5.1", "torch": "2.5.1", "cann": "8.1.RC1"},
     {"torch_npu": "2.6.0.post5", "torch": "2.6.0", "cann": "8.5.0"},
+    {"torch_npu": "2.7.1", "torch": "2.7.1", "cann": "8.3.RC1"},  # pytorch_2.7.1-cann_8.3.rc1 image
     {"torch_npu": "2.9.0.post2", "torch": "2.9.0", "cann": "9.0.0"},
     {"torch_npu": "2.12.0", "torch": "2.12.0", "cann": "9.1.0"},
 ]
@@ -155,6 +158,82 @@ def has_feature(name: str) -> bool:
 
 def feature_table() -> dict[str, bool]:
     return {name: has_feature(name) for name in _FEATURES}
+
+
+# --- which torch_npu line is installed, and what it lacks (chapter 00) ------------------------
+# What each feature is for in the workbook and what runs without it. Presence is always checked on
+# the installed torch_npu / torchair (hasattr, CompilerConfig's own options), never from a version.
+_LINE_FEATURES = [
+    ("torch_npu.npu_rms_norm", "fused RMSNorm (chapters 01, 06)", "F.rms_norm or the reference formula"),
+    ("torch_npu.npu_add_rms_norm", "fused residual add + RMSNorm (chapter 01)", "add, then the RMSNorm above"),
+    ("torch_npu.npu_swiglu", "fused SwiGLU (chapters 02, 06)", "the reference silu(gate) * up"),
+    ("torch_npu.npu_weight_quant_batchmatmul", "W8A16 kernel (chapters 05, 06)",
+     "the dequantize-in-forward INT8 kernel"),
+    ("torch_npu.npu_dynamic_quant", "dynamic W8A8 activations (chapter 05)", "W8A8 emulated, quality only"),
+    ("torch_npu.npu_quant_matmul", "W8A8 kernel (chapter 05)", "W8A8 emulated, quality only"),
+    ("torch_npu.npu_trans_quant_param", "int64 scale for static W8A8 in graph mode (chapter 05)",
+     "W8A8 emulated, quality only"),
+]
+
+
+def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device=None) -> dict:
+    """The torch_npu line installed and what it lacks: ``torch_npu``, ``line`` (a sentence),
+    ``rows`` (``feature``, ``present``, ``used for``, ``without it``) and ``lacks`` (the features
+    that are missing). torchair is imported when ``torchair_module`` is not given. With
+    ``ge_probe_device`` (an NPU device) each fused op is also compiled alone into a GE graph to see
+    whether this torchair has a GE converter for it (``ops.ge_probe``); otherwise those rows say
+    "not probed" (``present`` None) and are not counted as lacking."""
+    if torch_npu_module is None:
+        return {"torch_npu": None, "line": "torch_npu not loaded: no NPU line to detect", "rows": [], "lacks": []}
+    import torch
+
+    from .ops import NPU_GRAPH_MODES, TORCHAIR_MODE_SINCE, backend_takes_options, ge_probe, torchair_modes
+
+    version = str(getattr(torch_npu_module, "__version__", "unknown"))
+    row = next((r for r in KNOWN_GOOD if r["torch_npu"] == version), None)
+    line = f"torch_npu {version}" + (f" (torch {row['torch']}, CANN {row['cann']} in the known-good table)" if row
+                                     else " (not in the known-good table)")
+    rows = [{"feature": name, "present": hasattr(torch_npu_module, name.split(".", 1)[1]), "used for": used,
+             "without it": fallback} for name, used, fallback in _LINE_FEATURES]
+    torchair = torchair_module
+    if torchair is None:
+        try:
+            import torchair  # noqa: F811  (ships with torch_npu)
+        except Exception:  # a torch_npu built without torchair, or one that fails to load it
+            torchair = None
+    rows.append({"feature": "torchair", "present": torchair is not None, "used for": "graph mode on the NPU",
+                 "without it": "graph-mode rungs fail with the reason (backend='npu' would run eagerly)"})
+    modes = None
+    takes_options = False
+    if torchair is not None:
+        config = torchair.CompilerConfig()
+        modes = torchair_modes(config)
+        takes_options = backend_takes_options(torchair.get_npu_backend(compiler_config=config))
+    for mode in NPU_GRAPH_MODES:
+        present = torchair is not None and (mode in (modes or ()) or (mode == "max-autotune" and not modes))
+        rows.append({"feature": f"torchair mode {mode}", "present": present,
+                     "used for": "npu_graph_mode=" + mode + (" (the whole graph to GE)" if mode == "max-autotune"
+                                                             else " (aclgraph)"),
+                     "without it": "" if present else f"an error naming what it needs: {TORCHAIR_MODE_SINCE.get(mode, 'torchair')}"})
+    rows.append({"feature": "torchair backend options", "present": takes_options,
+                 "used for": "torch.compile(options=...) to torchair (from torchair 7.3.0)",
+                 "without it": "none are passed; the workbook passes only guard_filter_fn, which torch takes"})
+    for name in ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu"):
+        if not hasattr(torch_npu_module, name) or torchair is None:
+            continue
+        present = None
+        if ge_probe_device is not None:
+            backend_fn = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
+            present = ge_probe(name, backend_fn, ge_probe_device, torch.float16) is None
+        rows.append({"feature": f"GE converter for torch_npu.{name}", "present": present,
+                     "used for": f"{name} inside a GE graph (graph mode after the fused-operators rung)",
+                     "without it": "not probed: needs an NPU" if present is None else
+                                   "" if present else "the reference runs inside GE graphs (ops.ge_fallbacks)"})
+    for r in rows:
+        if r["present"] is False and not r["without it"]:
+            r["without it"] = "not used"
+    return {"torch_npu": version, "line": line, "rows": rows,
+            "lacks": [r["feature"] for r in rows if r["present"] is False]}
 
 
 # --- transformers 4.57.x (legacy set) and 5.x (current set): detect, never assume --------------

@@ -67,25 +67,38 @@ def test_missing_int8pack_falls_back_to_dequant(monkeypatch):
         quant.Int8Linear(_linear(), impl="int8pack")
 
 
-def test_npu_w8a16_uses_weight_quant_batchmatmul_with_kn_layout(fake_torch_npu):
+def test_npu_w8a16_uses_weight_quant_batchmatmul_with_the_transposed_view(fake_torch_npu):
     lin = _linear(dtype=torch.float16, bias=True)
+    if "npu_weight_quant_batchmatmul" not in fake_torch_npu.LINE.OPS:  # torch_npu 2.1.0
+        with pytest.raises(ValueError, match=r"needs torch_npu\.npu_weight_quant_batchmatmul.*2\.1\.0\.post4"):
+            quant.Int8Linear(lin, impl="npu")
+        return
     layer = quant.Int8Linear(lin, impl="npu")
-    assert layer.qweight.shape == (32, 48) and layer.qweight.is_contiguous()  # (K, N)
+    assert layer.qweight.shape == (48, 32) and layer.qweight.is_contiguous()  # (N, K), passed as .t()
     x = torch.randn(2, 3, 32, dtype=torch.float16)
     y = layer(x)
     assert fake_torch_npu.CALLS.count("npu_weight_quant_batchmatmul") == 1
+    assert fake_torch_npu.LAST["npu_weight_quant_batchmatmul"]["weight_layout"] == "transposed"
     ref = quant.Int8Linear(lin.float(), impl="dequant")(x.float())
     torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2)
+    with pytest.raises(ValueError, match="quantized for float16"):
+        layer(x.bfloat16())
 
 
 def test_npu_w8a8_dynamic_matches_cpu_emulation(fake_torch_npu):
     lin = _linear()
+    half = _linear(dtype=torch.float16)  # the same seeded weights in float16 (npu ops take 16-bit only)
+    if "npu_dynamic_quant" not in fake_torch_npu.LINE.OPS:
+        with pytest.raises(ValueError, match="npu_dynamic_quant"):
+            quant.Int8Linear(half, impl="npu", scheme="w8a8")
+        return
     x = torch.randn(4, 32)
-    npu = quant.Int8Linear(lin, impl="npu", scheme="w8a8")
-    emu = quant.Int8Linear(lin, impl="emulate", scheme="w8a8")
-    y = npu(x)
+    npu = quant.Int8Linear(half, impl="npu", scheme="w8a8")
+    emu = quant.Int8Linear(_linear(dtype=torch.float16).float(), impl="emulate", scheme="w8a8")
+    y = npu(x.half())
     assert fake_torch_npu.CALLS[-2:] == ["npu_dynamic_quant", "npu_quant_matmul"]
-    torch.testing.assert_close(y, emu(x), rtol=1e-4, atol=1e-4)
+    assert y.dtype == torch.float16 and fake_torch_npu.LAST["npu_quant_matmul"]["output_dtype"] == torch.float16
+    torch.testing.assert_close(y.float(), emu(x.half().float()), rtol=5e-3, atol=5e-3)
     assert (emu(x) - lin(x)).abs().max() < 0.05 * lin(x).abs().max()
 
 

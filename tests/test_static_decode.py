@@ -143,24 +143,27 @@ def test_make_static_cache_passes_only_declared_parameters(model, monkeypatch):
         static_decode.make_static_cache(m, 1, 0)
 
 
-def test_npu_mode_goes_to_torchair_and_bad_modes_fail(model, monkeypatch):
+def test_npu_mode_goes_to_torchair_and_bad_modes_fail(model, monkeypatch, fake_torch_npu):
+    """On every torch_npu line: torchair's mode goes to its CompilerConfig where that config has the
+    mode, never to torch.compile; the settings name what was built. Nothing is compiled here."""
     m, _ = model
-    built = []
-
-    class Config:
-        mode = None
-
-    def get_npu_backend(compiler_config=None):
-        built.append(compiler_config.mode)
-        return "torchair-backend"
-
-    monkeypatch.setitem(sys.modules, "torchair", types.SimpleNamespace(CompilerConfig=Config,
-                                                                      get_npu_backend=get_npu_backend))
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
-    compiled = static_decode.compile_model(m, "npu", npu_mode="reduce-overhead")
-    assert compiled.backend == "torchair" and built == ["reduce-overhead"]
-    assert calls[-1]["dynamic"] is False and calls[-1]["fullgraph"] is True
+    modes = fake_torch_npu.LINE.MODES
+    for mode in static_decode.NPU_MODES:
+        if modes is None and mode != "max-autotune" or modes is not None and mode not in modes:
+            with pytest.raises(RuntimeError, match=f"npu_graph_mode='{mode}'"):
+                static_decode.compile_model(m, "npu", npu_mode=mode)
+            continue
+        compiled = static_decode.compile_model(m, "npu", npu_mode=mode)
+        assert compiled.backend == "torchair" and "mode" not in calls[-1]
+        assert calls[-1]["dynamic"] is False and calls[-1]["fullgraph"] is True
+        assert calls[-1]["backend"].keywords["compiler_config"] is compiled.npu_plan["config"]
+        settings = compiled.describe()
+        assert (f"mode={mode}" in settings) if modes else ("GE graph (torchair default" in settings)
+        fields = static_decode.graph_fields(compiled)
+        assert fields["npu_graph"]["torch_npu"] == fake_torch_npu.__version__
+    static_decode.restore_eager(m)
     with pytest.raises(ValueError, match="npu_mode"):
         static_decode.compile_model(m, "npu", npu_mode="O3")
 

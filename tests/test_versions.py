@@ -72,8 +72,10 @@ def test_pairing_ok_known_good_and_cann_drift():
     assert good["ok"] is True and good["verdict"].startswith("known-good")
     drift = versions.pairing_check("2.1.0", "2.1.0.post10", "8.3.RC1")
     assert drift["ok"] is True and "8.3.RC1" in drift["verdict"] and "8.0.0" in drift["advice"]
-    unknown = versions.pairing_check("2.7.1", "2.7.1")
+    unknown = versions.pairing_check("2.7.1", "2.7.1.post99")
     assert unknown["ok"] is True and "not in the known-good table" in unknown["advice"]
+    image = versions.pairing_check("2.7.1", "2.7.1", "8.3.RC1")  # the pytorch_2.7.1-cann_8.3.rc1 image
+    assert image["verdict"].startswith("known-good")
     assert versions.pairing_check("2.13.0", None)["ok"] is None
 
 
@@ -116,7 +118,8 @@ def test_api_check_with_the_fake_torch_npu(fake_torch_npu):
     rows = {r["guide_name"]: r for r in guide_api.api_check(fake_torch_npu)}
     assert rows["torch_npu.npu.rms_norm"]["exists_here"] is False  # the guide's name is wrong
     ops = {r["op"]: r["available_here"] for r in guide_api.real_ops_check(fake_torch_npu)}
-    assert ops["torch_npu.npu_rms_norm"] is True and ops["torch_npu.npu_add_rms_norm"] is True
+    assert ops["torch_npu.npu_rms_norm"] is True  # on every line, from torch_npu 2.1.0
+    assert ops["torch_npu.npu_add_rms_norm"] is ("npu_add_rms_norm" in fake_torch_npu.LINE.OPS)
     assert ops["torch_npu.npu_fusion_attention"] is False  # not faked
 
 
