@@ -381,6 +381,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     import signal
 
     signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
+    # A shell starts background jobs with SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt; an explicit interrupt (kill -INT) must still stop the run cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(prog="python -m helpers.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="default", help=f"one of {', '.join(available_profiles())} "
