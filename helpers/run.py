@@ -371,7 +371,19 @@ def _interrupted(run: dict, run_dir: Path, run_file: Path, run_id: str) -> int:
     return 130
 
 
+def _terminate_like_ctrl_c(signum, frame):
+    """SIGTERM (``kill``, a CI job's timeout) takes the Ctrl-C path: the running notebook is marked
+    interrupted, its kernel is shut down, and ``run.json`` says how to resume."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
+    # A shell starts background jobs with SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt; an explicit interrupt (kill -INT) must still stop the run cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(prog="python -m helpers.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="default", help=f"one of {', '.join(available_profiles())} "
