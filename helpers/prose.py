@@ -235,7 +235,10 @@ def environment(renderer: Renderer, lang: str = "en"):
         return call
 
     env.globals.update({name: unwrap(fn) for name, fn in plain.items()})
-    env.globals.update(pct=pct, other_dtype=other_dtype, ranking=ranking)
+    env.globals.update(pct=pct, ranking=ranking)
+    # a dtype word an exercise proposes is the run's own word too: marked like a figure when auditing
+    env.globals["other_dtype"] = lambda dtype, device: renderer.mark(
+        Fig(other_dtype(dtype, device), "other_dtype"), other_dtype(dtype, device))
     table = words(lang)
 
     def say(decision: Any) -> str:
