@@ -466,3 +466,16 @@ def decode_step_launches(model, tokenizer, prompt: str, *, chat: bool = False, d
 
     device = as_device(device) if device is not None else backend.model_device(model)
     return count_ops(decode_step(model, tokenizer, prompt, chat=chat, device=device), device, warmup=1)
+
+
+def prompt_length_sweep(model, tokenizer, lengths, new_tokens: int, device=None, *, repeats: int = 3):
+    """``measure_generation`` at each prompt length (chapter 03): TTFT and decode per point, the
+    sample lists left out; a point that fails or runs out of memory is recorded and the sweep goes on."""
+    import pandas as pd
+
+    def point(n_tokens):
+        prompt, _ = prompt_of_length(tokenizer, n_tokens)
+        r = measure_generation(model, tokenizer, [prompt], new_tokens, device, repeats=repeats)
+        return {"requested_tokens": n_tokens, **{k: v for k, v in r.items() if not k.endswith("samples_ms")}}
+
+    return pd.DataFrame(run_sweep(lengths, point, device))

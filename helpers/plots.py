@@ -98,3 +98,25 @@ def plot_edge_ops(table, model_name: str, step_ms: float, figsize=(8, 3.2)):
     ax.tick_params(labelsize=7)
     fig.tight_layout()
     return fig
+
+
+def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
+    """TTFT (with its p10-p90) and decode per token against the prompt length, log-2 x axis."""
+    import matplotlib.pyplot as plt
+
+    ok = sweep[sweep["status"] == "ok"].sort_values("prompt_tokens")
+    fig, ax = plt.subplots(1, 2, figsize=figsize)
+    if len(ok):
+        yerr = [ok["ttft_ms"] - ok["ttft_p10_ms"], ok["ttft_p90_ms"] - ok["ttft_ms"]]
+        ax[0].errorbar(ok["prompt_tokens"], ok["ttft_ms"], yerr=yerr, marker="o", capsize=3)
+        yerr = [ok["decode_ms_per_token"] - ok["decode_p10_ms"], ok["decode_p90_ms"] - ok["decode_ms_per_token"]]
+        ax[1].errorbar(ok["prompt_tokens"], ok["decode_ms_per_token"], yerr=yerr, marker="o", capsize=3,
+                       color="tab:orange")
+    for a, name in zip(ax, ["TTFT (prefill)", "decode per token"]):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("prompt tokens")
+        a.set_ylabel("ms (median, p10-p90)")
+        a.set_title(name)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -170,6 +170,15 @@ class Renderer:
         text = text + UNIT_JOIN.get(unit, f" {unit}")
         return self.mark(value, text)
 
+    def size(self, value: Any) -> str:
+        """A byte count in decimal units (``269 MB``): a change of unit, the figure is the same."""
+        v = _plain(value)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            return self.mark(value, str(v))
+        unit, scale = next((u, s) for u, s in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("bytes", 1))
+                           if abs(v) >= s or s == 1)
+        return self.mark(value, f"{format_number(v / scale if scale > 1 else int(v))} {unit}")
+
     def text(self, value: Any) -> str:
         """A recorded word (a dtype, a device, a kernel name) as it was recorded."""
         return self.mark(value, str(_plain(value)))
@@ -224,18 +233,27 @@ def environment(renderer: Renderer, lang: str = "en"):
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
                              autoescape=False)
-    env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text)
+    env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size)
     plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
                                                       "bandwidth_regime", "changed")}
 
+    def deep(value):
+        return [deep(v) for v in value] if isinstance(value, (list, tuple)) else _plain(value)
+
     def unwrap(fn):
         def call(*args, **kwargs):
-            return fn(*[_plain(a) for a in args], **{k: _plain(v) for k, v in kwargs.items()})
+            return fn(*[deep(a) for a in args], **{k: deep(v) for k, v in kwargs.items()})
         call.__name__ = fn.__name__
         return call
 
     env.globals.update({name: unwrap(fn) for name, fn in plain.items()})
-    env.globals.update(pct=pct, other_dtype=other_dtype, ranking=ranking)
+    env.globals.update(pct=pct, ranking=ranking,
+                       column=lambda rows, name: [r[name] for r in rows],
+                       spreads=lambda rows, low, high: [(r[low], r[high]) for r in rows],
+                       rows_where=lambda rows, name, value: [r for r in rows if r.get(name) == value])
+    # a dtype word an exercise proposes is the run's own word too: marked like a figure when auditing
+    env.globals["other_dtype"] = lambda dtype, device: renderer.mark(
+        Fig(other_dtype(dtype, device), "other_dtype"), other_dtype(dtype, device))
     table = words(lang)
 
     def say(decision: Any) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from . import pages
+from . import decide, pages
 from .claims import number, parse_args
 from .results import REPORT_CHAPTER, RunFolder, metric
 
@@ -284,8 +284,16 @@ def describe_key_figure(key: str, entry: dict, lang: str = "en") -> dict:
     unit = UNIT_WORDS.get(unit, unit)
     shown = f"{value}{unit}" if unit in ("×", "%") else f"{value} {unit}".strip()
     context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape") if entry.get(k))
-    return {"key": key, "label": label, "value": shown, "context": context,
-            "direction": pages.labels("index", lang)[direction] if direction else ""}
+    labels = pages.labels("index", lang)
+    spread = ""
+    low, high = entry.get("low"), entry.get("high")
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not isinstance(low, bool):
+        spread = labels["spread"].format(low=round_figure(float(low)), high=round_figure(float(high)))
+        if unit == "×" and decide.direction(low, high) == decide.SAME:
+            spread += ": " + labels["within_noise"]  # a ratio whose spread holds 1: no direction to read
+        spread = f"({spread})"
+    return {"key": key, "label": label, "value": shown, "context": context, "spread": spread,
+            "direction": labels[direction] if direction else ""}
 
 
 def index_verdict_counts(folder: RunFolder) -> Optional[dict]:

@@ -197,3 +197,48 @@ def context_for_kv_growth(config, batch_size: int, growth_pct: float, weight_byt
     # (W + B k c) = (1 + g)(W + k c)  ->  c = g W / (k (B - 1 - g))
     denominator = per_token * (batch_size - 1 - growth)
     return float("inf") if denominator <= 0 else growth * weight_bytes / denominator
+
+
+# --- chapter 03: the guides' speed and first-token claims against these bounds ----------------------
+
+# (claim id in data/guide_claims.csv, the spec row it is about, the label shown); the claimed numbers
+# are read from the claims table, where each is quoted once with its Chinese original.
+DECODE_CLAIMS = (("C18", "910B1", "batch 1, one 910B1"), ("C18", "all 8 chips", "the same on all 8 chips"),
+                 ("C26", "910B1", "Llama-2-7B fp16, 910B"), ("C27", "A100 80GB SXM", "Llama-2-7B fp16, A100"))
+
+
+def guide_decode_claims(specs, weight_bytes: float):
+    """Each claimed batch-1 decode rate beside the bandwidth it needs and the device's ceiling.
+
+    A rate range counts at its slowest end (the most lenient reading); ``verdict`` is
+    ``claim_verdict`` (impossible above the ceiling, else plausible until measured there).
+    """
+    import pandas as pd
+
+    from .claims import claimed_range, load_claims
+
+    table = load_claims().set_index("id")
+    rows = []
+    for claim_id, variant, label in DECODE_CLAIMS:
+        device = specs[specs["variant"].str.contains(variant, regex=False)].iloc[0]
+        low, _ = claimed_range(table.loc[claim_id, "claimed_value"])
+        need = required_bandwidth_gbps(low, weight_bytes)
+        bound = decode_ceiling_tok_s(float(device.bandwidth_gbps), weight_bytes)
+        rows.append({"claim": claim_id, "guide's claim": f"{table.loc[claim_id, 'text_zh']} ({label})",
+                     "claimed tok/s": low, "device": device.variant, "spec status": device.status,
+                     "bandwidth needed (GB/s)": need, "device bandwidth (GB/s)": float(device.bandwidth_gbps),
+                     "% of bandwidth the claim needs": 100 * need / float(device.bandwidth_gbps),
+                     "ceiling tok/s": bound, "verdict": claim_verdict(low, bound)})
+    return pd.DataFrame(rows)
+
+
+def prefill_floor_table(prompt_lengths, parameters: int, tflops: float, budget_ms: float = 80.0):
+    """The fastest prefill at 100 % of ``tflops`` per prompt length (2 FLOP per parameter per token),
+    and the utilisation a ``budget_ms`` first token would need; plus the longest prompt that fits."""
+    import pandas as pd
+
+    rows = [{"prompt tokens": n, "prefill floor (ms)": prefill_floor_ms(n, parameters, tflops),
+             f"{budget_ms:g} ms needs utilisation (%)": 100 * prefill_floor_ms(n, parameters, tflops) / budget_ms}
+            for n in sorted(set(prompt_lengths))]
+    longest = budget_ms / 1e3 * tflops * 1e12 / (2 * parameters)
+    return pd.DataFrame(rows), longest

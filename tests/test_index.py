@@ -61,7 +61,8 @@ def test_a_key_figure_reads_as_label_value_unit_and_direction():
     d = report.describe_key_figure("ffn_merged_speedup_decode", {"value": 0.97474, "unit": "x", "device": "cpu",
                                                                  "dtype": "float32", "shape": "batch 1"})
     assert d == {"key": "ffn_merged_speedup_decode", "label": "merged gate/up FFN speedup at decode shape",
-                 "value": "0.975×", "direction": "higher is better", "context": "cpu, float32, batch 1"}
+                 "value": "0.975×", "direction": "higher is better", "context": "cpu, float32, batch 1",
+                 "spread": ""}
     assert report.describe_key_figure("ttft_ms", {"value": 69.23, "unit": "ms"})["value"] == "69.2 ms"
     assert report.describe_key_figure("ttft_ms", {"value": 69.23, "unit": "ms"})["direction"] == "lower is better"
 
@@ -138,3 +139,13 @@ def test_report_pages_are_readable_by_others_under_the_usual_umask(tmp_path):
         os.umask(old)
     for path in (index, page, tmp_path / "run.json", tmp_path / "02_ffn_fusion" / "results.json"):
         assert path.stat().st_mode & 0o777 == 0o644, path
+
+
+def test_a_ratio_inside_its_noise_says_so_on_the_index():
+    inside = report.describe_key_figure("ffn_merged_speedup_decode",
+                                        {"value": 1.05, "unit": "x", "low": 0.91, "high": 1.23})
+    assert inside["spread"] == "(p10–p90 0.910–1.23: no difference beyond the noise)"
+    apart = report.describe_key_figure("graph_mode_decode_speedup",
+                                       {"value": 1.6, "unit": "x", "low": 1.5, "high": 1.7})
+    assert apart["spread"] == "(p10–p90 1.50–1.70)"
+    assert report.describe_key_figure("ttft_ms", {"value": 80.0, "unit": "ms"})["spread"] == ""

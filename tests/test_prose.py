@@ -48,3 +48,62 @@ def test_templates_cannot_compute_numbers_or_take_them_from_the_notebook(templat
         prose.render("99_demo", "missing", RESULTS)
     with pytest.raises(ValueError, match="lang='xx'"):
         prose.render("99_demo", "summary", RESULTS, lang="xx")
+
+
+# --- every chapter template, rendered from recorded runs of each device class -----------------------
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+FIXTURE_RUNS = Path(__file__).parent / "fixtures" / "runs"
+REAL_TEMPLATES = sorted(p for p in prose.TEMPLATES.glob("[0-9][0-9]_*.en.md.j2"))
+# Words that state a direction or a dtype: a template never spells them (decisions say the first,
+# the run's records the second), so no sentence can contradict the data beside it.
+DIRECTION_WORDS = ("faster", "slower", "fastest", "slowest", "best", "worst", "same effect", "memory-bound",
+                   "compute-bound", "grows", "shrinks", "beats", "improves", "speeds up", "barely")
+DTYPE_WORDS = ("16-bit", "16 bit", "fp16", "bf16", "float16", "bfloat16", "float32", "fp32")
+
+
+def _fixtures():
+    found = []
+    for path in sorted(FIXTURE_RUNS.glob("*/*/results.json")):
+        chapter = path.parent.name
+        if (prose.TEMPLATES / prose.template_name(chapter)).exists():
+            found.append(pytest.param(path, id=f"{path.parent.parent.name}-{chapter}"))
+    return found
+
+
+def _source_without_comments(path: Path) -> str:
+    return re.sub(r"\{#.*?#\}", "", path.read_text(encoding="utf-8"), flags=re.S)
+
+
+@pytest.mark.parametrize("template", REAL_TEMPLATES, ids=lambda p: p.name)
+def test_templates_spell_no_direction_or_dtype_word(template):
+    text = _source_without_comments(template).lower()
+    literal = re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", text, flags=re.S)  # fixed text only
+    for word in DIRECTION_WORDS + DTYPE_WORDS:
+        assert not re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", literal), (
+            f"{template.name} spells {word!r}: take it from a decision (| say) or from the run's records")
+    assert "{% block exercises %}" in text, f"{template.name} has no exercises block"
+
+
+@pytest.mark.parametrize("path", _fixtures())
+def test_every_block_renders_only_recorded_numbers(path):
+    chapter = path.parent.name
+    results = json.loads(path.read_text(encoding="utf-8"))
+    run = {p.parent.name: json.loads(p.read_text(encoding="utf-8"))
+           for p in path.parent.parent.glob("*/results.json")}
+    source = _source_without_comments(prose.TEMPLATES / prose.template_name(chapter))
+    fixed_numbers = set(re.findall(r"\d+(?:\.\d+)?", re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", source, flags=re.S)))
+    for block in prose.blocks(chapter):
+        text = prose.render(chapter, block, results, run, audit=True)
+        assert text.strip(), f"{chapter}:{block} rendered nothing from {path}"
+        for source_name, shown in re.findall(r"⟦([^=⟧]+)=([^⟧]*)⟧", text):
+            assert source_name.split(".")[0] in run or source_name.startswith(("100*", "other_dtype")), source_name
+        outside = re.sub(r"⟦[^⟧]*⟧", "", text)
+        stray = [n for n in re.findall(r"\d+(?:\.\d+)?", outside) if n not in fixed_numbers]
+        assert not stray, f"{chapter}:{block} states numbers that are no recorded figure: {stray}"
+        dtype = str(results.get("device_choice", {}).get("dtype") or "")
+        for word in DTYPE_WORDS:
+            if word in outside.lower() and word != dtype:
+                raise AssertionError(f"{chapter}:{block} says {word!r} outside the run's records ({dtype} run)")

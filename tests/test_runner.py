@@ -242,7 +242,7 @@ def test_list_shows_type_value_origin_and_comment(tmp_path, capsys):
     assert code == 0 and not (tmp_path / "l").exists()
     assert "  repeats: int = 5  [-p]  # timed runs per measurement" in out
     assert "  prompt_lengths: list = [16, 64, 256]  [profile quick]  # prompt lengths" in out
-    assert "  guide_prompt: str = " in out
+    assert "  prompt: str = " in out
 
 
 def test_a_solution_takes_its_chapters_profile_section(tmp_path):
