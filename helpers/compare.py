@@ -31,7 +31,7 @@ from typing import Any, Optional
 from .results import RESULTS_NAME, SCHEMA
 
 REPO = Path(__file__).resolve().parent.parent
-REPORT_CHAPTER = "07_report"
+REPORT_CHAPTER = "08_report"
 DEVICE_CLASSES = ("npu", "cuda", "cpu")
 # The chapter statuses whose figures may be put into a ratio (a failed chapter's figures are shown, not compared).
 FINISHED = ("ok", "skipped")
@@ -479,7 +479,7 @@ def guide_table(runs: list[Run], claims_table=None, verdict_table=None):
 # --- the merged claims audit ------------------------------------------------------------------
 
 CLAIMS_UNAVAILABLE = ("The claims audit for several runs is unavailable in this version of the workbook "
-                      "(helpers.claims.verdicts takes one run folder here); each run's own chapter 07 page "
+                      "(helpers.claims.verdicts takes one run folder here); each run's own chapter 08 page "
                       "holds its single-run audit.")
 
 

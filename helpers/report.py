@@ -1,4 +1,4 @@
-"""The run's summary for ``07_report.ipynb``: chapter status, key figures, plots and an HTML page.
+"""The run's summary for ``08_report.ipynb``: chapter status, key figures, plots and an HTML page.
 
 Everything here reads what the chapters recorded (``results.json`` and the runner's ``run.json``);
 nothing is re-measured. Each plot returns ``None`` when its chapter's figures are missing, so the
@@ -476,9 +476,9 @@ def key_figure_html(key: str, entry: dict) -> str:
 
 
 def index_verdict_counts(run_dir: "str | Path") -> Optional[dict]:
-    """Claims per verdict class for the index, once chapter 07 has run; None before that.
+    """Claims per verdict class for the index, once chapter 08 has run; None before that.
 
-    Chapter 07's own ``verdict_counts`` table, so the index and the claims report (which may
+    Chapter 08's own ``verdict_counts`` table, so the index and the claims report (which may
     include other runs' folders) always agree; older runs without that table are counted again
     with ``helpers.claims.verdicts``. A failing audit must not break the index.
     """
@@ -509,4 +509,4 @@ def verdict_counts_html(counts: Optional[dict]) -> str:
         f"<td>{int(n)}</td></tr>" for cls, n in counts.items())
     return (f"<h2>Claims of the guides by verdict ({sum(int(n) for n in counts.values())} claims)</h2>"
             f'<table class="verdicts"><tr><th>verdict</th><th>claims</th></tr>{cells}</table>'
-            "<p>Details, grouped by the guides' sections, are in chapter 07's claims report.</p>")
+            "<p>Details, grouped by the guides' sections, are in chapter 08's claims report.</p>")

@@ -1,7 +1,7 @@
 """Each notebook's ``results.json``: parameters, environment and every figure with its context.
 
 Written atomically after every ``record`` call, so an interrupted run keeps whatever it measured;
-read back by later chapters, ``07_report`` and the runner's ``index.html`` (which never re-measure).
+read back by later chapters, ``08_report`` and the runner's ``index.html`` (which never re-measure).
 """
 from __future__ import annotations
 

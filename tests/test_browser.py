@@ -1,6 +1,6 @@
 """The run's pages in a real browser: headless Chromium at 1280 px, as a workshop attendee sees them.
 
-Checks that ``index.html`` and chapter 07's ``claims_report.html`` of the quick run need no
+Checks that ``index.html`` and chapter 08's ``claims_report.html`` of the quick run need no
 horizontal scrolling at 1280 px and that every verdict on them carries its class in a
 ``data-verdict-class`` attribute (so colours and filters never depend on the verdict's wording).
 Outside CI the test skips when Chromium is missing; in CI (``CI`` set) a missing browser fails it.
@@ -112,14 +112,14 @@ def test_index_fits_1280px_and_tags_its_verdict_counts(chromium, quick_run):
     numbers = probe_page(chromium, index)
     assert_fits(numbers, "index.html")
     assert numbers["untaggedCounts"] == 0 and numbers["emptyClass"] == 0, numbers
-    if (quick_run["run_dir"] / "07_report" / "results.json").exists():
-        assert numbers["tagged"] > 0, "chapter 07 ran but the index shows no verdict counts by class"
+    if (quick_run["run_dir"] / "08_report" / "results.json").exists():
+        assert numbers["tagged"] > 0, "chapter 08 ran but the index shows no verdict counts by class"
 
 
 @pytest.mark.notebooks
 def test_claims_report_fits_1280px_and_every_verdict_carries_its_class(chromium, quick_run):
-    page = quick_run["run_dir"] / "07_report" / "claims_report.html"
-    assert page.exists(), "chapter 07 wrote no claims_report.html in the quick run"
+    page = quick_run["run_dir"] / "08_report" / "claims_report.html"
+    assert page.exists(), "chapter 08 wrote no claims_report.html in the quick run"
     numbers = probe_page(chromium, page)
     assert_fits(numbers, "claims_report.html")
     n_claims = len(claims.load_claims())

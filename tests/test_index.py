@@ -72,8 +72,8 @@ def _small_run(run_dir: Path, with_report: bool) -> dict:
     res.finish()
     entries = [{"notebook": "02_ffn_fusion", "status": "ok", "duration_s": 1.0}]
     if with_report:
-        Results("07_report", run_dir).finish()
-        entries.append({"notebook": "07_report", "status": "ok", "duration_s": 1.0})
+        Results("08_report", run_dir).finish()
+        entries.append({"notebook": "08_report", "status": "ok", "duration_s": 1.0})
     data = {"run_id": run_dir.name, "profile": "quick", "started": "now", "status": "ok",
             "environment": {"device": "cpu"}, "notebooks": entries}
     write_json_atomic(run_dir / "run.json", data)
@@ -92,12 +92,12 @@ def test_index_prints_labels_and_verdict_counts_by_class(tmp_path, monkeypatch):
 
 
 def test_index_counts_are_chapter_07s_own_so_they_match_its_claims_report(tmp_path, monkeypatch):
-    """07 may audit other runs' folders too: the index shows 07's table, never a recount of this run."""
+    """08 may audit other runs' folders too: the index shows 08's table, never a recount of this run."""
     def boom(*a, **k):
-        raise AssertionError("chapter 07 recorded its counts; the index must not audit again")
+        raise AssertionError("chapter 08 recorded its counts; the index must not audit again")
     monkeypatch.setattr(claims, "verdicts", boom)
     data = _small_run(tmp_path, with_report=True)
-    res = Results("07_report", tmp_path)
+    res = Results("08_report", tmp_path)
     res.table("verdict_counts", [{"verdict_class": "reproduced", "claims": 2},
                                  {"verdict_class": "measured on other hardware", "claims": 9}])
     res.finish()
@@ -108,7 +108,7 @@ def test_index_counts_are_chapter_07s_own_so_they_match_its_claims_report(tmp_pa
 
 def test_index_without_chapter_07_has_no_verdict_section(tmp_path, monkeypatch):
     def boom(*a, **k):
-        raise AssertionError("the audit must not run before chapter 07 has")
+        raise AssertionError("the audit must not run before chapter 08 has")
     monkeypatch.setattr(claims, "verdicts", boom)
     page = run.write_index(tmp_path, _small_run(tmp_path, with_report=False)).read_text()
     assert "data-verdict-class" not in page
@@ -127,7 +127,7 @@ def test_report_pages_are_readable_by_others_under_the_usual_umask(tmp_path):
     try:
         data = _small_run(tmp_path, with_report=False)
         index = run.write_index(tmp_path, data)
-        page = report.write_html(tmp_path / "07_report" / "claims_report.html", "t", [("p", "x")])
+        page = report.write_html(tmp_path / "08_report" / "claims_report.html", "t", [("p", "x")])
     finally:
         os.umask(old)
     for path in (index, page, tmp_path / "run.json", tmp_path / "02_ffn_fusion" / "results.json"):

@@ -1,4 +1,4 @@
-"""07_report renders from a partial run: hand-made results, one failed and one missing chapter."""
+"""08_report renders from a partial run: hand-made results, one failed and one missing chapter."""
 from __future__ import annotations
 
 import json
@@ -75,17 +75,17 @@ def test_status_plots_and_html_from_a_partial_run(tmp_path):
         plt.close(fig)
 
 
-@pytest.mark.skipif(not (REPO / "notebooks" / "07_report.ipynb").exists(), reason="notebook missing")
+@pytest.mark.skipif(not (REPO / "notebooks" / "08_report.ipynb").exists(), reason="notebook missing")
 def test_report_notebook_renders_through_the_runner(tmp_path):
     reports = tmp_path / "reports"
     make_partial_run(reports / "partial")
     env = {**os.environ, "WORKBOOK_REPORTS": str(reports)}
-    proc = subprocess.run([sys.executable, "-m", "helpers.run", "--profile", "quick", "--only", "07",
+    proc = subprocess.run([sys.executable, "-m", "helpers.run", "--profile", "quick", "--only", "08",
                            "--reports-dir", str(reports), "--run-id", "partial", "--no-html"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run_dir = reports / "partial"
-    data = load_results(run_dir, "07_report")
+    data = load_results(run_dir, "08_report")
     assert data["status"] == "ok"
     assert data["metrics"]["claims_total"]["value"] == len(claims.load_claims())
     rows = {row["id"]: row for row in data["tables"]["claims"]}
@@ -98,7 +98,7 @@ def test_report_notebook_renders_through_the_runner(tmp_path):
     assert [a["label"] for a in data["artifacts"]] == ["claims audit (HTML, no code)"]
     assert (run_dir / data["artifacts"][0]["path"]).exists()
     assert "claims audit" in (run_dir / "index.html").read_text()
-    notebook = json.loads((run_dir / "07_report.ipynb").read_text())
+    notebook = json.loads((run_dir / "08_report.ipynb").read_text())
     outputs = [o for c in notebook["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o["output_type"] == "error"]
     assert not [o for o in outputs if o.get("name") == "stderr"], "noisy stderr output"
