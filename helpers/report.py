@@ -409,8 +409,11 @@ KEY_FIGURE_LABELS: dict[str, tuple[str, str]] = {
     "ladder_batch_throughput_ratio": ("batched ladder rung throughput over native eager batch 1", "higher"),
     "ladder_speedup_total": ("ladder speedup, last rung over first (older runs)", "higher"),
     "ladder_tok_s_": ("ladder rung {} decode speed", "higher"),
-    "vllm_tok_s": ("vLLM decode speed", "higher"),
-    "endpoint_tok_s": ("serving endpoint decode speed", "higher"),
+    "vllm_server_start_s": ("vLLM server start until healthy", "lower"),
+    "serving_output_tok_s_c": ("served output throughput, concurrency {}", "higher"),
+    "serving_ttft_p50_ms_c": ("served median time to first token, concurrency {}", "lower"),
+    "engine_batch1_decode_ratio": ("vLLM batch-1 decode over our path's, same lengths", "higher"),
+    "users_served_ratio": ("users served within the latency targets, vLLM over our path", "higher"),
     "claims_total": ("claims audited", ""),
     "claims_": ("claims with verdict: {}", ""),
 }

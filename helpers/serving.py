@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -39,10 +40,10 @@ from typing import Any, Optional, Sequence
 from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parent.parent
-VLLM_VENV = Path(os.environ.get("VLLM_VENV") or REPO / ".venv-vllm")
+VLLM_VENV = REPO / os.environ.get("VLLM_VENV", ".venv-vllm")  # a relative path is the repo's
 UNAVAILABLE_FILE = ".vllm-unavailable"  # written by scripts/setup_vllm.sh when it cannot build
 PYTHON_FILE = ".vllm-python"            # an interpreter with vllm that setup recorded (image, VLLM_PYTHON)
-PERCENTILES = (50, 90, 95, 99)
+PERCENTILES = (10, 50, 90, 95, 99)
 
 
 class ServingUnavailable(RuntimeError):
@@ -140,6 +141,37 @@ def find_vllm(device_kind: str, venv: "str | Path | None" = None) -> VllmInstall
     raise ServingUnavailable(f"no vLLM for {device_kind} here: " + "; ".join(reasons)
                              + ". Build it with `make setup-vllm` (CPU), or use an image with vllm"
                                " + vllm-ascend (NPU); or measure a running server with -p endpoint=...")
+
+
+def model_for_server(model: str) -> tuple[str, bool]:
+    """What the server loads for the chapter's ``model``: the embedded model's converted folder, a
+    local folder, or a hub id; ``(name, is_local)``. The random test model exists only in memory."""
+    from . import models
+
+    name = str(model).strip()
+    if name == models.EMBEDDED_MODEL:
+        return str(models.ensure_embedded_cache()), True
+    if name == models.TINY_MODEL:
+        raise ServingUnavailable(f"model={name!r} has random weights built in memory; vLLM loads a folder or a "
+                                 "hub id (use smollm2-135m, a local folder or an org/name id)")
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ValueError(f"model={name!r} is a folder without config.json; point it at a Hugging Face "
+                             "model folder")
+        return str(path.resolve()), True
+    return name, False
+
+
+def device_count(kind: str) -> int:
+    """Devices of this kind that a tensor-parallel server could shard over (a CPU counts as one)."""
+    import torch
+
+    if kind == "npu":
+        return int(torch.npu.device_count())
+    if kind == "cuda":
+        return int(torch.cuda.device_count())
+    return 1
 
 
 def check_endpoint(endpoint: str, parameter: str = "endpoint") -> str:
@@ -274,8 +306,8 @@ class VllmServer:
     """A vLLM OpenAI-compatible server of this kernel: ``start()``, ``wait_healthy()``, ``stop()``.
 
     Used as a context manager (``with VllmServer(...) as server:``) it is stopped on leaving the
-    block, also on an exception or a KeyboardInterrupt. Notebook cells that outlive one block use
-    ``server.guarded()`` around their work instead.
+    block, also on an exception or a KeyboardInterrupt. A notebook, whose server outlives one cell,
+    wraps each cell's work in ``stop_on_error(server)`` instead.
     """
 
     command: list
@@ -350,21 +382,6 @@ class VllmServer:
             pass
         self.process.wait()
 
-    def guarded(self):
-        """A ``with`` block that stops the server if anything in it raises (KeyboardInterrupt too)."""
-        server = self
-
-        class _Guard:
-            def __enter__(self):
-                return server
-
-            def __exit__(self, kind, exc, tb):
-                if kind is not None:
-                    server.stop()
-                return False
-
-        return _Guard()
-
     def __enter__(self) -> "VllmServer":
         return self if self.process is not None else self.start()
 
@@ -376,12 +393,76 @@ class VllmServer:
         return id(self)
 
 
-def server_env(device_kind: str, model_is_local: bool) -> dict:
-    """Extra environment for the server: offline for a local folder (no hub retries)."""
-    env = {}
-    if model_is_local:
-        env["HF_HUB_OFFLINE"] = "1"
-    return env
+def start_server(install: VllmInstall, model: str, dtype: str, folder: "str | Path", *, port: int,
+                 max_model_len: int, tensor_parallel_size: int = 1, kv_cache_gib: float = 0.0,
+                 model_is_local: bool = True) -> tuple[VllmServer, str]:
+    """Start (without waiting) a server for ``model`` in ``dtype``, its log in ``folder``;
+    returns the server and a note when the preferred port was taken."""
+    chosen, note = pick_port(port)
+    command = server_command(install.python, model, dtype, chosen, max_model_len=max_model_len,
+                             tensor_parallel_size=tensor_parallel_size, kv_cache_gib=kv_cache_gib)
+    server = VllmServer(command, Path(folder) / "vllm_server.log", chosen,
+                        env={"HF_HUB_OFFLINE": "1"} if model_is_local else {})
+    return server.start(), note
+
+
+@dataclass
+class Launch:
+    """What the chapter measures: a server started here, or an endpoint, or nothing (``skip_reason``)."""
+
+    url: str = ""
+    server: Optional[VllmServer] = None
+    install: Optional[VllmInstall] = None   # also runs ``vllm bench serve``; None when there is no vLLM
+    served_model: str = ""                  # the folder or hub id the server loads
+    local: bool = True
+    cache_warm: bool = False                # vLLM's compile cache existed before this start
+    skip_reason: str = ""
+    notes: list = field(default_factory=list)
+
+    @property
+    def live(self) -> bool:
+        return not self.skip_reason
+
+
+def launch(device_kind: str, model: str, dtype: str, folder: "str | Path", *, endpoint: str = "",
+           port: int = 8000, max_model_len: int = 1024, tensor_parallel_size: int = 1,
+           kv_cache_gib: float = 0.0) -> Launch:
+    """Start vLLM for ``model`` in ``dtype`` (without waiting for it), or take ``endpoint``; a missing
+    vLLM or a model vLLM cannot load gives a ``Launch`` with ``skip_reason`` instead of an error."""
+    out = Launch()
+    try:
+        out.served_model, out.local = model_for_server(model)
+        try:
+            out.install = find_vllm(device_kind)
+        except ServingUnavailable as exc:
+            if not endpoint:
+                raise
+            out.notes.append(f"vllm bench serve is not run: {exc}")
+    except ServingUnavailable as exc:
+        out.skip_reason = str(exc)
+        return out
+    if endpoint:
+        out.url = base_url(endpoint)
+        return out
+    out.cache_warm = compile_cache_present()
+    out.server, note = start_server(out.install, out.served_model, dtype, folder, port=port,
+                                    max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+                                    kv_cache_gib=kv_cache_gib, model_is_local=out.local)
+    out.url = out.server.url
+    if note:
+        out.notes.append(note)
+    return out
+
+
+@contextlib.contextmanager
+def stop_on_error(server: Optional[VllmServer]):
+    """Stop ``server`` (None: nothing to stop) when the block raises, KeyboardInterrupt included."""
+    try:
+        yield server
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
 
 
 def compile_cache_present() -> bool:
@@ -621,6 +702,40 @@ def measure_level(url: str, model: str, tokenizer, *, concurrency: int, input_le
     return row, results
 
 
+def measure_sweep(url: str, model: str, tokenizer, specs: Sequence[tuple], *, rounds: int,
+                  request_timeout_s: float = 60.0, served: Optional[dict] = None):
+    """Every ``(concurrency, input_len, output_len)`` of ``specs`` with ``rounds x concurrency`` timed
+    requests each. Returns the levels (a DataFrame, one row per spec, ``served`` columns added: the
+    model, dtype and device the server runs) and every request (a DataFrame)."""
+    import pandas as pd
+
+    levels, requests = [], []
+    for concurrency, input_len, output_len in specs:
+        row, results = measure_level(url, model, tokenizer, concurrency=int(concurrency), input_len=int(input_len),
+                                     output_len=int(output_len), requests=rounds * int(concurrency),
+                                     request_timeout_s=request_timeout_s)
+        levels.append({**row, **(served or {})})
+        requests += [{"concurrency": concurrency, "input_len": input_len, "output_len": output_len, **as_dict(r)}
+                     for r in results]
+    return pd.DataFrame(levels), pd.DataFrame(requests)
+
+
+LEVEL_FIGURES = (("output_tok_s", "tok/s"), ("ttft_p50_ms", "ms"), ("ttft_p99_ms", "ms"),
+                 ("tpot_p50_ms", "ms"), ("tpot_p99_ms", "ms"), ("itl_p50_ms", "ms"))
+
+
+def record_levels(results, levels, prefix: str, key_figures: Sequence[str] = (), **context) -> None:
+    """Each level's figures as ``<prefix>_<figure>_c<concurrency>`` with its lengths in the shape;
+    ``key_figures`` names the figures (``"output_tok_s_c8"``...) that go on the index."""
+    for row in levels.to_dict(orient="records"):
+        c = int(row["concurrency"])
+        shape = f"concurrency {c}, prompt {row['input_len']} tokens, {row['output_len']} new tokens"
+        for name, unit in LEVEL_FIGURES:
+            if row.get(name) is not None:
+                results.record(f"{prefix}_{name}_c{c}", row[name], unit, key_figure=f"{name}_c{c}" in key_figures,
+                               shape=shape, requests=row["requests"], failed=row["failed"], **context)
+
+
 def served_model_id(url: str, timeout_s: float = 10.0) -> str:
     """The first model id a server lists at ``/v1/models`` (the name its completions answer to)."""
     import httpx
@@ -675,9 +790,9 @@ def run_bench_serve(command: list, result_path: "str | Path", log_path: "str | P
     return json.loads(Path(result_path).read_text())
 
 
-def bench_row(result: dict) -> dict:
+def bench_row(result: dict, input_len: int, output_len: int) -> dict:
     """``vllm bench serve``'s JSON in the sweep's column names, so the two sit in one table."""
-    row = {"concurrency": result.get("max_concurrency"), "requests": result.get("num_prompts"),
+    row = {"concurrency": result.get("max_concurrency"), "input_len": input_len, "output_len": output_len, "requests": result.get("num_prompts"),
            "completed": result.get("completed"), "failed": result.get("failed"),
            "duration_s": result.get("duration"), "output_tokens": result.get("total_output_tokens"),
            "output_tok_s": result.get("output_throughput"), "request_per_s": result.get("request_throughput")}
@@ -754,7 +869,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                          "model": ch03["parameters"].get("model"), "dtype": dec.get("dtype"),
                          "device": dec.get("device"), "ttft_ms": _num(ttft["value"]),
                          "ttft_p90_ms": _num(ttft.get("p90")), "tpot_ms": _num(dec.get("decode_ms_per_token")),
-                         "tpot_p90_ms": _num(dec.get("p90_ms")), "decode_tok_s_per_user": _num(dec["value"]),
+                         "tpot_p10_ms": _num(dec.get("p10_ms")), "tpot_p90_ms": _num(dec.get("p90_ms")), "decode_tok_s_per_user": _num(dec["value"]),
                          "decode_tok_s_aggregate": _num(dec["value"]), "code_path": dec.get("code_path")})
         else:
             missing.append("03_end_to_end recorded no ttft_ms / decode_tok_s_batch1")
@@ -768,7 +883,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                          "new_tokens": r.get("new_tokens"), "model": ch04["parameters"].get("model"),
                          "dtype": r.get("dtype"), "device": r.get("device"), "ttft_ms": _num(r.get("ttft_ms")),
                          "ttft_p90_ms": _num(r.get("ttft_p90_ms")), "tpot_ms": _num(r.get("decode_ms_per_token")),
-                         "tpot_p90_ms": _num(r.get("decode_p90_ms")),
+                         "tpot_p10_ms": _num(r.get("decode_p10_ms")), "tpot_p90_ms": _num(r.get("decode_p90_ms")),
                          "decode_tok_s_per_user": _num(r.get("tokens_per_s_per_user")),
                          "decode_tok_s_aggregate": _num(r.get("tokens_per_s_aggregate")),
                          "code_path": r.get("code_path")})
@@ -791,7 +906,8 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                          "model": ch06["parameters"].get("model"), "dtype": r.get("dtype"),
                          "device": ch06.get("environment", {}).get("device"), "ttft_ms": _num(r.get("ttft_ms")),
                          "ttft_p90_ms": None, "tpot_ms": _num(r.get("decode_ms_per_token")),
-                         "tpot_p90_ms": _num(r.get("decode_p90_ms")), "decode_tok_s_per_user": per_user,
+                         "tpot_p10_ms": _num(r.get("decode_p10_ms")), "tpot_p90_ms": _num(r.get("decode_p90_ms")),
+                         "decode_tok_s_per_user": per_user,
                          "decode_tok_s_aggregate": per_user * batch if per_user else None,
                          "code_path": r.get("code_path") or r.get("description")})
     return rows, missing
@@ -863,6 +979,179 @@ def users_served_ratio(engine: dict, baseline: dict) -> tuple[Optional[float], s
     if engine["at_least"] or baseline["at_least"]:
         return None, "a sweep ended while its largest level still met the targets (a lower bound only)"
     return engine["users"] / baseline["users"], ""
+
+
+def matched_specs(points: Sequence[dict]) -> list[tuple]:
+    """The ``(concurrency, input_len, output_len)`` of every point of our path whose lengths are known,
+    once each: vLLM is measured at exactly these, so a ratio compares the same work."""
+    specs = [(int(p["concurrency"]), int(p["prompt_tokens"]), int(p["new_tokens"])) for p in points
+             if p.get("prompt_tokens") and p.get("new_tokens")]
+    return list(dict.fromkeys(specs))
+
+
+COMPARISON_COLUMNS = ["source", "concurrency", "prompt_tokens", "new_tokens", "model", "dtype", "ours_ttft_ms",
+                      "vllm_ttft_ms", "vllm_ttft_p90_ms", "vllm_tpot_p90_ms", "ours_tpot_ms", "vllm_tpot_ms",
+                      "ours_decode_tok_s_per_user", "vllm_decode_tok_s_per_user", "ours_decode_tok_s_aggregate",
+                      "vllm_decode_tok_s_aggregate", "vllm_over_ours_ttft", "vllm_over_ours_decode",
+                      "faster_decode", "no_ratio"]
+
+
+def comparison_table(points: Sequence[dict], matched) -> "Any":
+    """Our path's points beside vLLM at the same concurrency and lengths: TTFT, decode per user and in
+    aggregate, the ratios vLLM / ours where both measure the same thing (else ``no_ratio`` says why),
+    and which decode is faster beyond both p10-p90 spreads."""
+    import pandas as pd
+
+    served = {(int(r["concurrency"]), int(r["input_len"]), int(r["output_len"])): r
+              for r in (matched.to_dict(orient="records") if hasattr(matched, "to_dict") else matched)}
+    rows = []
+    for p in points:
+        key = (int(p["concurrency"]), int(p.get("prompt_tokens") or 0), int(p.get("new_tokens") or 0))
+        v = served.get(key) or {}
+        reason = no_ratio_reason(p, v) if v else "vLLM was not measured at these lengths"
+        if not reason and not v.get("completed"):
+            reason = f"every vLLM request failed: {v.get('errors', '')}"
+        row = {"source": p["source"], "concurrency": p["concurrency"], "prompt_tokens": p.get("prompt_tokens"),
+               "new_tokens": p.get("new_tokens"), "model": p.get("model"), "dtype": p.get("dtype"),
+               "ours_ttft_ms": p.get("ttft_ms"), "vllm_ttft_ms": v.get("ttft_median_ms"),
+               "vllm_ttft_p90_ms": v.get("ttft_p90_ms"), "vllm_tpot_p90_ms": v.get("tpot_p90_ms"),
+               "ours_tpot_ms": p.get("tpot_ms"), "vllm_tpot_ms": v.get("tpot_median_ms"),
+               "ours_decode_tok_s_per_user": p.get("decode_tok_s_per_user"),
+               "vllm_decode_tok_s_per_user": v.get("decode_tok_s_per_user"),
+               "ours_decode_tok_s_aggregate": p.get("decode_tok_s_aggregate"),
+               "vllm_decode_tok_s_aggregate": v.get("decode_tok_s_aggregate"),
+               "vllm_over_ours_ttft": None, "vllm_over_ours_decode": None, "faster_decode": "", "no_ratio": reason}
+        if not reason and row["ours_ttft_ms"] and row["vllm_ttft_ms"]:
+            row["vllm_over_ours_ttft"] = row["vllm_ttft_ms"] / row["ours_ttft_ms"]
+        if not reason and row["ours_decode_tok_s_per_user"] and row["vllm_decode_tok_s_per_user"]:
+            row["vllm_over_ours_decode"] = row["vllm_decode_tok_s_per_user"] / row["ours_decode_tok_s_per_user"]
+            row["faster_decode"] = faster((p["tpot_ms"], p.get("tpot_p10_ms"), p.get("tpot_p90_ms")),
+                                          (v["tpot_median_ms"], v.get("tpot_p10_ms"), v.get("tpot_p90_ms")))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+
+
+def users_table(entries: Sequence[dict], ttft_target_ms: float, tpot_target_ms: float):
+    """``users_served`` for each engine or rung: ``entries`` are dicts with ``engine``, ``lengths``,
+    ``levels`` (rows with concurrency and the two latency columns), ``ttft_key``, ``tpot_key`` and
+    ``percentile`` (what those columns are, e.g. "p95" or "p90, the highest our path records")."""
+    import pandas as pd
+
+    rows = []
+    for e in entries:
+        found = users_served(e["levels"], ttft_target_ms, tpot_target_ms, ttft_key=e["ttft_key"],
+                             tpot_key=e["tpot_key"])
+        rows.append({"engine": e["engine"], "lengths": e["lengths"], "percentile": e["percentile"],
+                     "levels": found["levels"], "users_served": found["users"], "at_least": found["at_least"],
+                     "shown": (f">= {found['users']}" if found["at_least"] else str(found["users"])),
+                     "limit": found["limit"]})
+    return pd.DataFrame(rows, columns=["engine", "lengths", "percentile", "levels", "users_served", "at_least",
+                                       "shown", "limit"])
+
+
+VLLM_AT_04 = "vLLM at chapter 04's lengths"
+OURS_04 = "our path: chapter 04 batch sweep"
+
+
+def users_entries(sweep, bench: Optional[dict], comparison, points: Sequence[dict]) -> list[dict]:
+    """The engines and rungs whose users served the chapter computes: vLLM over the sweep and in
+    ``vllm bench serve`` (p95), vLLM and our path at chapter 04's lengths, and chapter 06's rungs
+    (p90 and the median TTFT: the highest percentiles those chapters record)."""
+    def lengths(rows):
+        found = sorted({(r.get("input_len") or r.get("prompt_tokens"), r.get("output_len") or r.get("new_tokens"))
+                        for r in rows})
+        return ", ".join(f"{a} + {b}" for a, b in found)
+
+    entries = []
+    sweep_rows = sweep.to_dict(orient="records") if len(sweep) else []
+    if sweep_rows:
+        entries.append({"engine": "vLLM, our client", "lengths": lengths(sweep_rows), "levels": sweep_rows,
+                        "ttft_key": "ttft_p95_ms", "tpot_key": "tpot_p95_ms", "percentile": "p95"})
+    if bench:
+        entries.append({"engine": "vLLM, vllm bench serve", "lengths": lengths([bench]), "levels": [bench],
+                        "ttft_key": "ttft_p95_ms", "tpot_key": "tpot_p95_ms", "percentile": "p95"})
+    at04 = [r for r in (comparison.to_dict(orient="records") if len(comparison) else [])
+            if str(r["source"]).startswith("04") and not r["no_ratio"]]
+    ours04 = [p for p in points if p["chapter"] == "04_batching"]
+    if at04:
+        entries.append({"engine": VLLM_AT_04, "lengths": lengths(at04), "percentile": "p90",
+                        "levels": [{"concurrency": r["concurrency"], "ttft": r["vllm_ttft_p90_ms"],
+                                    "tpot": r["vllm_tpot_p90_ms"]} for r in at04],
+                        "ttft_key": "ttft", "tpot_key": "tpot"})
+    if ours04:
+        entries.append({"engine": OURS_04, "lengths": lengths(ours04), "percentile": "p90", "levels": ours04,
+                        "ttft_key": "ttft_p90_ms", "tpot_key": "tpot_p90_ms"})
+    for p in points:
+        if p["chapter"] == "06_optimization_ladder":
+            entries.append({"engine": f"our path: {p['source']}", "lengths": lengths([p]),
+                            "percentile": "median TTFT, p90 TPOT", "levels": [p], "ttft_key": "ttft_ms",
+                            "tpot_key": "tpot_p90_ms"})
+    return entries
+
+
+def users_ratio(users) -> tuple[Optional[float], str]:
+    """vLLM's users served over our path's at chapter 04's batch sizes and lengths (one percentile for
+    both), the figure the guide's 15 -> 42 is set beside; (None, why) when there is none."""
+    rows = {r["engine"]: {"users": r["users_served"], "at_least": r["at_least"]}
+            for r in (users.to_dict(orient="records") if len(users) else [])}
+    missing = [e for e in (VLLM_AT_04, OURS_04) if e not in rows]
+    if missing:
+        return None, f"not measured: {', '.join(missing)}"
+    return users_served_ratio(rows[VLLM_AT_04], rows[OURS_04])
+
+
+def figure_name(label: str) -> str:
+    """``"vLLM, our client"`` -> ``"vllm_our_client"``: a label as part of a figure's key."""
+    return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")
+
+
+def bench_vs_client(client: dict, bench: dict):
+    """Our client's level and ``vllm bench serve``'s run at the same concurrency and lengths, metric by
+    metric, with where their definitions agree and where they differ (``DEFINITIONS``)."""
+    import pandas as pd
+
+    rows = []
+    for metric in ("ttft_median_ms", "ttft_p99_ms", "tpot_median_ms", "tpot_p99_ms", "itl_median_ms",
+                   "e2el_median_ms", "output_tok_s"):
+        a, b = client.get(metric), bench.get(metric)
+        rows.append({"metric": metric, "our client": a, "vllm bench serve": b,
+                     "bench / client": (b / a) if a and b else None,
+                     "definitions": DEFINITIONS[metric.split("_")[0] if metric != "output_tok_s" else metric]})
+    return pd.DataFrame(rows)
+
+
+def plot_serving(sweep, comparison, points: Sequence[dict], title: str):
+    """Two panels against concurrency: throughput (vLLM's output tok/s and decode aggregate, our
+    path's decode aggregate per batch), and TTFT (vLLM's p50 and p99, our path's median and p90)."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    if len(sweep):
+        left.plot(sweep["concurrency"], sweep["output_tok_s"], "o-", label="vLLM output tok/s (sweep lengths)")
+        left.plot(sweep["concurrency"], sweep["decode_tok_s_aggregate"], "o--",
+                  label="vLLM decode aggregate (sweep lengths)")
+        right.plot(sweep["concurrency"], sweep["ttft_p50_ms"], "o-", label="vLLM p50 (sweep lengths)")
+        right.plot(sweep["concurrency"], sweep["ttft_p99_ms"], "o--", label="vLLM p99 (sweep lengths)")
+    ours = [p for p in points if p["chapter"] == "04_batching"]
+    if ours:
+        batch = [p["concurrency"] for p in ours]
+        left.plot(batch, [p["decode_tok_s_aggregate"] for p in ours], "s-", label="our path: chapter 04 batch")
+        right.plot(batch, [p["ttft_ms"] for p in ours], "s-", label="our path: chapter 04 median")
+        right.plot(batch, [p["ttft_p90_ms"] for p in ours], "s--", label="our path: chapter 04 p90")
+        at04 = comparison[comparison["source"].str.startswith("04")] if len(comparison) else comparison
+        if len(at04):
+            left.plot(at04["concurrency"], at04["vllm_decode_tok_s_aggregate"], "^:",
+                      label="vLLM decode aggregate at chapter 04's lengths")
+    for ax, ylabel in ((left, "tokens/s"), (right, "TTFT (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (our path: batch size)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    left.set_title("throughput")
+    right.set_title("time to first token")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
 
 
 def as_dict(result: RequestResult) -> dict:
