@@ -796,11 +796,15 @@ def bench_row(result: dict, input_len: int, output_len: int) -> dict:
            "completed": result.get("completed"), "failed": result.get("failed"),
            "duration_s": result.get("duration"), "output_tokens": result.get("total_output_tokens"),
            "output_tok_s": result.get("output_throughput"), "request_per_s": result.get("request_throughput")}
+    # vLLM reports 0 for the latencies of a run where every request failed: none was measured.
+    measured = bool(result.get("completed"))
     for name in ("ttft", "tpot", "itl", "e2el"):
-        row[f"{name}_mean_ms"] = result.get(f"mean_{name}_ms")
-        row[f"{name}_median_ms"] = result.get(f"median_{name}_ms")
+        row[f"{name}_mean_ms"] = result.get(f"mean_{name}_ms") if measured else None
+        row[f"{name}_median_ms"] = result.get(f"median_{name}_ms") if measured else None
         for q in PERCENTILES:
-            row[f"{name}_p{q}_ms"] = result.get(f"p{q}_{name}_ms")
+            row[f"{name}_p{q}_ms"] = result.get(f"p{q}_{name}_ms") if measured else None
+    if not measured:
+        row["output_tok_s"] = row["request_per_s"] = None
     median_tpot = row["tpot_median_ms"]
     row["decode_tok_s_per_user"] = 1e3 / median_tpot if median_tpot else None
     row["decode_tok_s_aggregate"] = (row["concurrency"] or 0) * row["decode_tok_s_per_user"] if median_tpot else None

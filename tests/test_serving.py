@@ -228,6 +228,8 @@ def test_bench_row_maps_vllm_bench_serve_json():
     row = serving.bench_row(result, 32, 32)
     assert row["ttft_median_ms"] == 90.0 and row["ttft_p95_ms"] == 110.0 and row["tpot_p95_ms"] == 60.0
     assert row["decode_tok_s_aggregate"] == pytest.approx(2 * 20.0)
+    failed = serving.bench_row({**result, "completed": 0, "failed": 4, "median_ttft_ms": 0.0}, 32, 32)
+    assert failed["ttft_median_ms"] is None and failed["output_tok_s"] is None  # vLLM writes 0 for none
     side = serving.bench_vs_client({"ttft_median_ms": 100.0, "output_tok_s": 30.0}, row)
     assert side.loc[side["metric"] == "ttft_median_ms", "bench / client"].iloc[0] == pytest.approx(0.9)
     assert side["definitions"].str.len().gt(0).all()
