@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -75,7 +78,7 @@ def test_the_serving_chapter_served_and_left_no_process(quick_run):
     sweep = results["tables"]["sweep"]
     assert [r["concurrency"] for r in sweep] == [1, 2] and all(r["failed"] == 0 for r in sweep), sweep
     assert all(r["output_tokens"] == r["requests"] * r["output_len"] for r in sweep)
-    left = [p.pid for p in psutil.process_iter() if _pgid(p) == start["server_pgid"]]
+    left = _group(start["server_pgid"])
     assert not left, f"processes of the vLLM server's group are still running: {left}"
 
 
@@ -107,3 +110,50 @@ def test_runner_exit_code_matches_statuses(quick_run):
     failed = [e for e in entries if e["status"] == "failed"
               or (e.get("solution") or {}).get("status") == "failed"]
     assert (quick_run["proc"].returncode != 0) == bool(failed)
+
+
+def test_killing_the_kernel_mid_sweep_stops_the_real_vllm_server(quick_run, tmp_path):
+    """The real server, started from a Jupyter kernel as chapter 07 starts it (after the quick run,
+    so its compile cache is warm), streaming when the kernel is SIGKILLed: nothing of it may remain."""
+    from jupyter_client.manager import start_new_kernel
+
+    try:
+        serving.find_vllm("cpu")
+    except serving.ServingUnavailable:
+        _vllm_skip_is_justified({"status_reason": "no vLLM here"})
+    info = tmp_path / "server.json"
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from helpers import serving
+        launch = serving.launch("cpu", "smollm2-135m", "bfloat16", {str(tmp_path)!r}, port=8000, kv_cache_gib=1)
+        launch.server.wait_healthy(900)
+        open({str(info)!r}, "w").write(json.dumps({{"pgid": launch.server.process.pid,
+                                                  "port": launch.server.port}}))
+        serving.run_level(launch.url, serving.served_model_id(launch.url), [[1] * 8] * 8, 512, 2)
+    """)
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        kc.execute(code)
+        deadline = time.monotonic() + 960
+        while not info.exists() and time.monotonic() < deadline and km.is_alive():
+            time.sleep(1)
+        assert info.exists(), "the vLLM server did not become healthy: " + serving.log_tail(tmp_path / "vllm_server.log")
+        server = json.loads(info.read_text())
+        time.sleep(3)  # the requests are streaming now
+        os.kill(km.provisioner.pid, signal.SIGKILL)
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _group(server["pgid"]):
+        time.sleep(1)
+    assert not _group(server["pgid"]), f"vLLM processes outlived the kernel: {_group(server['pgid'])}"
+    port = f"--port {server['port']}"
+    assert not [p.pid for p in psutil.process_iter(["cmdline"])
+                if "vllm.entrypoints" in " ".join(p.info["cmdline"] or []) and port in " ".join(p.info["cmdline"] or [])]
+
+
+def _group(pgid):
+    return [p.pid for p in psutil.process_iter() if _pgid(p) == pgid and p.status() != psutil.STATUS_ZOMBIE]
