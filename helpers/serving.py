@@ -797,8 +797,8 @@ def run_bench_serve(command: list, result_path: "str | Path", log_path: "str | P
 
 def bench_row(result: dict, input_len: int, output_len: int) -> dict:
     """``vllm bench serve``'s JSON in the sweep's column names, so the two sit in one table."""
-    row = {"concurrency": result.get("max_concurrency"), "input_len": input_len, "output_len": output_len, "requests": result.get("num_prompts"),
-           "completed": result.get("completed"), "failed": result.get("failed"),
+    row = {"concurrency": result.get("max_concurrency"), "input_len": input_len, "output_len": output_len,
+           "requests": result.get("num_prompts"), "completed": result.get("completed"), "failed": result.get("failed"),
            "duration_s": result.get("duration"), "output_tokens": result.get("total_output_tokens"),
            "output_tok_s": result.get("output_throughput"), "request_per_s": result.get("request_throughput")}
     # vLLM reports 0 for the latencies of a run where every request failed: none was measured.
@@ -812,7 +812,7 @@ def bench_row(result: dict, input_len: int, output_len: int) -> dict:
         row["output_tok_s"] = row["request_per_s"] = None
     median_tpot = row["tpot_median_ms"]
     row["decode_tok_s_per_user"] = 1e3 / median_tpot if median_tpot else None
-    row["decode_tok_s_aggregate"] = (row["concurrency"] or 0) * row["decode_tok_s_per_user"] if median_tpot else None
+    row["decode_tok_s_aggregate"] = (row["concurrency"] or 0) * 1e3 / median_tpot if median_tpot else None
     return row
 
 
@@ -878,7 +878,8 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                          "model": ch03["parameters"].get("model"), "dtype": dec.get("dtype"),
                          "device": dec.get("device"), "ttft_ms": _num(ttft["value"]),
                          "ttft_p90_ms": _num(ttft.get("p90")), "tpot_ms": _num(dec.get("decode_ms_per_token")),
-                         "tpot_p10_ms": _num(dec.get("p10_ms")), "tpot_p90_ms": _num(dec.get("p90_ms")), "decode_tok_s_per_user": _num(dec["value"]),
+                         "tpot_p10_ms": _num(dec.get("p10_ms")), "tpot_p90_ms": _num(dec.get("p90_ms")),
+                         "decode_tok_s_per_user": _num(dec["value"]),
                          "decode_tok_s_aggregate": _num(dec["value"]), "code_path": dec.get("code_path")})
         else:
             missing.append("03_end_to_end recorded no ttft_ms / decode_tok_s_batch1")
@@ -922,16 +923,14 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
     return rows, missing
 
 
-def device_kind(device: Any) -> str:
-    return str(device or "").split(":")[0].strip().lower()
-
-
 def no_ratio_reason(ours: dict, served: dict) -> str:
     """Why our figure and vLLM's do not measure the same thing ('' when they do): same model, dtype,
     device class, prompt and output lengths, and concurrency = batch."""
+    from .claims import device_class
+
     checks = (("model", ours.get("model"), served.get("model")),
               ("dtype", ours.get("dtype"), served.get("dtype")),
-              ("device", device_kind(ours.get("device")), device_kind(served.get("device"))),
+              ("device", device_class(ours.get("device")), device_class(served.get("device"))),
               ("prompt tokens", ours.get("prompt_tokens"), served.get("input_len")),
               ("new tokens", ours.get("new_tokens"), served.get("output_len")),
               ("concurrency", ours.get("concurrency"), served.get("concurrency")))
