@@ -838,6 +838,11 @@ def lengths_from_shape(shape: str) -> tuple[Optional[int], Optional[int]]:
     return (int(m.group(1)), int(m.group(2))) if m else (None, None)
 
 
+def _int(value) -> Optional[int]:
+    value = _num(value)
+    return int(value) if value is not None else None
+
+
 def _num(value) -> Optional[float]:
     try:
         value = float(value)
@@ -846,13 +851,19 @@ def _num(value) -> Optional[float]:
     return value if value == value else None
 
 
+def contention(results: dict) -> str:
+    """The CPU-contention note a chapter recorded (``generation.cpu_contention``), or ''."""
+    return next((n for n in results.get("notes", []) if str(n).startswith("CPU load average")), "")
+
+
 def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
     """Chapter 03's batch-1 figures, chapter 04's batch sweep and chapter 06's best batch-1 rung and
     batch rung, read from the run's results (never re-measured), one row per concurrency point.
 
     Each row: source, chapter, concurrency (= batch), prompt_tokens, new_tokens, model, dtype,
     device, ttft_ms / ttft_p90_ms, tpot_ms (decode ms per token) / tpot_p90_ms, decode tok/s per
-    user and aggregate, code_path. The second value lists what could not be read, and why.
+    user and aggregate, code_path, and ``caveat``: the chapter's note when it measured under CPU
+    contention. The second value lists what could not be read, and why.
     """
     from .results import load_results
 
@@ -874,7 +885,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
         if ttft and dec:
             prompt, new = lengths_from_shape(dec.get("shape"))
             rows.append({"source": "03 batch-1 eager generate", "chapter": "03_end_to_end", "concurrency": 1,
-                         "prompt_tokens": prompt, "new_tokens": new,
+                         "prompt_tokens": prompt, "new_tokens": new, "caveat": contention(ch03),
                          "model": ch03["parameters"].get("model"), "dtype": dec.get("dtype"),
                          "device": dec.get("device"), "ttft_ms": _num(ttft["value"]),
                          "ttft_p90_ms": _num(ttft.get("p90")), "tpot_ms": _num(dec.get("decode_ms_per_token")),
@@ -889,8 +900,9 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
             if r.get("status") != "ok" or not r.get("decode_resolved", True):
                 continue
             rows.append({"source": f"04 batch sweep, batch {r['point']}", "chapter": "04_batching",
-                         "concurrency": int(r["point"]), "prompt_tokens": r.get("prompt_tokens"),
-                         "new_tokens": r.get("new_tokens"), "model": ch04["parameters"].get("model"),
+                         "concurrency": int(r["point"]), "prompt_tokens": _int(r.get("prompt_tokens")),
+                         "new_tokens": _int(r.get("new_tokens")), "caveat": contention(ch04),
+                         "model": ch04["parameters"].get("model"),
                          "dtype": r.get("dtype"), "device": r.get("device"), "ttft_ms": _num(r.get("ttft_ms")),
                          "ttft_p90_ms": _num(r.get("ttft_p90_ms")), "tpot_ms": _num(r.get("decode_ms_per_token")),
                          "tpot_p10_ms": _num(r.get("decode_p10_ms")), "tpot_p90_ms": _num(r.get("decode_p90_ms")),
@@ -911,8 +923,9 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
             batch = int(r.get("batch_size") or 1)
             per_user = 1e3 / r["decode_ms_per_token"] if _num(r.get("decode_ms_per_token")) else None
             rows.append({"source": f"06 {label}: {rung}", "chapter": "06_optimization_ladder",
-                         "concurrency": batch, "prompt_tokens": r.get("prompt_tokens"),
-                         "new_tokens": r.get("new_tokens") or ch06["parameters"].get("max_new_tokens"),
+                         "concurrency": batch, "prompt_tokens": _int(r.get("prompt_tokens")),
+                         "new_tokens": _int(r.get("new_tokens") or ch06["parameters"].get("max_new_tokens")),
+                         "caveat": contention(ch06),
                          "model": ch06["parameters"].get("model"), "dtype": r.get("dtype"),
                          "device": ch06.get("environment", {}).get("device"), "ttft_ms": _num(r.get("ttft_ms")),
                          "ttft_p90_ms": None, "tpot_ms": _num(r.get("decode_ms_per_token")),
@@ -937,7 +950,7 @@ def no_ratio_reason(ours: dict, served: dict) -> str:
     for name, a, b in checks:
         if a in (None, "") or b in (None, ""):
             return f"{name} not recorded"
-        if str(a) != str(b):
+        if (_num(a) != _num(b)) if _num(a) is not None and _num(b) is not None else str(a) != str(b):
             return f"{name} differs ({a} vs {b})"
     return ""
 
@@ -1001,7 +1014,7 @@ COMPARISON_COLUMNS = ["source", "concurrency", "prompt_tokens", "new_tokens", "m
                       "vllm_ttft_ms", "vllm_ttft_p90_ms", "vllm_tpot_p90_ms", "ours_tpot_ms", "vllm_tpot_ms",
                       "ours_decode_tok_s_per_user", "vllm_decode_tok_s_per_user", "ours_decode_tok_s_aggregate",
                       "vllm_decode_tok_s_aggregate", "vllm_over_ours_ttft", "vllm_over_ours_decode",
-                      "faster_decode", "no_ratio"]
+                      "faster_decode", "no_ratio", "caveat"]
 
 
 def comparison_table(points: Sequence[dict], matched) -> "Any":
@@ -1028,7 +1041,8 @@ def comparison_table(points: Sequence[dict], matched) -> "Any":
                "vllm_decode_tok_s_per_user": v.get("decode_tok_s_per_user"),
                "ours_decode_tok_s_aggregate": p.get("decode_tok_s_aggregate"),
                "vllm_decode_tok_s_aggregate": v.get("decode_tok_s_aggregate"),
-               "vllm_over_ours_ttft": None, "vllm_over_ours_decode": None, "faster_decode": "", "no_ratio": reason}
+               "vllm_over_ours_ttft": None, "vllm_over_ours_decode": None, "faster_decode": "", "no_ratio": reason,
+               "caveat": p.get("caveat", "")}
         if not reason and row["ours_ttft_ms"] and row["vllm_ttft_ms"]:
             row["vllm_over_ours_ttft"] = row["vllm_ttft_ms"] / row["ours_ttft_ms"]
         if not reason and row["ours_decode_tok_s_per_user"] and row["vllm_decode_tok_s_per_user"]:

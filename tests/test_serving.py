@@ -280,6 +280,7 @@ def test_no_ratio_reason_names_what_differs_and_faster_goes_both_ways():
     served = {"model": "m", "dtype": "bfloat16", "device": "cpu", "input_len": 5, "output_len": 16,
               "concurrency": 1}
     assert serving.no_ratio_reason(ours, served) == ""
+    assert serving.no_ratio_reason({**ours, "prompt_tokens": 5.0}, served) == ""  # a table's float is the same length
     assert serving.no_ratio_reason({**ours, "dtype": "float32"}, served) == "dtype differs (float32 vs bfloat16)"
     assert serving.no_ratio_reason(ours, {**served, "input_len": 32}) == "prompt tokens differs (5 vs 32)"
     assert serving.no_ratio_reason({**ours, "prompt_tokens": None}, served) == "prompt tokens not recorded"
@@ -303,6 +304,7 @@ def _fake_run(tmp_path):
                               "decode_p90_ms": 42.0 + b, "tokens_per_s_per_user": 1e3 / (40 + b),
                               "tokens_per_s_aggregate": b * 1e3 / (40 + b)} for b in (1, 2, 4)]
              + [{"point": 8, "status": "oom"}])
+    r4.note("CPU load average 9.0 on 2 cores with 2 torch threads: timings are inflated by other processes")
     r4.finish()
     r6 = Results("06_optimization_ladder", tmp_path, parameters={"model": "smollm2-135m", "max_new_tokens": 16},
                  environment={"device": "cpu"})
@@ -325,6 +327,7 @@ def test_our_path_points_read_chapters_03_04_06_without_measuring(tmp_path):
     p3 = by["03 batch-1 eager generate"]
     assert (p3["prompt_tokens"], p3["new_tokens"], p3["tpot_p90_ms"]) == (5, 16, 42.0)
     assert [p["concurrency"] for p in points if p["chapter"] == "04_batching"] == [1, 2, 4]  # the OOM point left out
+    assert by["04 batch sweep, batch 1"]["caveat"].startswith("CPU load average 9.0") and p3["caveat"] == ""
     batch = by["06 batch rung: + batch 4"]
     assert batch["concurrency"] == 4 and batch["decode_tok_s_aggregate"] == pytest.approx(4 * 20.0)
     assert serving.matched_specs(points) == [(1, 5, 16), (1, 20, 8), (2, 20, 8), (4, 20, 8), (1, 9, 16), (4, 9, 16)]
