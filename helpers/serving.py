@@ -1164,8 +1164,11 @@ def plot_serving(sweep, comparison, points: Sequence[dict], title: str):
         if len(at04):
             left.plot(at04["concurrency"], at04["vllm_decode_tok_s_aggregate"], "^:",
                       label="vLLM decode aggregate at chapter 04's lengths")
+    xs = sorted({int(x) for line in left.get_lines() + right.get_lines() for x in line.get_xdata()})
     for ax, ylabel in ((left, "tokens/s"), (right, "TTFT (ms)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.minorticks_off()
         ax.set_xlabel("concurrency (our path: batch size)")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
