@@ -535,3 +535,28 @@ def test_killing_the_kernel_mid_sweep_leaves_no_server_process(tmp_path):
         if km.is_alive():
             km.shutdown_kernel(now=True)
     assert _wait_gone(marker) == [], "server processes outlived the kernel"
+
+
+# --- scripts/setup_vllm.sh never fails the workbook --------------------------------------------------
+
+SETUP_VLLM = Path(__file__).resolve().parent.parent / "scripts" / "setup_vllm.sh"
+
+
+@pytest.mark.parametrize("env, reason", [
+    ({"VLLM_SETUP": "0"}, "VLLM_SETUP=0"),
+    ({"VLLM_PYTHON": sys.executable}, "cannot import vllm"),
+])
+def test_setup_vllm_records_why_it_built_nothing_and_exits_0(tmp_path, env, reason):
+    venv = tmp_path / "venv-vllm"
+    proc = subprocess.run(["bash", str(SETUP_VLLM)], env={**os.environ, "VLLM_VENV": str(venv), **env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert reason in (venv / serving.UNAVAILABLE_FILE).read_text()
+    with pytest.raises(serving.ServingUnavailable, match=reason):
+        serving.find_vllm("cpu", venv)
+
+
+def test_setup_vllm_rejects_a_bad_setting(tmp_path):
+    proc = subprocess.run(["bash", str(SETUP_VLLM)], env={**os.environ, "VLLM_VENV": str(tmp_path / "v"),
+                                                          "VLLM_SETUP": "maybe"}, capture_output=True, text=True)
+    assert proc.returncode == 2 and "VLLM_SETUP=maybe is not valid" in proc.stderr
