@@ -1090,7 +1090,7 @@ def users_entries(sweep, bench: Optional[dict], comparison, points: Sequence[dic
         entries.append({"engine": "vLLM, our client", "lengths": lengths(sweep_rows), "levels": sweep_rows,
                         "ttft_key": "ttft_p95_ms", "tpot_key": "tpot_p95_ms", "percentile": "p95"})
     if bench:
-        entries.append({"engine": "vLLM, vllm bench serve", "lengths": lengths([bench]), "levels": [bench],
+        entries.append({"engine": "vllm bench serve", "lengths": lengths([bench]), "levels": [bench],
                         "ttft_key": "ttft_p95_ms", "tpot_key": "tpot_p95_ms", "percentile": "p95"})
     at04 = [r for r in (comparison.to_dict(orient="records") if len(comparison) else [])
             if str(r["source"]).startswith("04") and not r["no_ratio"]]
