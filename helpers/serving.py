@@ -1010,7 +1010,7 @@ def matched_specs(points: Sequence[dict]) -> list[tuple]:
     return list(dict.fromkeys(specs))
 
 
-COMPARISON_COLUMNS = ["source", "concurrency", "prompt_tokens", "new_tokens", "model", "dtype", "ours_ttft_ms",
+COMPARISON_COLUMNS = ["source", "chapter", "concurrency", "prompt_tokens", "new_tokens", "model", "dtype", "ours_ttft_ms",
                       "vllm_ttft_ms", "vllm_ttft_p90_ms", "vllm_tpot_p90_ms", "ours_tpot_ms", "vllm_tpot_ms",
                       "ours_decode_tok_s_per_user", "vllm_decode_tok_s_per_user", "ours_decode_tok_s_aggregate",
                       "vllm_decode_tok_s_aggregate", "vllm_over_ours_ttft", "vllm_over_ours_decode",
@@ -1032,7 +1032,7 @@ def comparison_table(points: Sequence[dict], matched) -> "Any":
         reason = no_ratio_reason(p, v) if v else "vLLM was not measured at these lengths"
         if not reason and not v.get("completed"):
             reason = f"every vLLM request failed: {v.get('errors', '')}"
-        row = {"source": p["source"], "concurrency": p["concurrency"], "prompt_tokens": p.get("prompt_tokens"),
+        row = {"source": p["source"], "chapter": p["chapter"], "concurrency": p["concurrency"], "prompt_tokens": p.get("prompt_tokens"),
                "new_tokens": p.get("new_tokens"), "model": p.get("model"), "dtype": p.get("dtype"),
                "ours_ttft_ms": p.get("ttft_ms"), "vllm_ttft_ms": v.get("ttft_median_ms"),
                "vllm_ttft_p90_ms": v.get("ttft_p90_ms"), "vllm_tpot_p90_ms": v.get("tpot_p90_ms"),
@@ -1093,7 +1093,7 @@ def users_entries(sweep, bench: Optional[dict], comparison, points: Sequence[dic
         entries.append({"engine": "vllm bench serve", "lengths": lengths([bench]), "levels": [bench],
                         "ttft_key": "ttft_p95_ms", "tpot_key": "tpot_p95_ms", "percentile": "p95"})
     at04 = [r for r in (comparison.to_dict(orient="records") if len(comparison) else [])
-            if str(r["source"]).startswith("04") and not r["no_ratio"]]
+            if r["chapter"] == "04_batching" and not r["no_ratio"]]
     ours04 = [p for p in points if p["chapter"] == "04_batching"]
     if at04:
         entries.append({"engine": VLLM_AT_04, "lengths": lengths(at04), "percentile": "p90",
@@ -1120,6 +1120,38 @@ def users_ratio(users) -> tuple[Optional[float], str]:
     if missing:
         return None, f"not measured: {', '.join(missing)}"
     return users_served_ratio(rows[VLLM_AT_04], rows[OURS_04])
+
+
+def record_comparison(results, comparison, **context) -> None:
+    """Chapter 03's batch-1 point beside vLLM, where both did the same work: the decode and TTFT
+    ratios (vLLM over our path) as figures; the claims of chapter 08 read the decode ratio."""
+    for row in comparison[comparison["no_ratio"] == ""].to_dict(orient="records"):
+        if row["chapter"] != "03_end_to_end":
+            continue
+        shape = f"batch 1, prompt {row['prompt_tokens']} tokens, {row['new_tokens']} new tokens"
+        results.record("engine_batch1_decode_ratio", row["vllm_over_ours_decode"], "x", key_figure=True,
+                       shape=shape, faster=row["faster_decode"], caveat=row["caveat"],
+                       code_path="vLLM 1000 / median TPOT over chapter 03's (t(N) - t(1)) / (N - 1), same run",
+                       **context)
+        results.record("engine_batch1_ttft_ratio", row["vllm_over_ours_ttft"], "x", shape=shape,
+                       code_path="vLLM median TTFT over chapter 03's 1-token generate", **context)
+
+
+def record_users(results, users, ttft_target_ms: float, tpot_target_ms: float, **context) -> tuple:
+    """Each engine's users served as a figure, and vLLM over our path at chapter 04's lengths
+    (``users_ratio``) when there is one; returns that ``(ratio, why)``."""
+    for row in users.to_dict(orient="records"):
+        results.record("users_served_" + figure_name(row["engine"]), row["users_served"], "users",
+                       shape=f"prompt + new tokens: {row['lengths']}", at_least=row["at_least"],
+                       code_path=f"largest concurrency with {row['percentile']} TTFT <= {ttft_target_ms:g} ms "
+                                 f"and TPOT <= {tpot_target_ms:g} ms", **context)
+    ratio, why = users_ratio(users)
+    if ratio is not None:
+        results.record("users_served_ratio", ratio, "x", key_figure=True, shape="chapter 04's batch sizes and lengths",
+                       code_path="users served, vLLM over our path, p90 for both", **context)
+    else:
+        results.note(f"users_served_ratio not recorded: {why}")
+    return ratio, why
 
 
 def figure_name(label: str) -> str:
@@ -1160,7 +1192,7 @@ def plot_serving(sweep, comparison, points: Sequence[dict], title: str):
         left.plot(batch, [p["decode_tok_s_aggregate"] for p in ours], "s-", label="our path: chapter 04 batch")
         right.plot(batch, [p["ttft_ms"] for p in ours], "s-", label="our path: chapter 04 median")
         right.plot(batch, [p["ttft_p90_ms"] for p in ours], "s--", label="our path: chapter 04 p90")
-        at04 = comparison[comparison["source"].str.startswith("04")] if len(comparison) else comparison
+        at04 = comparison[comparison["chapter"] == "04_batching"] if len(comparison) else comparison
         if len(at04):
             left.plot(at04["concurrency"], at04["vllm_decode_tok_s_aggregate"], "^:",
                       label="vLLM decode aggregate at chapter 04's lengths")

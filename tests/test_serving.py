@@ -560,3 +560,23 @@ def test_setup_vllm_rejects_a_bad_setting(tmp_path):
     proc = subprocess.run(["bash", str(SETUP_VLLM)], env={**os.environ, "VLLM_VENV": str(tmp_path / "v"),
                                                           "VLLM_SETUP": "maybe"}, capture_output=True, text=True)
     assert proc.returncode == 2 and "VLLM_SETUP=maybe is not valid" in proc.stderr
+
+
+def test_the_chapter_records_the_engine_ratio_and_users_served(tmp_path):
+    _fake_run(tmp_path)
+    points, _ = serving.our_path_points(tmp_path)
+    served = {"model": "smollm2-135m", "dtype": "bfloat16", "device": "cpu"}
+    matched = pd.DataFrame([{**served, "concurrency": c, "input_len": i, "output_len": o, "completed": 2,
+                             "ttft_median_ms": 80.0, "ttft_p90_ms": 90.0, "tpot_median_ms": 20.0, "tpot_p90_ms": 21.0,
+                             "decode_tok_s_per_user": 50.0, "decode_tok_s_aggregate": 50.0 * c}
+                            for c, i, o in serving.matched_specs(points)])
+    comparison = serving.comparison_table(points, matched)
+    res = Results("07_serving", tmp_path)
+    serving.record_comparison(res, comparison, device="cpu", dtype="bfloat16")
+    assert res.data["metrics"]["engine_batch1_decode_ratio"]["value"] == pytest.approx(50.0 / 25.0)
+    users = serving.users_table(serving.users_entries(pd.DataFrame(), None, comparison, points), 1000, 45)
+    by = dict(zip(users["engine"], users["users_served"]))
+    assert by[serving.VLLM_AT_04] == 4 and by[serving.OURS_04] == 2  # batch 4's p90 TPOT is 46 ms > 45
+    ratio, why = serving.record_users(res, users, 1000, 45, device="cpu")
+    assert ratio is None and "lower bound" in why  # vLLM still met the targets at its largest level
+    assert res.data["metrics"]["users_served_our_path_chapter_04_batch_sweep"]["value"] == 2
