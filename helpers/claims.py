@@ -1,6 +1,6 @@
 """The guides' checkable claims and the rules that give each one a verdict.
 
-Taught in ``07_report.ipynb``. ``data/guide_claims.csv`` holds every claim with its original Chinese
+Taught in ``08_report.ipynb``. ``data/guide_claims.csv`` holds every claim with its original Chinese
 text, an English gloss, the claimed value, the hardware class and model the claim is about, and the
 name of a rule. ``verdicts(run_dirs)`` applies each rule to the evidence of one run folder or of
 several (an NPU run, a CUDA run, a CPU run...): every chapter's ``results.json`` (never
@@ -57,7 +57,7 @@ VERDICTS = {
                                 "chapter measures it (the detail says which)",
 }
 
-# Verdicts grouped for counting: the index, the claims report and chapter 07 show these apart.
+# Verdicts grouped for counting: the index, the claims report and chapter 08 show these apart.
 VERDICT_CLASSES = {
     "reproduced": "measured on the claimed hardware class with a comparable model (or computed, for "
                   "device-independent claims) and within tolerance",
@@ -74,7 +74,7 @@ VERDICT_CLASSES = {
     "not for inference": "the claim is about training and does not apply to inference",
     "not measured": "the chapter that measures it did not run or failed, or nothing measures it",
 }
-# One colour per class, shared by chapter 07's plot and the claims report's badges (white text reads on all).
+# One colour per class, shared by chapter 08's plot and the claims report's badges (white text reads on all).
 CLASS_COLOURS = {
     "reproduced": "#1a7f37", "contradicted": "#cf222e", "physically impossible": "#82071e",
     "contradicted by sources": "#bc4c00", "supported by sources": "#0b7285", "guide inconsistent": "#8250df",

@@ -1,7 +1,7 @@
 """Several runs of the workbook on one page: ``python -m helpers.compare RUN_DIR RUN_DIR [...]``.
 
 Reads what each run recorded through ``helpers.results.read_run`` (taught with the report chapter,
-``07_report.ipynb``); nothing is re-measured. Writes ``reports/compare-<id>/index.html`` (the
+``08_report.ipynb``); nothing is re-measured. Writes ``reports/compare-<id>/index.html`` (the
 ``compare`` page of ``helpers.pages``) and ``figures.csv``: every key figure of every chapter, one
 column per run with its device, dtype, model, profile, shape and code path, and the ratio of each run
 to the reference run (the first one) where the two figures measure the same thing: same metric and

@@ -1,7 +1,7 @@
 """Every HTML page the workbook writes, from Jinja2 templates with one layout and one stylesheet.
 
 The runner's ``index.html`` (``helpers.run``), the report chapter's ``claims_report.html``
-(``helpers.report``, taught in ``07_report.ipynb``) and the compare page (``helpers.compare``) are
+(``helpers.report``, taught in ``08_report.ipynb``) and the compare page (``helpers.compare``) are
 ``templates/<kind>.html.j2``, each extending ``base.html.j2`` with ``workbook.css`` inlined, so a page
 stays a single file that can be mailed or archived; figures are PNG data URIs (``png_data_uri``).
 Every visible word comes from ``templates/labels.<lang>.yaml``, one table per page kind: a second

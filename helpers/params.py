@@ -116,6 +116,12 @@ CHECKS = {
     "calibration_tokens": at_least(4), "int8": FLAG, "batch_size": at_least(1), "endpoint": text(),
     "mindspeed_script": text(), "claims_file": text(), "specs_file": text(), "other_runs": text(),
     "write_html": FLAG,
+    # chapter 07, serving
+    "port": at_least(1), "max_model_len": at_least(16), "kv_cache_gib": number(allow_zero=True),
+    "tensor_parallel_size": at_least(1), "start_timeout_s": at_least(1), "request_timeout_s": number(),
+    "input_len": at_least(1), "output_len": at_least(2), "concurrency": ints_at_least(1), "bench_serve": FLAG,
+    "bench_concurrency": at_least(1), "bench_timeout_s": at_least(1), "ttft_target_ms": number(),
+    "tpot_target_ms": number(),
 }
 
 

@@ -1,4 +1,4 @@
-"""The run's summary for ``07_report.ipynb``: key figures, plots and the code-free claims report.
+"""The run's summary for ``08_report.ipynb``: key figures, plots and the code-free claims report.
 
 Everything here reads what the chapters recorded (``results.json`` through ``helpers.results``);
 nothing is re-measured. Each plot returns ``None`` when its chapter's figures are missing, so the
@@ -236,7 +236,8 @@ FIGURE_DIRECTIONS = {
     "kv_cache_mib_batch": "lower", "int8_weight_bytes_ratio": "lower", "int8_ppl_delta_pct": "lower",
     "int8_decode_speedup_batch": "higher", "int8_ttft_ratio_batch": "lower", "quantize_dynamic_ppl_ratio": "lower",
     "ladder_best_batch1_speedup": "higher", "ladder_batch_throughput_ratio": "higher",
-    "ladder_speedup_total": "higher", "ladder_tok_s_": "higher", "vllm_tok_s": "higher", "endpoint_tok_s": "higher",
+    "ladder_speedup_total": "higher", "ladder_tok_s_": "higher", "vllm_server_start_s": "lower", "serving_output_tok_s_c": "higher", "serving_ttft_p50_ms_c": "lower",
+    "engine_batch1_decode_ratio": "higher", "users_served_ratio": "higher",
 }
 UNIT_WORDS = {"x": "×", "ratio": "×"}
 

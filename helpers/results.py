@@ -3,7 +3,7 @@
 Written atomically after every ``record`` call, so an interrupted run keeps whatever it measured;
 every chapter records its figures here from ``00_environment_check.ipynb`` on. ``read_run`` reads a
 run folder back for everything that shows one (the runner's ``index.html``, the report chapter
-``07_report.ipynb`` that teaches it, the claims audit and ``helpers.compare``): one status per
+``08_report.ipynb`` that teaches it, the claims audit and ``helpers.compare``): one status per
 chapter, merged from ``results.json`` and the runner's ``run.json`` in one place; nothing is
 re-measured.
 """
@@ -186,7 +186,7 @@ class Results:
 
 # --- reading runs back: the index, the report chapter, the claims audit and the compare page -------
 
-REPORT_CHAPTER = "07_report"  # the chapter that reads the others (it is not one of its own inputs)
+REPORT_CHAPTER = "08_report"  # the chapter that reads the others (it is not one of its own inputs)
 RUN_FILE = "run.json"
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 # The one status vocabulary of a chapter on every page; only the first two put figures into ratios.
