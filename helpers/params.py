@@ -95,6 +95,27 @@ def names(name, values):
     return list(values)
 
 
+def file_or_empty(name, value):
+    """A path to an existing file, or empty (the shipped table)."""
+    from pathlib import Path
+
+    if not isinstance(value, str) or (value and not Path(value).is_file()):
+        raise ValueError(f"{name}={value!r} is not a file; leave it empty for the shipped table")
+    return value
+
+
+def run_folders(name, value):
+    """Comma-separated run folders (``reports/<run-id>``), or empty."""
+    from pathlib import Path
+
+    folders = [p.strip() for p in str(value).split(",") if p.strip()]
+    for folder in folders:
+        if not Path(folder).is_dir():
+            raise ValueError(f"{name}: {folder!r} is not a run folder; give folders like reports/<run-id>, "
+                             "comma-separated, or leave it empty")
+    return value
+
+
 def prompt(name, value):
     return check_prompts(name, [value])[0]
 
@@ -114,7 +135,8 @@ CHECKS = {
     "reference": text(allow_empty=False), "variants": names,
     "eval_tokens": at_least(16), "calibration_counts": ints_at_least(1, allow_empty=True),
     "calibration_tokens": at_least(4), "int8": FLAG, "batch_size": at_least(1), "endpoint": text(),
-    "mindspeed_script": text(), "claims_file": text(), "specs_file": text(), "other_runs": text(),
+    "mindspeed_script": text(), "claims_file": file_or_empty, "specs_file": file_or_empty,
+    "other_runs": run_folders,
     "write_html": FLAG,
     # chapter 07, serving
     "port": at_least(1), "max_model_len": at_least(16), "kv_cache_gib": number(allow_zero=True),

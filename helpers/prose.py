@@ -179,6 +179,11 @@ class Renderer:
                            if abs(v) >= s or s == 1)
         return self.mark(value, f"{format_number(v / scale if scale > 1 else int(v))} {unit}")
 
+    def count(self, rows: Any) -> str:
+        """How many rows a recorded table (or a selection of it) has: a count, not a computation."""
+        rows = list(rows)
+        return self.mark(Fig(len(rows), "count"), format_number(len(rows)))
+
     def text(self, value: Any) -> str:
         """A recorded word (a dtype, a device, a kernel name) as it was recorded."""
         return self.mark(value, str(_plain(value)))
@@ -233,7 +238,8 @@ def environment(renderer: Renderer, lang: str = "en"):
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
                              autoescape=False)
-    env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size)
+    env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size,
+                       count=renderer.count)
     plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
                                                       "bandwidth_regime", "changed")}
 

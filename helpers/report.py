@@ -306,3 +306,31 @@ def index_verdict_counts(folder: RunFolder) -> Optional[dict]:
         return None
     recorded = chapter.data["tables"].get("verdict_counts") or []
     return {row["verdict_class"]: int(row["claims"]) for row in recorded} or None
+
+
+def batch1_protocol_table(results: dict):
+    """Every chapter's batch-1, eager, dynamic-cache decode of the same request (the protocol chapter
+    03 defines), side by side: they measure one thing, so what differs between them is the drift of
+    the machine between chapters (or a parameter a reader changed for one chapter only)."""
+    import pandas as pd
+
+    rows = []
+
+    def add(chapter, what, tok_s, prompt_tokens=None, new_tokens=None, dtype=None):
+        if isinstance(tok_s, (int, float)) and tok_s == tok_s:
+            rows.append({"chapter": chapter, "figure": what, "tok/s": float(tok_s), "prompt tokens": prompt_tokens,
+                         "new tokens": new_tokens, "dtype": dtype})
+
+    m03 = (results.get("03_end_to_end") or {}).get("metrics", {})
+    if "decode_tok_s_batch1" in m03:
+        e = m03["decode_tok_s_batch1"]
+        add("03_end_to_end", "the guide's request", e.get("value"), None, None, e.get("dtype"))
+    for r in (results.get("04_batching") or {}).get("tables", {}).get("batch_sweep") or []:
+        if r.get("point") == 1 and r.get("status") == "ok":
+            add("04_batching", "batch sweep, batch 1", r.get("tokens_per_s_per_user"), r.get("prompt_tokens"),
+                r.get("new_tokens"), r.get("dtype"))
+    for r in (results.get("06_optimization_ladder") or {}).get("tables", {}).get("ladder") or []:
+        if r.get("rung") == "native eager" and r.get("status") == "ok":
+            add("06_optimization_ladder", "ladder, native eager", r.get("tokens_per_s"), r.get("prompt_tokens"),
+                r.get("new_tokens"), r.get("dtype"))
+    return pd.DataFrame(rows)
