@@ -277,3 +277,48 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
         row["first_call_s"] = first
         rows.append(row)
     return rows, timings
+
+
+def check_time_count(variants: list, device, *, expected, baseline: str, measure: Callable,
+                     count: Optional[Callable] = None, tolerance=None):
+    """``check_and_time`` for a block whose variants round differently (chapter 02's FFN): each
+    variant's first call (compilation included) is timed apart and checked against ``expected`` with
+    ``tolerance`` (``assert_close`` keywords, or a function of ``expected`` returning them; default:
+    the dtype's), then timed with ``measure(fn, name)`` and, with ``count(fn)`` (for example
+    ``profiling.count_ops``), its operators counted.
+
+    The first variant is the baseline; its labels' last value is ``baseline`` (``"unfused"``), which
+    names the columns ``max_abs_diff_vs_<baseline>`` (largest difference from ``expected``) and
+    ``speedup_vs_<baseline>`` with its spread ``..._low`` / ``..._high`` (``speedup``).
+    Returns the rows and the timings keyed by the labels' values.
+    """
+    from . import profiling
+
+    rows, timings = [], {}
+    for labels, fn in variants:
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        first = time.perf_counter() - t0
+        got = out if isinstance(out, (tuple, list)) else (out,)
+        want = expected if isinstance(expected, (tuple, list)) else (expected,)
+        for g, w in zip(got, want):
+            tol = tolerance(w) if callable(tolerance) else (tolerance or {})
+            torch.testing.assert_close(g, w, **tol)  # a wrong kernel fails the chapter
+        key = tuple(labels.values())
+        timing = timings[key] = measure(fn, " / ".join(map(str, key)))
+        if not rows and key[-1] != baseline:
+            raise ValueError(f"baseline={baseline!r}: the first variant must be the baseline, got {key}")
+        row = timing_row(timing, **labels)
+        row["first_call_s"] = first
+        if count is not None:
+            counts = count(fn)
+            row.update(ops_per_call=counts["ops"], ops=profiling.op_list(counts))
+        row[f"max_abs_diff_vs_{baseline}"] = max((g.float() - w.float()).abs().max().item()
+                                                 for g, w in zip(got, want))
+        sp = speedup(timings[next(iter(timings))], timing)
+        row.update({f"speedup_vs_{baseline}": sp.ratio, f"speedup_vs_{baseline}_low": sp.low,
+                    f"speedup_vs_{baseline}_high": sp.high})
+        rows.append(row)
+    return rows, timings

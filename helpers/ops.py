@@ -682,3 +682,199 @@ def rmsnorm_guide_bounds(specs, claim_id: str = "C06") -> dict:
             "guide_implied_gbps_high": nbytes / (low_ms / 1e3) / 1e9,
             "npu_bandwidth_gbps": float(npu["bandwidth_gbps"]), "npu_spec_status": str(npu["status"]),
             "npu_floor_ms": nbytes / (float(npu["bandwidth_gbps"]) * 1e9) * 1e3}
+
+
+# --- chapter 02: the guide's FFN line, the FFN variants side by side, the guide's precision claims --
+
+GUIDE_FFN_SHAPE = "x 1x4096x4096, w 4096x14336"
+
+
+def guide_ffn_line() -> dict:
+    """The guide's step-3 line ``F.linear(x, w_gate)`` with x (1, 4096, 4096) and its w_gate
+    (4096, 14336), run on ``meta`` tensors (shapes are checked as on a device; nothing is allocated),
+    beside the corrected (out, in) weight of Llama-2-7B's width, and the widths transformers' config
+    defaults give (``LlamaConfig()`` is Llama-2-7B, ``MistralConfig()`` Mistral-7B)."""
+    from transformers import LlamaConfig, MistralConfig
+
+    llama, mistral = LlamaConfig(), MistralConfig()
+    x = torch.empty(1, 4096, 4096, device="meta", dtype=torch.float16)
+    try:
+        F.linear(x, torch.empty(4096, 14336, device="meta", dtype=torch.float16))  # the guide's (in, out)
+        error = None
+    except RuntimeError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    fixed = torch.empty(llama.intermediate_size, llama.hidden_size, device="meta", dtype=torch.float16)
+    sizes = [{"config defaults": "LlamaConfig() - Llama-2-7B", "hidden": llama.hidden_size,
+              "intermediate": llama.intermediate_size},
+             {"config defaults": "MistralConfig() - Mistral-7B", "hidden": mistral.hidden_size,
+              "intermediate": mistral.intermediate_size}]
+    return {"error": error, "runs": error is None, "llama2_7b_intermediate": llama.intermediate_size,
+            "corrected_weight": "x".join(map(str, fixed.shape)),
+            "corrected_output": "x".join(map(str, F.linear(x, fixed).shape)), "sizes": sizes}
+
+
+def ffn_variant_names(device, compile_ops: bool) -> list:
+    """The ``FFN_VARIANTS`` a run times: ``unfused`` and ``merged`` everywhere; ``fused_act`` where
+    its fused SwiGLU needs no compiler (NPU: ``npu_swiglu``) or compiling is allowed; ``graph`` only
+    with ``compile_ops``."""
+    names = ["unfused", "merged"]
+    if compile_ops or _device_kind(device) == "npu":
+        names.append("fused_act")
+    if compile_ops:
+        names.append("graph")
+    return names
+
+
+def ffn_shapes(hidden: int, intermediate: int, model_info: dict) -> dict:
+    """``{name: (H, I)}``: the large FFN of the parameters (Llama-2-7B's 4096 x 11008 by default)
+    and the loaded model's own (``models.describe_model``)."""
+    own = (model_info["hidden_size"], model_info["intermediate_size"])
+    return {f"large H={hidden} I={intermediate}": (hidden, intermediate),
+            f"{model_info['name']} H={own[0]} I={own[1]}": own}
+
+
+def ffn_weights(hidden: int, intermediate: int, device, dtype, generator: torch.Generator) -> list:
+    """Random ``[w_gate, w_up, w_down]`` in nn.Linear layout with standard deviation 1/sqrt(fan-in),
+    so activations have the scale of a real layer."""
+    return [(torch.randn(o, n, generator=generator) / n ** 0.5).to(device, dtype)
+            for o, n in ((intermediate, hidden), (intermediate, hidden), (hidden, intermediate))]
+
+
+def ffn_cases(shapes: dict, tokens, device, dtype, seed: int = 0) -> dict:
+    """``{"<shape>, T=<t>": (x, weights)}`` for every FFN shape and token count (decode T=1 and the
+    prefill), one set of weights per shape."""
+    g = torch.Generator().manual_seed(seed)
+    cases = {}
+    for name, (hidden, intermediate) in shapes.items():
+        weights = ffn_weights(hidden, intermediate, device, dtype, g)
+        for t in tokens:
+            cases[f"{name}, T={t}"] = (torch.randn(1, t, hidden, generator=g).to(device, dtype), weights)
+    return cases
+
+
+def ffn_chain_tolerance(ref: torch.Tensor, ulps: int = 8) -> dict:
+    """``assert_close`` keywords for an FFN variant against the unfused one: merged and separate
+    matmuls round differently, so after three matmuls allow a few ulps of the dtype relative to the
+    output's largest value (a wrong kernel is off by far more)."""
+    eps = torch.finfo(ref.dtype).eps
+    return dict(rtol=ulps * eps, atol=ulps * eps * ref.abs().max().item())
+
+
+def ffn_variants(x: torch.Tensor, weights, names, device, case: str = "") -> list:
+    """``bench.check_time_count`` variants: ``make_ffn`` of every name on input ``x``."""
+    fns = {name: make_ffn(*weights, name, device) for name in names}
+    return [({"case": case, "variant": name}, (lambda f=f: f(x))) for name, f in fns.items()]
+
+
+def elementwise_share_rows(cases: dict, timings: dict, names, measure: Callable) -> list:
+    """How much fusion can buy in each FFN case: the elementwise part alone (``swiglu_reference`` on
+    a (1, T, 2I) tensor, timed with ``measure(fn, name)``) as a share of the unfused FFN, the
+    variant with the lowest median and its speedup with spread (``clear``: apart from every other
+    variant beyond the p10-p90 noise, ``decide.rank``), and each variant's saving in % of the
+    unfused median (negative when its median is above the unfused one)."""
+    from . import bench, decide
+
+    rows = []
+    for case, (x, weights) in cases.items():
+        gate_up = torch.randn(1, x.shape[1], 2 * weights[0].shape[0],
+                              generator=torch.Generator().manual_seed(4)).to(x.device, x.dtype)
+        act = measure(lambda: swiglu_reference(gate_up), f"silu*mul / {case}")
+        total = timings[case, "unfused"]
+        found = decide.rank([(v, timings[case, v].median, timings[case, v].p10, timings[case, v].p90)
+                             for v in names], higher_is_better=False)
+        best = bench.speedup(total, timings[case, found.best])
+        rows.append({"case": case, "elementwise_ms": act.median_ms, "unfused_ffn_ms": total.median_ms,
+                     "elementwise_share_pct": 100 * act.median / total.median,
+                     "best_variant": found.best, "best_clear": found.clear, "best_speedup": best.ratio,
+                     "best_speedup_low": best.low, "best_speedup_high": best.high,
+                     **{f"saved_pct_{v}": 100 * (1 - timings[case, v].median / total.median)
+                        for v in names if v != "unfused"}})
+    return rows
+
+
+def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
+    """The guide's two precision claims at decode (T=1) in float16, the guide's dtype: ``(rows,
+    facts)``. Against a float64 reference computed on the CPU (NPUs have no fp64 matmul): the unfused
+    result, the ``variant`` one, and the ``variant`` one with every weight stored transposed (same
+    values, column-major, so not contiguous). ``facts`` has each difference, the output's largest
+    value, one float16 ulp there (``quant.ulp``: an absolute threshold means little without it),
+    and whether the down weight is still non-contiguous where ``F.linear`` reads it (gate and up are
+    copied into one contiguous tensor by ``merge_gate_up``)."""
+    from .quant import ulp
+
+    g = torch.Generator().manual_seed(seed)
+    w64 = [w.to("cpu", torch.float64) for w in weights]
+    x64 = torch.randn(1, 1, w64[0].shape[1], generator=g, dtype=torch.float64)
+    with torch.inference_mode():
+        exact = ffn_reference(x64, *w64)
+        w16 = [w.to(device, torch.float16) for w in w64]
+        w16_nc = [w.t().contiguous().t() for w in w16]  # same values, column-major storage
+        x16 = x64.to(device, torch.float16)
+        unfused = make_ffn(*w16, "unfused", device)(x16).cpu()
+        fused = make_ffn(*w16, variant, device)(x16).cpu()
+        fused_nc = make_ffn(*w16_nc, variant, device)(x16).cpu()
+
+    def diff(a, b):
+        return (a.double() - b.double()).abs().max().item()
+
+    out_max = exact.abs().max().item()
+    facts = {"fused_vs_unfused": diff(fused, unfused), "unfused_vs_float64": diff(unfused, exact),
+             "fused_vs_float64": diff(fused, exact), "noncontig_vs_contig": diff(fused_nc, fused),
+             "output_max_abs": out_max, "ulp_at_output": ulp(out_max, torch.float16),
+             "weight_contiguous_at_op": w16_nc[2].is_contiguous()}
+    facts["fused_vs_unfused_ulps"] = facts["fused_vs_unfused"] / facts["ulp_at_output"]
+    rows = [(f"{variant} vs unfused (the guide's comparison)", facts["fused_vs_unfused"], "< 1e-3"),
+            ("unfused float16 vs float64", facts["unfused_vs_float64"], ""),
+            (f"{variant} float16 vs float64", facts["fused_vs_float64"], ""),
+            (f"{variant}, non-contiguous weights vs contiguous", facts["noncontig_vs_contig"],
+             "> 1e-2 if misaligned")]
+    rows = [{"comparison": c, "max_abs_diff": d, "output max |y|": out_max, "guide threshold": t}
+            for c, d, t in rows]
+    return rows, facts
+
+
+def fused_model_check(model: nn.Module, tokens: int, measure: Callable, seed: int = 5) -> dict:
+    """``apply_fused_modules`` on a loaded Llama, checked and timed: one prefill forward of
+    ``tokens`` random ids before and after (``measure(fn, name)``), the logits compared within a few
+    ulps of the dtype (``ffn_chain_tolerance``, 16 ulps), the next-token argmax agreement, and what
+    was replaced. The model keeps its fused modules."""
+    first = next(model.parameters())
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
+    ids = ids.to(first.device)
+    with torch.inference_mode():
+        def forward():
+            return model(input_ids=ids, use_cache=False)
+
+        before = forward().logits
+        t_before = measure(forward, "model forward, original modules")
+        counts = apply_fused_modules(model, impl="auto")
+        after = forward().logits
+        t_after = measure(forward, "model forward, fused modules")
+    torch.testing.assert_close(after, before, **ffn_chain_tolerance(before, ulps=16))
+    return {"counts": counts, "before": t_before, "after": t_after,
+            "max_abs_diff": (after.float() - before.float()).abs().max().item(),
+            "logits_max_abs": before.abs().max().item(),
+            "top1_agreement": (after.argmax(-1) == before.argmax(-1)).float().mean().item()}
+
+
+def residual_norm_cases(prefill_tokens: int, hidden: int, model_hidden: int, device, dtype,
+                        seed: int = 6) -> dict:
+    """``{case: (x, residual, weight)}`` for residual add + RMSNorm: a prefill of the large FFN's
+    width and one decode token of the loaded model's width."""
+    g = torch.Generator().manual_seed(seed)
+    cases = {}
+    for label, (t, h) in {"prefill, large": (prefill_tokens, hidden),
+                          "decode, model": (1, model_hidden)}.items():
+        x, residual = (torch.randn(1, t, h, generator=g).to(device, dtype) for _ in range(2))
+        weight = (1 + 0.1 * torch.randn(h, generator=g)).to(device, dtype)
+        cases[f"{label} 1x{t}x{h}"] = (x, residual, weight)
+    return cases
+
+
+def residual_norm_variants(inputs, compiled: Callable, backend_name: str, case: str,
+                           eps: float = 1e-5) -> list:
+    """``bench.check_time_count`` variants: ``add_rms_norm_reference`` eager, then the same function
+    compiled (``graph_mode(add_rms_norm_reference, ...)``), labelled ``graph (<backend>)``."""
+    return [({"case": case, "mode": "eager"}, lambda: add_rms_norm_reference(*inputs, eps)),
+            ({"case": case, "mode": f"graph ({backend_name})"}, lambda: compiled(*inputs, eps))]

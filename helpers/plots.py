@@ -118,5 +118,68 @@ def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
         a.set_ylabel("ms (median, p10-p90)")
         a.set_title(name)
     fig.suptitle(title)
+
+
+def plot_ffn_variants(table, title: str, figsize=(12, 3.2)):
+    """Chapter 02: one panel per FFN case (shape and T), a bar per variant at its median ms on a log
+    axis (variants can differ by orders of magnitude), each labelled with its operators per call."""
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(table["case"]))
+    fig, axes = plt.subplots(1, len(cases), figsize=figsize, squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        sub = table[table["case"] == case]
+        ax.bar(list(sub["variant"]), list(sub["median_ms"]), color="#69c")
+        for k, (ms, n) in enumerate(zip(sub["median_ms"], sub["ops_per_call"])):
+            ax.annotate(f"{int(n)} ops", (k, ms), ha="center", va="bottom", fontsize=7)
+        ax.set_yscale("log")
+        # headroom above the tallest bar keeps the op-count labels inside the panel
+        ax.set_ylim(0.5 * sub["median_ms"].min(), 3 * sub["median_ms"].max())
+        ax.set_title(case.replace(", T=", "\nT="), fontsize=8)
+        ax.tick_params(labelsize=7, axis="x", rotation=30)
+    axes[0][0].set_ylabel("median ms, log scale (lower is better)")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def fusion_saving_bars(share, variants) -> list:
+    """The bars of ``plot_fusion_savings``: (column, legend label) for the elementwise share (the
+    ceiling of what fusing can save) and each variant's signed saving against ``unfused``."""
+    return [("elementwise_share_pct", "elementwise share of unfused time (ceiling)")] + [
+        (f"saved_pct_{v}", f"saved by {v} (negative: its median is above unfused)")
+        for v in variants if v != "unfused" and f"saved_pct_{v}" in share]
+
+
+def plot_fusion_savings(share, variants, clip_pct: float = -150.0, figsize_width: float = 9):
+    """Chapter 02: per FFN case, the elementwise share of the unfused time beside each variant's
+    saving (% of the unfused median, negative when the variant's median is above it). The axis is
+    clipped at ``clip_pct`` so one variant many times slower does not squash the rest; a clipped bar
+    is drawn to the edge and labelled with its value."""
+    import matplotlib.pyplot as plt
+
+    bars = fusion_saving_bars(share, variants)
+    colours = ["#c63", "#69c", "#3a7", "#a6c", "#999"]
+    fig, ax = plt.subplots(figsize=(figsize_width, 0.9 + 0.9 * len(share)))
+    height = 0.8 / len(bars)
+    lowest = min([0.0] + [float(share[col].min()) for col, _ in bars])
+    left = max(lowest * 1.1, clip_pct)
+    for k, (col, label) in enumerate(bars):
+        ys = [j + (k - (len(bars) - 1) / 2) * height for j in range(len(share))]
+        values = [float(v) for v in share[col]]
+        ax.barh(ys, [max(v, left) for v in values], height=height, color=colours[k % len(colours)],
+                label=label)
+        for y, v in zip(ys, values):
+            if v < left:
+                ax.annotate(f"{v:.0f}%", (left, y), xytext=(3, 0), textcoords="offset points",
+                            va="center", fontsize=7, color="white", weight="bold")
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlim(left, 105)
+    ax.set_yticks(range(len(share)), [c.replace(", T=", "\nT=") for c in share["case"]])
+    ax.invert_yaxis()
+    clipped = f"; axis clipped at {left:.0f}%" if lowest < left else ""
+    ax.set_xlabel(f"% of unfused FFN median time (saving < 0: median above unfused{clipped})")
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
