@@ -155,3 +155,15 @@ def check_all(values: dict, overrides: "dict | None" = None) -> dict:
         raise ValueError(f"no check for parameter(s) {unknown}: add them to helpers.params.CHECKS or pass "
                          "checks= to open_chapter")
     return {name: rules[name](name, value) for name, value in values.items()}
+
+
+def ints_including(required: int, minimum: int = 1):
+    """A non-empty list of integers >= ``minimum`` that holds ``required`` (chapter 04's
+    ``batch_sizes`` must include 1, the baseline of every ratio)."""
+    def rule(name, values):
+        values = check_positive_ints(name, values, minimum)
+        if required not in values:
+            raise ValueError(f"{name}={values!r} is not valid; it must include {required}, "
+                             "the baseline of the ratios")
+        return values
+    return rule

@@ -1,8 +1,8 @@
 """The chapters' figures (matplotlib), each drawn from a table the chapter recorded.
 
-Taught where each figure appears: ``plot_decode_gap`` in ``03_end_to_end.ipynb``. A function here
-draws what its table says and nothing else: every bar is the sum of its own measured parts, and its
-label is that sum (``tests/test_plots.py`` checks both on a case where a compiled path's kernels
+Taught where each figure appears: ``plot_decode_gap`` in ``03_end_to_end.ipynb``, ``plot_batch_sweep``
+in ``04_batching.ipynb``. A function here draws what its table says and nothing else: every bar is
+the sum of its own measured parts, and its label is that sum (``tests/test_plots.py`` checks both on a case where a compiled path's kernels
 beat the eager ones).
 """
 from __future__ import annotations
@@ -181,5 +181,56 @@ def plot_fusion_savings(share, variants, clip_pct: float = -150.0, figsize_width
     ax.set_xlabel(f"% of unfused FFN median time (saving < 0: median above unfused{clipped})")
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+
+
+def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7)):
+    """Chapter 04's sweep on four panels against the batch size (log axis, plain tick labels):
+    aggregate and per-user tokens/s; decode per step (p10-p90 bars) and TTFT; the throughput gain
+    over batch 1 with its spread beside the ideal (= batch) and the guide's claimed gains; and memory:
+    what the generates added over the region beside the KV cache from the config (log axis, since
+    the growth can be far above the cache).
+
+    ``sweep`` is ``generation.sweep_table`` (only rows with a resolved decode are drawn), ``ratios``
+    ``generation.batch_ratios``, ``guide`` ``{batch: {"throughput": x, ...}}`` (the guide's claims).
+    """
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    ok = sweep[sweep["status"] == "ok"].sort_values("point")
+    if "decode_resolved" in ok:
+        ok = ok[ok["decode_resolved"].astype(bool)]
+    ratios = pd.DataFrame(list(ratios))
+    fig, axes = plt.subplots(2, 2, figsize=figsize)
+    speed, latency, gain, memory = axes.flat
+    speed.plot(ok["point"], ok["tokens_per_s_aggregate"], marker="o", label="aggregate")
+    speed.plot(ok["point"], ok["tokens_per_s_per_user"], marker="o", label="per user")
+    speed.set(ylabel="tokens/s", title="throughput vs batch")
+    below = ok["decode_ms_per_token"] - ok["decode_p10_ms"]
+    above = ok["decode_p90_ms"] - ok["decode_ms_per_token"]
+    latency.errorbar(ok["point"], ok["decode_ms_per_token"], yerr=[below, above], marker="o", capsize=3,
+                     label="decode per step")
+    latency.plot(ok["point"], ok["ttft_ms"], marker="s", label="TTFT")
+    latency.set(ylabel="ms (median, p10-p90)", title="latency vs batch")
+    if len(ratios):
+        spread = [ratios["throughput_ratio"] - ratios["throughput_low"],
+                  ratios["throughput_high"] - ratios["throughput_ratio"]]
+        gain.errorbar(ratios["batch"], ratios["throughput_ratio"], yerr=spread, marker="o", capsize=3,
+                      label="measured (p10-p90)")
+        gain.plot(ratios["batch"], ratios["batch"], ls="--", color="grey", label="ideal = batch")
+    claimed = sorted((b, c["throughput"]) for b, c in guide.items())
+    gain.plot([1] + [b for b, _ in claimed], [1.0] + [x for _, x in claimed], marker="x", ls="none",
+              color="tab:red", label="guide's claim (Llama-2-7B)")
+    gain.set(ylabel="aggregate throughput / batch 1 (x)", title="throughput gain")
+    memory.plot(ok["point"], ok["memory_growth_bytes"] / 2 ** 20, marker="o", label="growth over the region")
+    memory.plot(ok["point"], ok["kv_cache_bytes"] / 2 ** 20, marker="s", ls="--", label="KV cache (config)")
+    memory.set(yscale="log", ylabel="MiB (log scale)", title="memory the request adds")
+    ticks = sorted({1, *ok["point"].astype(int), *guide})
+    for ax in axes.flat:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])  # batch sizes as plain numbers, not powers of two
+        ax.minorticks_off()
+        ax.set_xlabel("batch size")
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -30,3 +30,37 @@ def test_decode_gap_bars_add_up_to_their_labels():
     assert parts[2]["matmul_ms"] == pytest.approx(10.0) and parts[2]["rest_ms"] == 0.0
     roofline = [line for line in ax.lines if line.get_linestyle() == "--"]
     assert roofline and roofline[0].get_ydata()[0] == pytest.approx(270e6 / 24e9 * 1e3)
+
+
+def test_batch_sweep_plot_draws_its_tables_and_the_guides_claims():
+    import pandas as pd
+    from test_generation import _point
+
+    mib = 2 ** 20
+    rows = [_point(1, [9.0, 10.0, 12.0], [50.0] * 3, 100 * mib, 1 * mib),
+            _point(2, [10.0, 11.0, 12.0], [90.0] * 3, 150 * mib, 2 * mib),
+            _point(4, [11.0, 12.5, 13.0], [150.0] * 3, 250 * mib, 4 * mib),
+            {"point": 8, "status": "oom", "error": "out of memory"}]
+    for r in rows[:3]:
+        r.update(tokens_per_s_per_user=1e3 / r["decode_ms_per_token"], decode_p10_ms=9.0, decode_p90_ms=13.0,
+                 tokens_per_s_aggregate=r["point"] * 1e3 / r["decode_ms_per_token"],
+                 ttft_ms=r["ttft_samples_ms"][1])
+    sweep = generation.sweep_table(rows)
+    ratios = generation.batch_ratios(rows)
+    guide = {4: {"throughput": 3.2}, 8: {"throughput": 5.8}}
+    fig = plots.plot_batch_sweep(sweep, ratios, guide, "test")
+    speed, latency, gain, memory = fig.axes
+    ok = sweep[sweep.status == "ok"]
+    assert list(speed.lines[0].get_ydata()) == pytest.approx(list(ok.tokens_per_s_aggregate))
+    assert list(latency.lines[0].get_ydata()) == pytest.approx(list(ok.decode_ms_per_token))
+    drawn = {line.get_label(): line for line in gain.lines}
+    measured = gain.containers[0].lines[0]  # the errorbar's data line
+    assert list(measured.get_ydata()) == pytest.approx([r["throughput_ratio"] for r in ratios])
+    assert list(drawn["ideal = batch"].get_ydata()) == [1, 2, 4]
+    claimed = drawn["guide's claim (Llama-2-7B)"]
+    assert list(claimed.get_xdata()) == [1, 4, 8] and list(claimed.get_ydata()) == [1.0, 3.2, 5.8]
+    growth, kv = memory.lines
+    assert list(growth.get_ydata()) == [100, 150, 250] and list(kv.get_ydata()) == [1, 2, 4]
+    assert memory.get_yscale() == "log"
+    assert [t.get_text() for t in gain.get_xticklabels()] == ["1", "2", "4", "8"]
+    assert pd.DataFrame(ratios).batch.tolist() == [1, 2, 4]
