@@ -118,7 +118,7 @@ def edition_language(lang: str = "auto") -> str:
 
 
 def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,
-                 lang: str = "en", **parameters) -> Chapter:
+                 lang: str = "auto", **parameters) -> Chapter:
     """Check the parameters, pick device and dtype, open ``Results``; see the module docstring.
 
     ``open_chapter(name, globals())`` takes the values of the names the notebook's ``parameters``
