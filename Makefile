@@ -14,6 +14,18 @@ VLLM_VENV ?= .venv-vllm
 VLLM_SETUP ?= auto
 export PYTHON VENV USE_SYSTEM_TORCH SETUP_DRY_RUN VLLM_VENV VLLM_SETUP
 
+# The edition: en (notebooks/, solutions/) or zh (notebooks/zh/, solutions/zh/): the same code,
+# Chinese prose and pages. `make report LANG=zh` works too: LANG given on the make command line names
+# the edition (LANG from the environment is the locale and is left alone), and the recipes then get
+# back a UTF-8 locale instead of an invalid "zh" one.
+ifeq ($(origin LANG),command line)
+EDITION := $(LANG)
+override LANG := C.UTF-8
+export LANG
+else
+EDITION ?= en
+endif
+
 # Folder a class shares (make workshop-prep); WORKSHOP_REPORT=1 adds a reference report.
 WORKSHOP_DIR ?=
 WORKSHOP_REPORT ?= 0
@@ -33,9 +45,10 @@ setup:
 setup-vllm:
 	@bash scripts/setup_vllm.sh
 
-## Run every notebook with the `default` profile into reports/<run-id>/ (index.html inside).
+## Run every notebook with the `default` profile into reports/<run-id>/ (index.html inside);
+## EDITION=zh (or LANG=zh) runs the Chinese edition into reports/<run-id>-zh/.
 report: setup setup-vllm
-	$(PY) -m helpers.run --profile $(PROFILE) $(ARGS)
+	$(PY) -m helpers.run --profile $(PROFILE) --lang $(EDITION) $(ARGS)
 
 ## Unit tests, every notebook and its answers with the `quick` profile, then the legacy pinned set
 ## (test-legacy; LEGACY=0 skips it, e.g. offline or for a quick local check).

@@ -108,8 +108,17 @@ def parameter_names(name: str) -> list[str]:
             for node in tree.body if isinstance(node, (ast.AnnAssign, ast.Assign))]
 
 
+def edition_language(lang: str = "auto") -> str:
+    """``en`` or ``zh``: ``auto`` is the edition the notebook belongs to. A kernel runs in its
+    notebook's folder (JupyterLab and the runner both start it there), and the Chinese edition is
+    ``notebooks/zh`` / ``solutions/zh``, so the folder's name says which edition this is."""
+    if lang != "auto":
+        return lang
+    return "zh" if Path.cwd().name == "zh" else "en"
+
+
 def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,
-                 lang: str = "en", **parameters) -> Chapter:
+                 lang: str = "auto", **parameters) -> Chapter:
     """Check the parameters, pick device and dtype, open ``Results``; see the module docstring.
 
     ``open_chapter(name, globals())`` takes the values of the names the notebook's ``parameters``
@@ -119,11 +128,13 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     if namespace is not None:
         parameters = {**{k: namespace[k] for k in parameter_names(name) if k in namespace}, **parameters}
     parameters = params.check_all(parameters, checks)
+    lang = edition_language(parameters.get("lang", lang))
     choice = backend.pick_device(parameters.get("device", "auto"))
     dtype = backend.parse_dtype(parameters.get("dtype", "auto"), choice.device)
     dtype_reason = (backend.working_dtype(choice.device)[1] if parameters.get("dtype", "auto") == "auto"
                     else "set by the dtype parameter")
     kept = {k: v for k, v in parameters.items() if k not in RUNNER_PARAMETERS}
+    kept["lang"] = lang
     kept["profile"] = parameters.get("profile", "interactive")
     results = Results(name, parameters.get("run_dir") or None, parameters=kept,
                       environment=backend.environment_report(choice.device))
@@ -141,13 +152,16 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
 
 
 def _show_choice(chapter: Chapter, contention: Optional[str]) -> None:
+    from .prose import words
+
+    label = words(chapter.lang)
+    text = (f"**{label['device']}** `{chapter.DEV}` ({chapter.device_reason}) · "
+            f"**{label['dtype']}** `{chapter.DT}` ({chapter.dtype_reason})")
+    if contention:
+        text += f"\n\n**{label['warning']}:** {contention}"
     try:
         from IPython.display import Markdown, display
     except ImportError:  # a plain Python session
-        print(f"device {chapter.DEV} ({chapter.device_reason}); dtype {chapter.DT} ({chapter.dtype_reason})")
+        print(text)
         return
-    text = (f"**device** `{chapter.DEV}` ({chapter.device_reason}) · **dtype** `{chapter.DT}` "
-            f"({chapter.dtype_reason})")
-    if contention:
-        text += f"\n\n**warning:** {contention}"
     display(Markdown(text))

@@ -124,7 +124,7 @@ FLAG = one_of(True, False)
 CHECKS = {
     "device": one_of("auto", "npu", "cuda", "cpu"), "model": text(allow_empty=False),
     "dtype": one_of("auto", "float32", "fp32", "float16", "fp16", "half", "bfloat16", "bf16"),
-    "run_dir": text(), "profile": text(), "lang": one_of("en"),
+    "run_dir": text(), "profile": text(), "lang": one_of("auto", "en", "zh"),
     "max_new_tokens": at_least(1), "new_tokens": at_least(2), "repeats": at_least(1), "rounds": at_least(1),
     "bandwidth_mib": at_least(1), "rms_shape": ints_of_length(3), "prefill_tokens": at_least(1),
     "compile_ops": FLAG, "llama7b_edge_ops": FLAG, "min_iters": at_least(1), "min_seconds": number(allow_zero=True),

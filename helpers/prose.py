@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 WORDS = TEMPLATES  # the phrase tables (words.<lang>.yaml) stay with the package's templates
-LANGUAGES = ("en",)
+LANGUAGES = ("en", "zh")
 AUDIT_OPEN, AUDIT_CLOSE = "\u27e6", "\u27e7"  # ⟦source=text⟧ around each figure in audit mode
 
 

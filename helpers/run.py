@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 PROFILES = REPO / "profiles"
 SOLUTIONS = REPO / "solutions"
+EDITIONS = ("en", "zh")  # notebooks/ is the English edition, notebooks/zh/ the Chinese one
 SOLUTION_SUFFIX = "_solutions"
 RUNNER_PARAMETERS = ("run_dir", "profile")
 RUNNER_OPTIONS = {"run_dir": "--run-id / --reports-dir", "profile": "--profile"}
@@ -277,7 +278,8 @@ def write_index(run_dir: Path, run: dict) -> Path:
     from .report import describe_key_figure, index_verdict_counts
 
     folder = read_run(run_dir, run=run)
-    text = pages.labels("index")
+    lang = run.get("lang", "en")
+    text = pages.labels("index", lang)
     rows = []
     for chapter in folder.chapters.values():
         data, entry = chapter.data or {}, chapter.entry
@@ -287,7 +289,7 @@ def write_index(run_dir: Path, run: dict) -> Path:
             ("results", f"{chapter.name}/{RESULTS_NAME}" if chapter.data else None)) if rel]
         links += [(art["label"], art["path"]) for art in data.get("artifacts", [])]
         rows.append({"name": chapter.name, "status": chapter.status, "entry": entry, "solution_of": "",
-                     "figures": [describe_key_figure(k, metrics[k]) for k in data.get("key_figures", [])
+                     "figures": [describe_key_figure(k, metrics[k], lang) for k in data.get("key_figures", [])
                                  if k in metrics],
                      "detail": "" if chapter.reason == "it wrote no results.json" else chapter.reason,
                      "links": links})
@@ -298,7 +300,7 @@ def write_index(run_dir: Path, run: dict) -> Path:
                          "detail": solution.get("error") or solution.get("reason") or "",
                          "links": [(text[f"link_{kind}"], solution[k]) for kind, k in
                                    (("notebook", "output"), ("html", "html")) if solution.get(k)]})
-    return pages.write(Path(run_dir) / "index.html", "index", folder=folder, run=folder.run, rows=rows,
+    return pages.write(Path(run_dir) / "index.html", "index", lang=lang, folder=folder, run=folder.run, rows=rows,
                        counts=index_verdict_counts(folder), meanings=VERDICT_CLASSES, colours=CLASS_COLOURS,
                        report_chapter=REPORT_CHAPTER)
 
@@ -406,7 +408,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="after each chapter, run its worked answers to the exercises "
                         "(<chapter>_solutions.ipynb in --solutions-dir) into the same run folder")
     parser.add_argument("--solutions-dir", default=str(SOLUTIONS))
+    parser.add_argument("--lang", choices=EDITIONS, default="en",
+                        help="the edition to run: en (notebooks/, solutions/) or zh (notebooks/zh/, "
+                        "solutions/zh/, Chinese prose and pages; the same code, so the same figures)")
     args = parser.parse_args(argv)
+    if args.lang != "en":  # an edition is a folder beside the English one (tests/test_editions.py)
+        if args.notebooks_dir == str(NOTEBOOKS):
+            args.notebooks_dir = str(NOTEBOOKS / args.lang)
+        if args.solutions_dir == str(SOLUTIONS):
+            args.solutions_dir = str(SOLUTIONS / args.lang)
 
     profile = load_profile(args.profile)
     overrides = parse_overrides(args.param)
@@ -422,7 +432,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not latest.is_symlink():
             raise SystemExit("--resume needs --run-id of an earlier run (no reports/latest to resume)")
         args.run_id = os.readlink(latest)
-    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{profile['name']}"
+    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{profile['name']}" + (
+        "" if args.lang == "en" else f"-{args.lang}")
     run_dir = reports / run_id
     if args.list:
         print(list_parameters(books, profile, overrides, run_dir, solutions))
@@ -447,7 +458,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"warning: {run_file} is unreadable ({exc}); rerunning every notebook",
                   file=sys.stderr)
     _point_latest(latest, run_id)
-    run = {"run_id": run_id, "profile": profile["name"], "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    run = {"run_id": run_id, "profile": profile["name"], "lang": args.lang,
+           "started": time.strftime("%Y-%m-%d %H:%M:%S"),
            "status": "running", "overrides": overrides, "environment": _environment_summary(),
            "notebooks": []}
     env = {"WORKBOOK_RUN_DIR": str(run_dir), "WORKBOOK_PROFILE": profile["name"],

@@ -56,20 +56,24 @@ import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 FIXTURE_RUNS = Path(__file__).parent / "fixtures" / "runs"
-REAL_TEMPLATES = sorted(p for p in prose.TEMPLATES.glob("[0-9][0-9]_*.en.md.j2"))
+REAL_TEMPLATES = sorted(p for p in prose.TEMPLATES.glob("[0-9][0-9]_*.md.j2"))
 # Words that state a direction or a dtype: a template never spells them (decisions say the first,
 # the run's records the second), so no sentence can contradict the data beside it.
 DIRECTION_WORDS = ("faster", "slower", "fastest", "slowest", "best", "worst", "same effect", "memory-bound",
                    "compute-bound", "grows", "shrinks", "beats", "improves", "speeds up", "barely")
 DTYPE_WORDS = ("16-bit", "16 bit", "fp16", "bf16", "float16", "bfloat16", "float32", "fp32")
+# the same for the Chinese templates (words.zh.yaml holds their phrases)
+ZH_DIRECTION_WORDS = ("更快", "更慢", "最快", "最慢", "最好", "最佳", "效果相同", "内存受限", "带宽受限", "变快",
+                      "变慢", "几乎不变", "16 位", "半精度")
 
 
 def _fixtures():
     found = []
     for path in sorted(FIXTURE_RUNS.glob("*/*/results.json")):
         chapter = path.parent.name
-        if (prose.TEMPLATES / prose.template_name(chapter)).exists():
-            found.append(pytest.param(path, id=f"{path.parent.parent.name}-{chapter}"))
+        for lang in prose.LANGUAGES:
+            if (prose.TEMPLATES / prose.template_name(chapter, lang)).exists():
+                found.append(pytest.param(path, lang, id=f"{path.parent.parent.name}-{chapter}-{lang}"))
     return found
 
 
@@ -84,19 +88,21 @@ def test_templates_spell_no_direction_or_dtype_word(template):
     for word in DIRECTION_WORDS + DTYPE_WORDS:
         assert not re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", literal), (
             f"{template.name} spells {word!r}: take it from a decision (| say) or from the run's records")
+    for word in ZH_DIRECTION_WORDS:
+        assert word not in literal, f"{template.name} spells {word!r}: take it from a decision (| say)"
     assert "{% block exercises %}" in text, f"{template.name} has no exercises block"
 
 
-@pytest.mark.parametrize("path", _fixtures())
-def test_every_block_renders_only_recorded_numbers(path):
+@pytest.mark.parametrize("path, lang", _fixtures())
+def test_every_block_renders_only_recorded_numbers(path, lang):
     chapter = path.parent.name
     results = json.loads(path.read_text(encoding="utf-8"))
     run = {p.parent.name: json.loads(p.read_text(encoding="utf-8"))
            for p in path.parent.parent.glob("*/results.json")}
-    source = _source_without_comments(prose.TEMPLATES / prose.template_name(chapter))
+    source = _source_without_comments(prose.TEMPLATES / prose.template_name(chapter, lang))
     fixed_numbers = set(re.findall(r"\d+(?:\.\d+)?", re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", source, flags=re.S)))
-    for block in prose.blocks(chapter):
-        text = prose.render(chapter, block, results, run, audit=True)
+    for block in prose.blocks(chapter, lang):
+        text = prose.render(chapter, block, results, run, lang=lang, audit=True)
         assert text.strip(), f"{chapter}:{block} rendered nothing from {path}"
         for source_name, shown in re.findall(r"⟦([^=⟧]+)=([^⟧]*)⟧", text):
             assert source_name.split(".")[0] in run or source_name.startswith(("100*", "other_dtype", "count")), source_name
