@@ -657,8 +657,10 @@ def test_a_skipped_chapter_renders_every_paragraph_with_the_reason(tmp_path):
     for block in prose.blocks("07_serving"):
         text = prose.render("07_serving", block, recorded, {"07_serving": recorded}, audit=True)
         assert text.strip(), block
-        if block in ("launch", "sweep", "comparison", "users", "summary", "server", "bench"):
+        if block in ("launch", "summary", "bench"):
             assert "random weights" in text, (block, text)
+        if block in ("server", "sweep", "comparison", "users"):
+            assert "the chapter is skipped" in text, (block, text)
     assert "03_end_to_end did not run" in prose.render("07_serving", "our_path", recorded)
 
 
@@ -678,3 +680,57 @@ def test_an_endpoint_without_vllm_here_says_why_bench_serve_did_not_run(tmp_path
 
     text = prose.render("07_serving", "launch", ch.results.data)
     assert "started elsewhere" in text and "http://h:9" in text
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "runs" / "cpu-quick" / "07_serving" / "results.json"
+
+
+@pytest.mark.parametrize("device, dtype", [("npu:0", "float16"), ("cuda:0", "float32")])
+def test_the_template_holds_on_another_device_and_dtype(device, dtype):
+    """The recorded quick run, relabelled as another device class and dtype: every number a block
+    states is still a recorded figure, and no dtype word but the run's appears."""
+    import re
+
+    from helpers import prose
+
+    data = json.loads(FIXTURE.read_text())
+    data["device_choice"].update(device=device, dtype=dtype)
+    for entry in data["metrics"].values():
+        entry.update(device=device, dtype=dtype)
+    for name in ("comparison", "our_path", "matched", "sweep"):
+        for row in data["tables"].get(name, []):
+            row.update({k: dtype for k in ("dtype",) if k in row})
+    source = re.sub(r"\{#.*?#\}", "", (prose.TEMPLATES / "07_serving.en.md.j2").read_text(), flags=re.S)
+    fixed = set(re.findall(r"\d+(?:\.\d+)?", re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", source, flags=re.S)))
+    for block in prose.blocks("07_serving"):
+        text = prose.render("07_serving", block, data, {"07_serving": data}, audit=True)
+        outside = re.sub(r"⟦[^⟧]*⟧", "", text)
+        stray = [n for n in re.findall(r"\d+(?:\.\d+)?", outside) if n not in fixed]
+        assert not stray, (block, stray)
+        for word in ("float16", "bfloat16", "float32", "fp16", "bf16", "16-bit"):
+            assert word not in outside.lower() or word == dtype, (block, word)
+        assert device.split(":")[0] in text or block not in ("tensor_parallel", "summary"), (block, text)
+
+
+def test_the_worked_answers_quote_each_rendered_exercise():
+    """The exercises are a template block; their first eight words are fixed text, and the
+    solutions notebook quotes them under '## Exercise k'."""
+    import re
+
+    import nbformat
+
+    from helpers import prose
+
+    text = prose.render("07_serving", "exercises", json.loads(FIXTURE.read_text()))
+    items = re.split(r"(?m)^\d+\.\s", text)[1:]
+    assert len(items) == 3
+
+    def words(s):
+        return re.findall(r"\w+", s.lower())
+
+    solution = nbformat.read(str(Path(__file__).parent.parent / "solutions" / "07_serving_solutions.ipynb"), 4)
+    markdown = " ".join(c.source for c in solution.cells if c.cell_type == "markdown")
+    sections = re.split(r"## Exercise (\d+)", markdown)[1:]
+    by = {int(k): " ".join(words(v)) for k, v in zip(sections[::2], sections[1::2])}
+    for k, item in enumerate(items, 1):
+        assert " ".join(words(item)[:8]) in by[k], (k, item)
