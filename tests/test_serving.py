@@ -664,6 +664,27 @@ def test_a_skipped_chapter_renders_every_paragraph_with_the_reason(tmp_path):
     assert "03_end_to_end did not run" in prose.render("07_serving", "our_path", recorded)
 
 
+def test_a_skipped_chapter_renders_every_chinese_paragraph_with_the_reason(tmp_path):
+    """The same skipped run in the Chinese edition: the recorded reason, or a pointer to it."""
+    from helpers import prose
+
+    ch = _chapter(tmp_path)
+    launch = serving.launch("cpu", "tiny-random", "bfloat16", tmp_path)
+    serving.record_launch(ch, launch)
+    serving.record_our_path(ch, [], ["03_end_to_end did not run in this run folder"])
+    serving.record_bench(ch, launch, None, pd.DataFrame())
+    ch.results.finish("skipped", launch.skip_reason)
+    recorded = ch.results.data
+    for block in prose.blocks("07_serving", "zh"):
+        text = prose.render("07_serving", block, recorded, {"07_serving": recorded}, lang="zh", audit=True)
+        assert text.strip(), block
+        if block in ("launch", "summary", "bench"):
+            assert "random weights" in text, (block, text)
+        if block in ("server", "sweep", "comparison", "users"):
+            assert "本章已跳过" in text, (block, text)
+    assert "03_end_to_end did not run" in prose.render("07_serving", "our_path", recorded, lang="zh")
+
+
 def test_an_endpoint_without_vllm_here_says_why_bench_serve_did_not_run(tmp_path, monkeypatch):
     def no_vllm(kind, venv=None):
         raise serving.ServingUnavailable("no vLLM for cpu here: none installed")
@@ -685,10 +706,11 @@ def test_an_endpoint_without_vllm_here_says_why_bench_serve_did_not_run(tmp_path
 FIXTURE = Path(__file__).parent / "fixtures" / "runs" / "cpu-quick" / "07_serving" / "results.json"
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize("device, dtype", [("npu:0", "float16"), ("cuda:0", "float32")])
-def test_the_template_holds_on_another_device_and_dtype(device, dtype):
+def test_the_template_holds_on_another_device_and_dtype(device, dtype, lang):
     """The recorded quick run, relabelled as another device class and dtype: every number a block
-    states is still a recorded figure, and no dtype word but the run's appears."""
+    states is still a recorded figure, and no dtype word but the run's appears (both editions)."""
     import re
 
     from helpers import prose
@@ -700,37 +722,41 @@ def test_the_template_holds_on_another_device_and_dtype(device, dtype):
     for name in ("comparison", "our_path", "matched", "sweep"):
         for row in data["tables"].get(name, []):
             row.update({k: dtype for k in ("dtype",) if k in row})
-    source = re.sub(r"\{#.*?#\}", "", (prose.TEMPLATES / "07_serving.en.md.j2").read_text(), flags=re.S)
+    source = re.sub(r"\{#.*?#\}", "", (prose.TEMPLATES / f"07_serving.{lang}.md.j2").read_text(encoding="utf-8"),
+                    flags=re.S)
     fixed = set(re.findall(r"\d+(?:\.\d+)?", re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", source, flags=re.S)))
-    for block in prose.blocks("07_serving"):
-        text = prose.render("07_serving", block, data, {"07_serving": data}, audit=True)
+    for block in prose.blocks("07_serving", lang):
+        text = prose.render("07_serving", block, data, {"07_serving": data}, lang=lang, audit=True)
         outside = re.sub(r"⟦[^⟧]*⟧", "", text)
         stray = [n for n in re.findall(r"\d+(?:\.\d+)?", outside) if n not in fixed]
         assert not stray, (block, stray)
-        for word in ("float16", "bfloat16", "float32", "fp16", "bf16", "16-bit"):
+        for word in ("float16", "bfloat16", "float32", "fp16", "bf16", "16-bit", "16 位", "半精度"):
             assert word not in outside.lower() or word == dtype, (block, word)
         assert device.split(":")[0] in text or block not in ("tensor_parallel", "summary"), (block, text)
 
 
-def test_the_worked_answers_quote_each_rendered_exercise():
+@pytest.mark.parametrize("lang, folder, heading", [("en", "solutions", "Exercise"),
+                                                    ("zh", "solutions/zh", "练习")], ids=["en", "zh"])
+def test_the_worked_answers_quote_each_rendered_exercise(lang, folder, heading):
     """The exercises are a template block; their first eight words are fixed text, and the
-    solutions notebook quotes them under '## Exercise k'."""
+    solutions notebook of the same edition quotes them under '## Exercise k' ('## 练习 k')."""
     import re
 
     import nbformat
 
     from helpers import prose
 
-    text = prose.render("07_serving", "exercises", json.loads(FIXTURE.read_text()))
+    text = prose.render("07_serving", "exercises", json.loads(FIXTURE.read_text()), lang=lang)
     items = re.split(r"(?m)^\d+\.\s", text)[1:]
     assert len(items) == 3
 
     def words(s):
         return re.findall(r"\w+", s.lower())
 
-    solution = nbformat.read(str(Path(__file__).parent.parent / "solutions" / "07_serving_solutions.ipynb"), 4)
+    solution = nbformat.read(str(Path(__file__).parent.parent / folder / "07_serving_solutions.ipynb"), 4)
     markdown = " ".join(c.source for c in solution.cells if c.cell_type == "markdown")
-    sections = re.split(r"## Exercise (\d+)", markdown)[1:]
+    sections = re.split(rf"## {heading} (\d+)", markdown)[1:]
+    assert len(sections) == 6, f"{folder}: one '## {heading} k' heading per exercise"
     by = {int(k): " ".join(words(v)) for k, v in zip(sections[::2], sections[1::2])}
     for k, item in enumerate(items, 1):
         assert " ".join(words(item)[:8]) in by[k], (k, item)
