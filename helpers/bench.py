@@ -232,3 +232,93 @@ def reference_bandwidth(device, run_dir=None, size_mib: int = 128) -> tuple[floa
             return float(value), "measured in chapter 00 of this run"
     measured = memory_bandwidth(device, size_mib=size_mib, min_seconds=0.3)
     return measured["read_gbps"], f"measured now ({size_mib} MiB torch.sum on {device})"
+
+
+def timing_row(t: Timing, nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
+               **labels) -> dict:
+    """One table row of a timing: its labels, median / p10 / p90 (ms), noise flag, first call, and
+    the achieved GB/s (and share of ``bandwidth_gbps``) when the bytes it moves are given."""
+    row = {**labels, "median_ms": t.median_ms, "p10_ms": t.p10 * 1e3, "p90_ms": t.p90 * 1e3,
+           "noisy": t.noisy, "first_call_s": t.first_call_s}
+    if nbytes:
+        row["GB/s"] = nbytes / t.median / 1e9
+        if bandwidth_gbps:
+            row["% of bandwidth"] = 100 * row["GB/s"] / bandwidth_gbps
+    return row
+
+
+def check_and_time(variants: list, device, *, expected=None, measure: Optional[Callable] = None,
+                   nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None):
+    """Run each variant once (its first call, compilation included, timed apart), check its output
+    against ``expected`` with the dtype's ``assert_close`` tolerances, then time it.
+
+    ``variants`` is a list of ``(labels, fn)`` or ``(labels, fn, nbytes)`` with ``labels`` a dict
+    such as ``{"impl": "torch", "layout": "contiguous"}`` (a variant's own ``nbytes`` overrides the
+    common one); ``measure(fn, name)`` returns a ``Timing`` (default: ``measure`` with its defaults).
+    Returns the rows (``timing_row``) and the timings keyed by the labels' values.
+    """
+    measure = measure or (lambda fn, name: globals()["measure"](fn, device, name=name))
+    rows, timings = [], {}
+    for labels, fn, *own_bytes in variants:
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        first = time.perf_counter() - t0
+        if expected is not None:
+            got = out if isinstance(out, (tuple, list)) else (out,)
+            want = expected if isinstance(expected, (tuple, list)) else (expected,)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)  # a wrong kernel fails the chapter, not just its figure
+        key = tuple(labels.values())
+        timing = measure(fn, " / ".join(map(str, key)))
+        timings[key if len(key) > 1 else key[0]] = timing
+        row = timing_row(timing, own_bytes[0] if own_bytes else nbytes, bandwidth_gbps, **labels)
+        row["first_call_s"] = first
+        rows.append(row)
+    return rows, timings
+
+
+def check_time_count(variants: list, device, *, expected, baseline: str, measure: Callable,
+                     count: Optional[Callable] = None, tolerance=None):
+    """``check_and_time`` for a block whose variants round differently (chapter 02's FFN): each
+    variant's first call (compilation included) is timed apart and checked against ``expected`` with
+    ``tolerance`` (``assert_close`` keywords, or a function of ``expected`` returning them; default:
+    the dtype's), then timed with ``measure(fn, name)`` and, with ``count(fn)`` (for example
+    ``profiling.count_ops``), its operators counted.
+
+    The first variant is the baseline; its labels' last value is ``baseline`` (``"unfused"``), which
+    names the columns ``max_abs_diff_vs_<baseline>`` (largest difference from ``expected``) and
+    ``speedup_vs_<baseline>`` with its spread ``..._low`` / ``..._high`` (``speedup``).
+    Returns the rows and the timings keyed by the labels' values.
+    """
+    from . import profiling
+
+    rows, timings = [], {}
+    for labels, fn in variants:
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        first = time.perf_counter() - t0
+        got = out if isinstance(out, (tuple, list)) else (out,)
+        want = expected if isinstance(expected, (tuple, list)) else (expected,)
+        for g, w in zip(got, want):
+            tol = tolerance(w) if callable(tolerance) else (tolerance or {})
+            torch.testing.assert_close(g, w, **tol)  # a wrong kernel fails the chapter
+        key = tuple(labels.values())
+        timing = timings[key] = measure(fn, " / ".join(map(str, key)))
+        if not rows and key[-1] != baseline:
+            raise ValueError(f"baseline={baseline!r}: the first variant must be the baseline, got {key}")
+        row = timing_row(timing, **labels)
+        row["first_call_s"] = first
+        if count is not None:
+            counts = count(fn)
+            row.update(ops_per_call=counts["ops"], ops=profiling.op_list(counts))
+        row[f"max_abs_diff_vs_{baseline}"] = max((g.float() - w.float()).abs().max().item()
+                                                 for g, w in zip(got, want))
+        sp = speedup(timings[next(iter(timings))], timing)
+        row.update({f"speedup_vs_{baseline}": sp.ratio, f"speedup_vs_{baseline}_low": sp.low,
+                    f"speedup_vs_{baseline}_high": sp.high})
+        rows.append(row)
+    return rows, timings

@@ -1,6 +1,6 @@
 """The guides' checkable claims and the rules that give each one a verdict.
 
-Taught in ``07_report.ipynb``. ``data/guide_claims.csv`` holds every claim with its original Chinese
+Taught in ``08_report.ipynb``. ``data/guide_claims.csv`` holds every claim with its original Chinese
 text, an English gloss, the claimed value, the hardware class and model the claim is about, and the
 name of a rule. ``verdicts(run_dirs)`` applies each rule to the evidence of one run folder or of
 several (an NPU run, a CUDA run, a CPU run...): every chapter's ``results.json`` (never
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import ast
 import csv
-import functools
-import inspect
 import math
 import operator
 import re
@@ -25,16 +23,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import compat
-from .results import load_all
+from . import decide, roofline
+from .results import device_class, read_run
+from .roofline import LLAMA2_7B_CONFIG, llama2_weight_bytes, llama_parameter_count
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 CLAIMS_CSV = DATA / "guide_claims.csv"
-SPECS_CSV = DATA / "device_specs.csv"
 COLUMNS = ("id", "seed", "section", "text_zh", "gloss_en", "kind", "claimed_value", "unit", "hardware", "model",
            "rule", "args")
 KINDS = ("api", "performance", "ratio", "fact", "hardware")
-REPORT_CHAPTER = "07_report"
 
 # The hardware class a claim is about ('' for claims that hold on any device: APIs, formulas, the
 # guide's own arithmetic) and the verdict it keeps until a run on that class measures it.
@@ -60,7 +57,7 @@ VERDICTS = {
                                 "chapter measures it (the detail says which)",
 }
 
-# Verdicts grouped for counting: the index, the claims report and chapter 07 show these apart.
+# Verdicts grouped for counting: the index, the claims report and chapter 08 show these apart.
 VERDICT_CLASSES = {
     "reproduced": "measured on the claimed hardware class with a comparable model (or computed, for "
                   "device-independent claims) and within tolerance",
@@ -77,7 +74,7 @@ VERDICT_CLASSES = {
     "not for inference": "the claim is about training and does not apply to inference",
     "not measured": "the chapter that measures it did not run or failed, or nothing measures it",
 }
-# One colour per class, shared by chapter 07's plot and the claims report's badges (white text reads on all).
+# One colour per class, shared by chapter 08's plot and the claims report's badges (white text reads on all).
 CLASS_COLOURS = {
     "reproduced": "#1a7f37", "contradicted": "#cf222e", "physically impossible": "#82071e",
     "contradicted by sources": "#bc4c00", "supported by sources": "#0b7285", "guide inconsistent": "#8250df",
@@ -108,12 +105,6 @@ def verdict_class(verdict: str, elsewhere: str = "") -> str:
     return _CLASS_OF[verdict]
 
 
-def device_class(device: Any) -> str:
-    """``"npu:0"`` -> ``"npu"``, ``"cuda:1"`` -> ``"cuda"``, ``"cpu"`` -> ``"cpu"``; '' when unknown."""
-    text = str(device or "").strip().lower()
-    return text.split(":")[0] if text and text != "?" else ""
-
-
 def _model_key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", str(name or "").lower())
 
@@ -123,9 +114,11 @@ def comparable_model(claimed: str, used: str) -> bool:
     return not claimed or (bool(used) and _model_key(claimed) in _model_key(used))
 
 
-# Released parameter counts, used for weight-bound rules (no hub download needed).
-MODEL_PARAMS = {"llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192}
-BYTES_PER_PARAM = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1}
+
+def weight_bytes(model: str = "llama2-7b", dtype: str = "float16") -> int:
+    """Weight bytes of a released Llama-2 named as the claims table names it (``llama2-13b``)."""
+    size = str(model).lower().replace("llama2-", "").replace("llama-2-", "")
+    return llama2_weight_bytes(dtype, size)
 
 
 # --- claims table -----------------------------------------------------------------------------
@@ -223,50 +216,6 @@ def load_claims(path: "str | Path | None" = None):
 
 # --- evidence ---------------------------------------------------------------------------------
 
-# Column names other tables use for the same quantity (the first name is the one used here).
-SPEC_ALIASES = {
-    "hbm_bandwidth_gbps": ("hbm_bandwidth_gbps", "bandwidth_gbps", "memory_bandwidth_gbps"),
-    "fp16_tflops": ("fp16_tflops", "fp16_dense_tflops"),
-    "int8_tops": ("int8_tops", "int8_dense_tops"),
-    "memory_gb": ("memory_gb", "hbm_gb"),
-    "confidence": ("confidence", "status"),
-}
-NUMERIC_SPECS = ("hbm_bandwidth_gbps", "fp16_tflops", "int8_tops", "memory_gb")
-
-
-def _normalise_spec(raw: dict) -> Optional[dict]:
-    row = {str(k).strip(): (v.strip() if isinstance(v, str) else v) for k, v in raw.items() if k}
-    if not row.get("device"):
-        return None
-    if row.get("variant"):  # e.g. device "Ascend 910B", variant "910B4 (Atlas 800I A2 32GB)"
-        row["device"] = f"{row['device']} {row['variant']}"
-    for name, aliases in SPEC_ALIASES.items():
-        row[name] = next((row[a] for a in aliases if row.get(a) not in (None, "")), None)
-    for name in NUMERIC_SPECS:
-        try:
-            row[name] = float(row[name]) if row[name] is not None else None
-        except (TypeError, ValueError):
-            row[name] = None
-    return row
-
-
-def load_specs(path: "str | Path | None" = None) -> tuple[list[dict], str]:
-    """Rows of the device specs table (``data/device_specs.csv``) and where they came from.
-
-    A missing or unreadable table gives no rows: the bound rules then say which figure is missing
-    instead of using numbers from anywhere else.
-    """
-    path = Path(path) if path else SPECS_CSV
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = [r for r in map(_normalise_spec, csv.DictReader(fh)) if r is not None]
-    except (OSError, csv.Error, UnicodeDecodeError):
-        rows = []
-    if not rows:
-        return [], f"{path.name} (not found or empty: no device specs)"
-    return [{**r, "table": "csv"} for r in rows], path.name
-
-
 @dataclass
 class Evidence:
     """What a verdict may use: results of every chapter, specs, chapter 00's API table."""
@@ -277,6 +226,8 @@ class Evidence:
     api_rows: list = field(default_factory=list)
     api_source: str = ""
     run_dir: str = ""
+    device: str = ""  # the run's device (``RunFolder.device``)
+    states: dict = field(default_factory=dict)  # chapter -> (status, reason), as ``helpers.results`` reads them
 
     @property
     def run_name(self) -> str:
@@ -284,9 +235,7 @@ class Evidence:
 
     @property
     def device_class(self) -> str:
-        """The run's device class: chapter 00's recorded environment, else any chapter's."""
-        first = self.results.get("00_environment_check") or next(iter(self.results.values()), {})
-        return device_class((first or {}).get("environment", {}).get("device", ""))
+        return device_class(self.device)
 
     def chapter_device(self, chapter: str, entry: Optional[dict] = None) -> str:
         """Where a figure was measured: the entry's own ``device``, else its chapter's environment."""
@@ -314,36 +263,40 @@ class Evidence:
         return entry
 
     def chapter_state(self, chapter: str) -> str:
-        data = self.results.get(chapter)
-        if not data:
-            return "did not run"
-        status = data.get("status", "?")
-        if status == "running":
-            return "did not finish (failed or interrupted)"
-        return status
+        """The chapter's status as every page shows it, with the reason when it did not finish."""
+        status, reason = self.states.get(chapter, ("not run", ""))
+        return status if status in ("ok", "skipped", "not run") or not reason else f"{status} ({reason})"
 
     def spec(self, device: str, column: str) -> tuple[Optional[float], str]:
-        """The most generous value among rows whose device name contains ``device``."""
+        """The most generous ``column`` among specs rows whose device and variant contain ``device``."""
+        if column not in roofline.SPEC_NUMBERS:
+            raise ValueError(f"specs column {column!r}: the specs table has {', '.join(roofline.SPEC_NUMBERS)}")
         matches = [r for r in self.specs if r.get(column) is not None
-                   and device.lower() in str(r.get("device", "")).lower()]
+                   and device.lower() in f"{r['device']} {r['variant']}".lower()]
         if not matches:
             return None, ""
         best = max(matches, key=lambda r: r[column])
-        return float(best[column]), (f"{best['device']}: {best[column]:g} ({best.get('source', '')}; "
-                                     f"{best.get('confidence') or '?'}; from {self.specs_source})")
+        return float(best[column]), (f"{best['device']} {best['variant']}: {best[column]:g} ({best['source']}; "
+                                     f"{best['status']}; from {self.specs_source})")
 
 
 def gather_evidence(run_dir: "str | Path", specs_path=None) -> Evidence:
     """Read a run folder (never re-measure): every chapter but this report, specs, API table."""
-    results = {k: v for k, v in load_all(run_dir).items() if k != REPORT_CHAPTER}
-    specs, specs_source = load_specs(specs_path)
+    run = read_run(run_dir)
+    results = run.results()
+    specs = roofline.load_specs(specs_path)
+    specs = specs.astype(object).where(specs.notna(), None).to_dict(orient="records")
+    specs_source = Path(specs_path or roofline.SPECS_PATH).name
     api_rows = (results.get("00_environment_check") or {}).get("tables", {}).get("api_check")
     if api_rows:
         api_source = "chapter 00 api_check table of this run"
     else:
-        api_rows = compat.api_check(None)
-        api_source = "helpers.compat.API_CLAIMS (documented; chapter 00 did not run)"
-    return Evidence(results, specs, specs_source, list(api_rows), api_source, str(run_dir))
+        from .guide_api import api_check
+
+        api_rows = api_check(None)
+        api_source = "helpers.guide_api.API_CLAIMS (documented; chapter 00 did not run)"
+    return Evidence(results, specs, specs_source, list(api_rows), api_source, str(run_dir), run.device,
+                    {n: (c.status, c.reason) for n, c in run.chapters.items()})
 
 
 # --- rules ------------------------------------------------------------------------------------
@@ -368,18 +321,12 @@ def _context(entry: dict) -> str:
     return ", ".join(f"{entry[k]}" for k in ("device", "dtype", "shape", "code_path") if entry.get(k))
 
 
-def effect(claimed: float, measured: float, neutral: float, noise: float) -> str:
-    """Same / opposite / no effect: the direction of ``measured`` from ``neutral`` against the claim's.
-
-    ``noise`` is the band around ``neutral`` read as no effect (relative for ratios around 1, absolute
-    in points for percentages around 0).
-    """
-    band = noise * abs(neutral) if neutral else noise
-    want = (claimed > neutral) - (claimed < neutral)
-    got = 0 if abs(measured - neutral) <= band else (measured > neutral) - (measured < neutral)
-    if got == 0:
-        return "no effect"
-    return "same effect" if got == want else "opposite effect"
+def _spread(entry: Optional[dict]) -> tuple[Optional[float], Optional[float]]:
+    """The recorded p10-p90 spread of a figure (``low``/``high``), when the chapter recorded one."""
+    for lo, hi in (("low", "high"), ("spread_low", "spread_high"), ("p10", "p90")):
+        if entry and entry.get(lo) is not None and entry.get(hi) is not None:
+            return float(entry[lo]), float(entry[hi])
+    return None, None
 
 
 def _judged(claim: dict, ev: Evidence, chapter: str, entry: dict, ok: bool, detail: str, measured: Any,
@@ -405,8 +352,10 @@ def _judged(claim: dict, ev: Evidence, chapter: str, entry: dict, ok: bool, deta
                    device_class=cls)
 
 
-def _seen(claim: dict, args: dict, measured: float, ok: bool) -> str:
-    """What a measurement elsewhere shows: an effect direction for ratios, else holds / does not hold."""
+def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[dict] = None) -> str:
+    """What a measurement elsewhere shows (``decide.effect``): same / smaller / larger / opposite
+    effect, or none beyond the noise, from the recorded spread (else ``noise`` around the value);
+    for figures that are not ratios or percentages, holds / does not hold."""
     unit = claim.get("unit", "")
     default = {"x": 1.0, "%": 0.0}.get(unit)
     neutral = float(args["neutral"]) if "neutral" in args else default
@@ -414,12 +363,18 @@ def _seen(claim: dict, args: dict, measured: float, ok: bool) -> str:
         return "holds" if ok else "does not hold"
     noise = float(args.get("noise", 0.05 if unit == "x" else 2.0))
     claimed = number(claim["claimed_value"])
-    if claimed == neutral:  # a claim like "speedup > 1": its direction is the comparison's
+    factor = float(args.get("factor", decide.SAME_EFFECT_FACTOR))
+    if claimed == neutral:  # a claim like "speedup > 1" states a direction, not a size
         claimed = neutral + (1 if args.get("op", ">") in (">", ">=") else -1)
-    text = effect(claimed, measured, neutral, noise)
+        factor = math.inf
+    low, high = _spread(entry)
+    text = decide.effect(claimed, measured, neutral, low=low, high=high,
+                         noise=noise * abs(neutral) if neutral else noise, factor=factor)
     shown = f"{args['op']} {number(claim['claimed_value']):.3g}" if "op" in args else \
         f"{number(claim['claimed_value']):.3g}"
-    return f"{text}: {measured:.3g}{unit} vs claimed {shown}{unit}"
+    spread = f" (spread {low:.3g}-{high:.3g})" if low is not None else ""
+    size = "" if math.isinf(factor) else f"; same effect means within {factor:g}x of the claimed size"
+    return f"{text}: {measured:.3g}{unit}{spread} vs claimed {shown}{unit}{size}"
 
 
 def _not_measured(ev: Evidence, dotted: str, where: str = "") -> Verdict:
@@ -438,8 +393,10 @@ def rule_api(claim: dict, args: dict, ev: Evidence) -> Verdict:
     source = ev.api_source
     row = next((r for r in ev.api_rows if r.get("guide_name") == name), None)
     if row is None:  # an older chapter 00 table without this name: the documented row still decides
-        row = next((r for r in compat.api_check(None) if r["guide_name"] == name), None)
-        source = "helpers.compat.API_CLAIMS (documented)"
+        from .guide_api import api_check
+
+        row = next((r for r in api_check(None) if r["guide_name"] == name), None)
+        source = "helpers.guide_api.API_CLAIMS (documented)"
     if row is None:
         return Verdict("not measured in this run", f"{name} is in no API table ({ev.api_source})", "none")
     live = row.get("exists_here")
@@ -460,24 +417,6 @@ def rule_api(claim: dict, args: dict, ev: Evidence) -> Verdict:
                        "documentation")
     return Verdict("API exists", f"{documented}; real form: {real} (source: {source}; live check "
                                  "needs torch_npu)", "documentation")
-
-
-def rule_python_api(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """A name in an installed Python package, checked by import and signature on this machine."""
-    import importlib
-
-    module_name, _, attr = args["name"].rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        return Verdict("API does not exist", f"{args['name']}: {exc}", "computed")
-    wanted = [p for p in args.get("params", "").split(",") if p]
-    params = set(inspect.signature(obj).parameters)
-    missing = [p for p in wanted if p not in params]
-    if missing:
-        return Verdict("API does not exist", f"{args['name']} has no parameter(s) {missing}", "computed")
-    return Verdict("API exists", f"{args['name']} imports here and takes {', '.join(wanted) or 'its arguments'}",
-                   "computed", True)
 
 
 def rule_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -503,30 +442,21 @@ def rule_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
     detail = f"measured {measured:.3g}{claim['unit'] and ' ' + claim['unit']} vs claimed {claimed:.3g}: " \
              f"{rule_text}; on {on or '?'}{note}"
     return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured, ratio,
-                   _seen(claim, args, measured, ok))
-
-
-def rule_at_least(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """A claimed minimum ratio: reproduced when measured >= claimed * (1 - tolerance)."""
-    claimed = number(claim["claimed_value"])
-    entry = ev.entry(args["metric"])
-    if entry is None:
-        return _not_measured(ev, args["metric"])
-    measured = float(entry["value"])
-    tol = float(args.get("tolerance", 0.0))
-    ok = measured >= claimed * (1 - tol)
-    detail = (f"measured {measured:.3g} vs claimed at least {claimed:.3g} (tolerance {tol:.0%}); "
-              f"on {_context(entry) or '?'}")
-    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured,
-                   measured / claimed if claimed else None, _seen(claim, args, measured, ok))
+                   _seen(claim, args, measured, ok, entry))
 
 
 _CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
 def rule_threshold(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """``measured <op> claimed`` (e.g. a max-abs difference below 1e-3, a speedup above 1)."""
+    """``measured <op> claimed`` (a max-abs difference below 1e-3, a speedup of at least 3x).
+
+    ``tolerance`` loosens the bound by that fraction in the claim's favour (``>= 3`` with
+    tolerance 0.25 accepts 2.25).
+    """
     claimed = number(claim["claimed_value"])
+    tol = float(args.get("tolerance", 0.0))
+    bound = claimed * (1 - tol) if args.get("op", "<") in (">", ">=") else claimed * (1 + tol)
     op = args.get("op", "<")
     if op not in _CMP:
         raise ValueError(f"claim {claim['id']}: op={op!r}; choose one of {', '.join(_CMP)}")
@@ -540,10 +470,12 @@ def rule_threshold(claim: dict, args: dict, ev: Evidence) -> Verdict:
                            f"{args['metric']} was recorded with {key}={entry.get(key)!r}, not {wanted}: "
                            f"{args.get('why', 'the figure does not test the claim')}", "none")
     measured = float(entry["value"])
-    ok = _CMP[op](measured, claimed)
-    detail = f"measured {measured:.3g} {op if ok else 'is not ' + op} {claimed:g}; on {_context(entry) or '?'}"
-    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured, None,
-                   _seen(claim, args, measured, ok))
+    ok = _CMP[op](measured, bound)
+    shown = f"{claimed:g}" + (f" (tolerance {tol:.0%}: {bound:.3g})" if tol else "")
+    detail = f"measured {measured:.3g} {op if ok else 'is not ' + op} {shown}; on {_context(entry) or '?'}"
+    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured,
+                   measured / claimed if claimed and op in (">", ">=") else None,
+                   _seen(claim, args, measured, ok, entry))
 
 
 def rule_speedup_every_shape(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -566,25 +498,11 @@ def rule_speedup_every_shape(claim: dict, args: dict, ev: Evidence) -> Verdict:
     ok = all(r > 1 for r in ratios.values())
     shown = "; ".join(f"{case}: {r:.2f}x" for case, r in ratios.items())
     detail = f"{args['slow']} / {args['fast']} time per shape: {shown} (the claim needs > 1 at each)"
-    sides = {effect(2.0, r, 1.0, float(args.get("noise", 0.05))) for r in ratios.values()}
+    noise = float(args.get("noise", 0.05))
+    sides = {decide.effect(2.0, r, 1.0, noise=noise, factor=math.inf) for r in ratios.values()}
     seen = sides.pop() if len(sides) == 1 else "mixed effect"
     entry = {"device": ev.chapter_device(chapter)}
     return _judged(claim, ev, chapter, entry, ok, detail, min(ratios.values()), None, f"{seen}: {shown}")
-
-
-def weight_bytes(model: str = "llama2-7b", dtype: str = "float16") -> int:
-    """Weight bytes of a released Llama-2 model in ``dtype`` (all parameters; int8 counts 1 byte each)."""
-    if model == "llama2-7b" and dtype in ("float16", "bfloat16"):
-        try:  # chapter 03/04's helper, when merged, is the one source of this number
-            from .roofline import llama2_7b_weight_bytes
-
-            return int(llama2_7b_weight_bytes(dtype))
-        except Exception:
-            pass
-    if model not in MODEL_PARAMS or dtype not in BYTES_PER_PARAM:
-        raise ValueError(f"model={model!r}/dtype={dtype!r}; choose from {list(MODEL_PARAMS)} / "
-                         f"{list(BYTES_PER_PARAM)}")
-    return MODEL_PARAMS[model] * BYTES_PER_PARAM[dtype]
 
 
 def _npu_measurement(ev: Evidence, dotted: Optional[str], want: str, context: str = "") -> Optional[dict]:
@@ -608,14 +526,14 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """
     device = args["device"]
     n = int(args.get("devices", 1))
-    bw, bw_src = ev.spec(device, "hbm_bandwidth_gbps")
-    flops, fl_src = ev.spec(device, "fp16_tflops")
+    bw, bw_src = ev.spec(device, "bandwidth_gbps")
+    flops, fl_src = ev.spec(device, "fp16_dense_tflops")
     if "bytes" in args:
         nbytes = number(args["bytes"])
     else:
         nbytes = float(weight_bytes("llama2-7b", args.get("weights", "float16")))
     prompt = int(args.get("prompt_tokens", 0))
-    work = 2 * MODEL_PARAMS["llama2-7b"] * prompt if prompt else 0.0
+    work = 2 * llama_parameter_count(**LLAMA2_7B_CONFIG) * prompt if prompt else 0.0
     low, high = claimed_range(claim["claimed_value"])
     unit = claim["unit"]
     if unit == "tok/s":  # the most lenient end: the slowest claimed rate
@@ -766,10 +684,12 @@ def _derived_spec(claim: dict, args: dict, ev: Evidence, claimed: float) -> Verd
 
 
 def rule_pairing(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """A torch_npu / CANN pair against the documented compatibility table (helpers.compat)."""
+    """A torch_npu / CANN pair against the documented compatibility table (helpers.versions)."""
+    from .versions import KNOWN_GOOD
+
     npu, cann = args["torch_npu"], args["cann"]
-    rows = [r for r in compat.KNOWN_GOOD if r["torch_npu"].startswith(npu)]
-    cann_rows = [r for r in compat.KNOWN_GOOD if r["cann"].startswith(cann)]
+    rows = [r for r in KNOWN_GOOD if r["torch_npu"].startswith(npu)]
+    cann_rows = [r for r in KNOWN_GOOD if r["cann"].startswith(cann)]
     pairs = "; ".join(f"torch_npu {r['torch_npu']} + CANN {r['cann']}" for r in rows) or "none listed"
     if any(r["cann"].startswith(cann) for r in rows):
         return Verdict("agrees with sources", f"documented pairs for torch_npu {npu}.x: {pairs}", "documentation")
@@ -811,11 +731,6 @@ def rule_unmeasured(claim: dict, args: dict, ev: Evidence) -> Verdict:
     return Verdict("not measured in this run", args.get("note", "no chapter measures this"), "none")
 
 
-def rule_not_inference(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """A training-time technique quoted in an inference guide: nothing to measure, and why."""
-    return Verdict("does not apply to inference", args["why"], "documentation")
-
-
 def rule_torch_autoload(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """"import torch_npu is required": true before torch 2.5, optional from 2.5 (device-backend autoload).
 
@@ -855,77 +770,6 @@ def rule_npu_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
                    "none")
 
 
-def rule_llama_rmsnorm(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """transformers' LlamaRMSNorm against the guide's formula, computed here on a small tensor."""
-    import torch
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    torch.manual_seed(0)
-    norm = LlamaRMSNorm(64, eps=1e-5)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(64) + 0.5)
-        x = torch.randn(3, 64)
-        guide = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + 1e-5) * norm.weight
-        diff = (norm(x) - guide).abs().max().item()
-    has_bias = any("bias" in n for n, _ in norm.named_parameters())
-    ok = diff < 1e-5 and not has_bias
-    return Verdict("reproduced" if ok else "contradicted",
-                   f"LlamaRMSNorm vs the formula: max abs diff {diff:.2e} (float32), bias parameter: "
-                   f"{'yes' if has_bias else 'none'}", "computed", diff)
-
-
-def rule_llama2_config(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """A Llama-2-7B shape against transformers' LlamaConfig defaults (which are Llama-2-7B's)."""
-    from transformers import LlamaConfig
-
-    key = args["key"]
-    real = getattr(LlamaConfig(), key)
-    claimed = number(claim["claimed_value"])
-    ok = real == claimed
-    return Verdict("reproduced" if ok else "contradicted",
-                   f"LlamaConfig().{key} = {real} (Llama-2-7B); {claimed:g} is "
-                   + ("the same" if ok else "Llama-3-8B's / Mistral-7B's value"), "computed", real)
-
-
-def rule_shape_check(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """Run the guide's call on meta tensors (no memory, no time) to see if its shapes work."""
-    import torch
-
-    x_shape = [int(v) for v in args["x"].split(",")]
-    w_shape = [int(v) for v in args["weight"].split(",")]
-    x = torch.empty(x_shape, device="meta")
-    w = torch.empty(w_shape, device="meta")
-    try:
-        out = torch.nn.functional.linear(x, w)
-    except RuntimeError as exc:
-        msg = str(exc).splitlines()[0]
-        return Verdict("contradicted", f"F.linear(x{x_shape}, w{w_shape}) raises: {msg}. nn.Linear weights are "
-                                       "[out, in]: w_gate must be [14336, 4096] (or use x @ w_gate)",
-                       "computed")
-    return Verdict("reproduced", f"F.linear gives shape {list(out.shape)}", "computed", list(out.shape))
-
-
-def rule_compile_generate(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """Does ``torch.compile(model).generate`` run the compiled forward? Checked on a tiny module."""
-    import torch
-
-    class Tiny(torch.nn.Module):
-        def forward(self, x):
-            return x
-
-        def generate(self):
-            return self  # transformers' generate calls self(...) on this object
-
-    compiled = torch.compile(Tiny())
-    target = compiled.generate()
-    if target is compiled:
-        return Verdict("reproduced", "generate runs on the compiled wrapper", "computed")
-    return Verdict("contradicted", "torch.compile returns an OptimizedModule whose .generate is the original "
-                                   "module's method: generate's forward calls run eager. Compile the forward "
-                                   "instead (model.forward = torch.compile(model.forward), or "
-                                   "model.compile()), as chapter 03 does", "computed")
-
-
 def rule_fp16_spacing(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """An accuracy threshold against the float16 step at the size of the guide's own outputs.
 
@@ -948,62 +792,36 @@ def rule_fp16_spacing(claim: dict, args: dict, ev: Evidence) -> Verdict:
                    "computed", step, ratio=threshold / step)
 
 
-@functools.lru_cache(maxsize=None)
-def _hub_endpoint(var: str, value: str, when: str) -> str:
-    """huggingface_hub's ENDPOINT in a fresh interpreter with ``var`` set ``when`` (before/after) import."""
-    import os
-    import subprocess
-    import sys
-
-    setting = f"os.environ[{var!r}] = {value!r}"
-    code = (f"import os; {setting}; import huggingface_hub.constants as c; print(c.ENDPOINT)" if when == "before"
-            else f"import os; import huggingface_hub.constants as c; {setting}; print(c.ENDPOINT)")
-    env = {k: v for k, v in os.environ.items() if k != var}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    if out.returncode != 0:
-        raise RuntimeError(f"huggingface_hub probe failed: {out.stderr.strip().splitlines()[-1:]}")
-    return out.stdout.strip()
-
-
-def rule_hf_endpoint(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """Does huggingface_hub read the variable? Checked in fresh interpreters, set before and after import."""
-    var, value = args["variable"], args["value"]
-    seen = {when: _hub_endpoint(var, value, when) for when in ("before", "after")}
-    ok = seen["before"] == value.rstrip("/")
-    detail = (f"{var}={value} set before importing huggingface_hub gives ENDPOINT {seen['before']}; set after "
-              f"the import, {seen['after']} (read once at import: set it before importing transformers)")
-    return Verdict("reproduced" if ok else "contradicted", detail, "computed", seen["before"])
-
-
-def rule_pad_token(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """The guide's ``tokenizer(texts, padding=True, ...)`` on a tokenizer with or without a pad token."""
-    from .models import byte_tokenizer
-
-    tokenizer = byte_tokenizer()
-    if args.get("pad_token", "none") == "none":
-        tokenizer.pad_token = None
-    why = args.get("tokenizer", "")
+def _as_fact(value: Any) -> str:
+    text = str(value).strip().lower()
     try:
-        batch = tokenizer(["Hello", "a longer prompt"], return_tensors="pt", padding=True, truncation=True)
-    except ValueError as exc:
-        return Verdict("contradicted", f"{why}: the call raises ValueError: {str(exc).split('.')[0]}. Set "
-                                       "tokenizer.pad_token = tokenizer.eos_token and padding_side='left' "
-                                       "(a decoder-only model continues from the last position), as "
-                                       "helpers.models does for chapter 04", "computed")
-    return Verdict("reproduced", f"{why}: padding works (batch shape {list(batch['input_ids'].shape)})",
-                   "computed", list(batch["input_ids"].shape))
+        return f"{number(text):g}"
+    except ValueError:
+        return text
+
+
+def rule_fact(claim: dict, args: dict, ev: Evidence) -> Verdict:
+    """A fact a chapter established and recorded (a library default, whether the guide's code
+    runs, what a formula computes): reproduced when the recorded value equals ``want`` (default: the
+    claimed value). The chapter ran the experiment; this rule only reads it."""
+    entry = ev.entry(args["metric"])
+    if entry is None:
+        return _not_measured(ev, args["metric"])
+    want = args.get("want", claim["claimed_value"])
+    got = entry["value"]
+    ok = _as_fact(got) == _as_fact(want)
+    how = entry.get("detail") or entry.get("code_path") or ""
+    detail = f"recorded {got!r}, the claim needs {want!r}" + (f": {how}" if how else "")
+    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, got, None,
+                   "holds" if ok else "does not hold")
 
 
 RULES: dict[str, Callable[[dict, dict, Evidence], Verdict]] = {
-    "api": rule_api, "python_api": rule_python_api, "ratio": rule_ratio, "at_least": rule_at_least,
-    "threshold": rule_threshold, "bound": rule_bound, "weight_memory": rule_weight_memory,
-    "fits": rule_fits, "spec": rule_spec, "pairing": rule_pairing, "consistency": rule_consistency,
-    "documented": rule_documented, "unmeasured": rule_unmeasured, "npu_ratio": rule_npu_ratio,
-    "not_inference": rule_not_inference, "torch_autoload": rule_torch_autoload,
+    "api": rule_api, "ratio": rule_ratio, "threshold": rule_threshold, "fact": rule_fact,
+    "bound": rule_bound, "weight_memory": rule_weight_memory, "fits": rule_fits, "spec": rule_spec,
+    "pairing": rule_pairing, "consistency": rule_consistency, "documented": rule_documented,
+    "unmeasured": rule_unmeasured, "npu_ratio": rule_npu_ratio, "torch_autoload": rule_torch_autoload,
     "speedup_every_shape": rule_speedup_every_shape, "fp16_spacing": rule_fp16_spacing,
-    "hf_endpoint": rule_hf_endpoint, "pad_token": rule_pad_token,
-    "llama_rmsnorm": rule_llama_rmsnorm, "llama2_config": rule_llama2_config,
-    "shape_check": rule_shape_check, "compile_generate": rule_compile_generate,
 }
 
 

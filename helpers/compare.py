@@ -1,25 +1,20 @@
 """Several runs of the workbook on one page: ``python -m helpers.compare RUN_DIR RUN_DIR [...]``.
 
-Reads what each run recorded (``<run>/<chapter>/results.json`` and ``run.json``); nothing is
-re-measured. Writes ``reports/compare-<id>/index.html`` and ``figures.csv``: every key figure of every
-chapter, one column per run with its device, dtype, model, profile, shape and code path, and the ratio
-of each run to the reference run (the first one) where the two figures measure the same thing: same
-metric and unit, same model, same dtype and same shape, both chapters finished. Every other cell says
-why no ratio is given. The guide's 910B-vs-A100 table (from ``data/guide_claims.csv``) is shown beside
-the runs' measured figures, labelled as the guide's claim, and the claims audit is merged over all runs
-when ``helpers.claims.verdicts`` accepts several run folders.
+Reads what each run recorded through ``helpers.results.read_run`` (taught with the report chapter,
+``08_report.ipynb``); nothing is re-measured. Writes ``reports/compare-<id>/index.html`` (the
+``compare`` page of ``helpers.pages``) and ``figures.csv``: every key figure of every chapter, one
+column per run with its device, dtype, model, profile, shape and code path, and the ratio of each run
+to the reference run (the first one) where the two figures measure the same thing: same metric and
+unit, same model, same dtype and same shape, both chapters finished. Every other cell says why no
+ratio is given. The guide's 910B-vs-A100 table (from ``data/guide_claims.csv``) is shown beside the
+runs' measured figures, labelled as the guide's claim, and the claims audit is merged over all runs.
 
-Runs from other versions of the workbook (another results.json schema, missing or failed chapters,
-unreadable files) are read with a note on the page, never a crash.
+Missing, failed or unfinished chapters and unreadable files (another results.json schema among
+them) are shown with their status and reason on the page, never a crash.
 """
 from __future__ import annotations
 
 import argparse
-import base64
-import html
-import inspect
-import io
-import json
 import os
 import sys
 import time
@@ -28,13 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .results import RESULTS_NAME, SCHEMA
+from . import pages
+from .results import FINISHED, REPORT_CHAPTER, RunFolder, device_class, most_common, read_run
 
 REPO = Path(__file__).resolve().parent.parent
-REPORT_CHAPTER = "07_report"
-DEVICE_CLASSES = ("npu", "cuda", "cpu")
-# The chapter statuses whose figures may be put into a ratio (a failed chapter's figures are shown, not compared).
-FINISHED = ("ok", "skipped")
 # Headline figures: (chapter, metric) pairs the plots and the guide table read.
 DECODE_B1 = ("03_end_to_end", "decode_tok_s_batch1")
 TTFT = ("03_end_to_end", "ttft_ms")
@@ -50,171 +42,74 @@ GUIDE_TABLE_SECTION = "性能基准对比"
 
 @dataclass
 class Run:
-    """One run folder as read: chapters (normalised results), statuses and what identifies the run."""
+    """One run folder (``helpers.results.RunFolder``) with what identifies it on the page."""
 
-    path: Path
+    folder: RunFolder
     label: str = ""
-    run_id: str = ""
-    profile: str = ""
-    chapters: dict = field(default_factory=dict)
-    status: dict = field(default_factory=dict)  # chapter -> ok / skipped / failed / did not finish
-    reasons: dict = field(default_factory=dict)  # chapter -> error or skip reason
-    notes: list = field(default_factory=list)
-    device: str = ""
-    device_name: str = ""
-    dtype: str = ""
-    model: str = ""
+    chapters: dict = field(init=False)  # chapter -> results.json, readable ones but the report chapter's
+    status: dict = field(init=False)  # chapter -> status (``helpers.results.STATUSES``)
+    reasons: dict = field(init=False)  # chapter -> error, skip reason or why unreadable
+    notes: list = field(init=False)
+
+    def __post_init__(self):
+        folder = self.folder
+        self.chapters = folder.results()
+        shown = [c for c in folder.chapters.values() if c.name != REPORT_CHAPTER]
+        self.status = {c.name: c.status for c in shown}
+        self.reasons = {c.name: c.reason.strip().splitlines()[-1][:300] for c in shown if c.reason.strip()}
+        self.notes = list(folder.notes)
+        recorded: dict = {}  # a chapter's own notes (e.g. CPU load while timing), each text once
+        for chapter, data in self.chapters.items():
+            for text in data.get("notes") or []:
+                recorded.setdefault(str(text), []).append(chapter)
+        self.notes += [f"noted by {', '.join(chapters)}: {text}" for text, chapters in recorded.items()]
+        if not self.chapters:
+            self.notes.append("no readable results.json in this folder: nothing to compare")
+
+    @property
+    def path(self) -> Path:
+        return self.folder.path
+
+    @property
+    def run_id(self) -> str:
+        return str(self.folder.run.get("run_id") or self.path.name)
+
+    @property
+    def device(self) -> str:
+        return self.folder.device
 
     @property
     def device_class(self) -> str:
         return device_class(self.device)
 
+    @property
+    def device_name(self) -> str:
+        names = [(d["environment"].get("device_properties") or {}).get("name") for d in self.chapters.values()
+                 if isinstance(d["environment"].get("device_properties"), dict)]
+        return most_common(names) or str((self.folder.run.get("environment") or {}).get("device_name") or "")
+
+    @property
+    def model(self) -> str:
+        recorded = self.chapters.get("00_environment_check", {}).get("metrics", {}).get("model", {})
+        return str(recorded.get("value") or "") or most_common(
+            d["parameters"].get("model") for d in self.chapters.values())
+
+    @property
+    def dtype(self) -> str:
+        recorded = self.chapters.get("00_environment_check", {}).get("metrics", {}).get("model", {})
+        return (str(recorded.get("dtype") or "")
+                or most_common(e.get("dtype") for d in self.chapters.values()
+                               for k, e in d["metrics"].items() if k in d["key_figures"])
+                or most_common(d["parameters"].get("dtype") for d in self.chapters.values()))
+
+    @property
+    def profile(self) -> str:
+        return str(self.folder.run.get("profile") or "") or most_common(
+            d["parameters"].get("profile") for d in self.chapters.values())
+
     def describe(self) -> str:
         return " · ".join(filter(None, (self.device_class or self.device or "device ?", self.dtype or "dtype ?",
                                         self.model or "model ?", self.profile and f"profile {self.profile}")))
-
-
-def device_class(device: str) -> str:
-    """``"npu:0"`` -> ``"npu"``; ``"cuda:1"`` -> ``"cuda"``; anything else that is not a device -> ''."""
-    kind = str(device or "").split(":")[0].strip().lower()
-    return kind if kind in DEVICE_CLASSES else ""
-
-
-def _read_json(path: Path) -> tuple[Any, str]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8")), ""
-    except OSError as exc:
-        return None, f"unreadable ({exc.strerror or exc})"
-    except ValueError as exc:
-        return None, f"not valid JSON ({exc})"
-
-
-def normalise_results(data: Any, chapter: str) -> tuple[Optional[dict], list[str]]:
-    """A chapter's results.json in today's shape, and notes on whatever had to be adapted.
-
-    Older files may lack ``schema``, ``key_figures`` or ``status``, or store a figure as a bare value
-    instead of ``{"value": ..., "unit": ..., context}``.
-    """
-    notes: list[str] = []
-    if not isinstance(data, dict):
-        return None, [f"{chapter}: results.json is not a JSON object; chapter ignored"]
-    schema = data.get("schema")
-    if schema != SCHEMA:
-        notes.append(f"{chapter}: results.json schema {schema if schema is not None else 'absent (older workbook)'}"
-                     f", this version writes schema {SCHEMA}; figures read where their fields match")
-    metrics = data.get("metrics")
-    if not isinstance(metrics, dict):
-        notes.append(f"{chapter}: no metrics mapping; no figures read")
-        metrics = {}
-    bare = [k for k, v in metrics.items() if not isinstance(v, dict)]
-    metrics = {str(k): (v if isinstance(v, dict) else {"value": v}) for k, v in metrics.items()}
-    if bare:
-        notes.append(f"{chapter}: {len(bare)} figure(s) stored without unit or context (older schema): "
-                     "shown, never put into a ratio")
-        for key in bare:
-            metrics[key]["bare"] = True
-    key_figures = data.get("key_figures")
-    if not isinstance(key_figures, list):
-        notes.append(f"{chapter}: no key_figures list (older schema); its figures appear where another run "
-                     "marks them as key figures")
-        key_figures = []
-    tables = data.get("tables") if isinstance(data.get("tables"), dict) else {}
-    out = {**data, "metrics": metrics, "key_figures": [str(k) for k in key_figures], "tables": tables,
-           "parameters": data.get("parameters") if isinstance(data.get("parameters"), dict) else {},
-           "environment": data.get("environment") if isinstance(data.get("environment"), dict) else {}}
-    return out, notes
-
-
-def _runner_entries(run_dir: Path, notes: list[str]) -> tuple[dict, dict]:
-    path = run_dir / "run.json"
-    if not path.exists():
-        notes.append("no run.json (not made by the runner, or an older workbook): chapter statuses come from "
-                     "the results.json files")
-        return {}, {}
-    data, problem = _read_json(path)
-    if problem or not isinstance(data, dict):
-        notes.append(f"run.json {problem or 'is not a JSON object'}: chapter statuses come from the results.json files")
-        return {}, {}
-    entries = {}
-    for entry in data.get("notebooks") or []:
-        if isinstance(entry, dict) and entry.get("notebook"):
-            entries[str(entry["notebook"])] = entry
-    return data, entries
-
-
-def _most_common(values) -> str:
-    values = [str(v) for v in values if v not in (None, "", "auto")]
-    return Counter(values).most_common(1)[0][0] if values else ""
-
-
-def load_run(path: "str | Path") -> Run:
-    """Read one run folder. Raises only when the folder itself does not exist."""
-    run_dir = Path(path)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"RUN_DIR {str(path)!r} is not a folder; give run folders such as "
-                                "reports/<run-id> (each made by make report / python -m helpers.run)")
-    run = Run(path=run_dir)
-    run_file, entries = _runner_entries(run_dir, run.notes)
-    run.run_id = str(run_file.get("run_id") or run_dir.name) if run_file else run_dir.name
-    run.profile = str(run_file.get("profile") or "") if run_file else ""
-    for results_path in sorted(run_dir.glob(f"*/{RESULTS_NAME}")):
-        chapter = results_path.parent.name
-        if chapter == REPORT_CHAPTER:
-            continue
-        raw, problem = _read_json(results_path)
-        if problem:
-            run.notes.append(f"{chapter}: results.json {problem}; chapter ignored")
-            run.status[chapter] = "unreadable"
-            continue
-        data, notes = normalise_results(raw, chapter)
-        run.notes.extend(notes)
-        if data is None:
-            run.status[chapter] = "unreadable"
-            continue
-        run.chapters[chapter] = data
-    for chapter in sorted(set(run.chapters) | set(entries)):
-        if chapter == REPORT_CHAPTER:
-            continue
-        data, entry = run.chapters.get(chapter), entries.get(chapter, {})
-        status = str(entry.get("status") or (data or {}).get("status")
-                     or ("status not recorded" if data is not None else "did not run"))
-        if status == "running":
-            status = "did not finish"
-        if data is None and status in FINISHED:
-            status = "results.json missing"
-        if run.status.get(chapter) != "unreadable":
-            run.status[chapter] = status
-        reason = str(entry.get("error") or (data or {}).get("status_reason") or "")
-        if reason:
-            run.reasons[chapter] = reason.strip().splitlines()[-1][:300] if status == "failed" else reason[:300]
-        if status not in FINISHED:
-            run.notes.append(f"{chapter}: {status}" + (f" ({run.reasons[chapter]})" if reason else "")
-                             + "; its figures are shown but not put into ratios")
-    if not run.chapters:
-        run.notes.append("no readable results.json in this folder: nothing to compare")
-    recorded: dict = {}  # a chapter's own notes (e.g. CPU load while timing), each text once
-    for chapter, data in run.chapters.items():
-        notes = data.get("notes")
-        for text in notes if isinstance(notes, list) else [notes] if notes else []:
-            recorded.setdefault(str(text), []).append(chapter)
-    run.notes.extend(f"noted by {', '.join(chapters)}: {text}" for text, chapters in recorded.items())
-    # What identifies the run: chapter 00's records first, then what the chapters agree on.
-    env00 = run.chapters.get("00_environment_check", {})
-    model_entry = env00.get("metrics", {}).get("model", {}) if env00 else {}
-    run.device = str(env00.get("metrics", {}).get("device", {}).get("value") or "") if env00 else ""
-    run.device = run.device or _most_common(d.get("environment", {}).get("device") for d in run.chapters.values())
-    run.device_name = _most_common(d.get("environment", {}).get("device_properties", {}).get("name")
-                                   if isinstance(d.get("environment", {}).get("device_properties"), dict) else None
-                                   for d in run.chapters.values())
-    if not run.device_name and isinstance(run_file, dict):
-        run.device_name = str((run_file.get("environment") or {}).get("device_name") or "")
-    run.model = str(model_entry.get("value") or "") or _most_common(
-        d.get("parameters", {}).get("model") for d in run.chapters.values())
-    run.dtype = str(model_entry.get("dtype") or "") or _most_common(
-        e.get("dtype") for d in run.chapters.values() for k, e in d["metrics"].items() if k in d["key_figures"]) \
-        or _most_common(d.get("parameters", {}).get("dtype") for d in run.chapters.values())
-    run.profile = run.profile or _most_common(d.get("parameters", {}).get("profile") for d in run.chapters.values())
-    return run
 
 
 def label_runs(runs: list[Run]) -> list[Run]:
@@ -249,7 +144,6 @@ class Cell:
     code_path: str = ""
     status: str = ""  # the chapter's status in that run
     missing: str = ""  # why there is no value
-    bare: bool = False  # recorded without context (older schema)
 
     @property
     def number(self) -> Optional[float]:
@@ -260,7 +154,7 @@ class Cell:
 
 def figure_cell(run: Run, chapter: str, key: str) -> Cell:
     data = run.chapters.get(chapter)
-    status = run.status.get(chapter, "did not run")
+    status = run.status.get(chapter, "not run")
     if data is None:
         why = run.reasons.get(chapter, "")
         return Cell(status=status, missing=f"chapter {status}" + (f": {why}" if why else ""))
@@ -271,7 +165,7 @@ def figure_cell(run: Run, chapter: str, key: str) -> Cell:
                 device=str(entry.get("device") or data.get("environment", {}).get("device") or run.device),
                 dtype=str(entry.get("dtype") or ""), model=str(data.get("parameters", {}).get("model") or run.model),
                 shape=str(entry.get("shape") or ""), code_path=str(entry.get("code_path") or ""),
-                status=status, bare=bool(entry.get("bare")))
+                status=status)
 
 
 def why_not_comparable(ref: Cell, other: Cell, ref_label: str, other_label: str) -> str:
@@ -283,8 +177,6 @@ def why_not_comparable(ref: Cell, other: Cell, ref_label: str, other_label: str)
     for cell, label in ((ref, ref_label), (other, other_label)):
         if cell.status not in FINISHED:
             reasons.append(f"chapter {cell.status} in {label}")
-        if cell.bare:
-            reasons.append(f"recorded without unit or context in {label} (older schema)")
     if ref.number is None or other.number is None:
         reasons.append("not a number")
     for name in ("unit", "model", "dtype", "shape"):
@@ -311,7 +203,7 @@ def figure_rows(runs: list[Run]) -> list[tuple[str, str]]:
 def batch_sweep_cell(run: Run, batch: int, column: str = "tokens_per_s_aggregate", unit: str = "tok/s") -> Cell:
     """A point of chapter 04's batch sweep table (decode rate at batch 8 is not a key figure)."""
     data = run.chapters.get(BATCHING)
-    status = run.status.get(BATCHING, "did not run")
+    status = run.status.get(BATCHING, "not run")
     if data is None:
         return Cell(status=status, missing=f"chapter {status}")
     rows = data.get("tables", {}).get("batch_sweep") or []
@@ -323,7 +215,7 @@ def batch_sweep_cell(run: Run, batch: int, column: str = "tokens_per_s_aggregate
         return Cell(status=status, missing=f"batch {batch}: {row.get('status', '?')} {row.get('error') or ''}".strip())
     dtypes = [e.get("dtype") for e in data["metrics"].values() if e.get("dtype")]
     return Cell(value=row[column], unit=unit, device=str(data.get("environment", {}).get("device") or run.device),
-                dtype=_most_common(dtypes) or run.dtype, model=str(data.get("parameters", {}).get("model") or run.model),
+                dtype=most_common(dtypes) or run.dtype, model=str(data.get("parameters", {}).get("model") or run.model),
                 shape=f"batch {batch}, prompt {row.get('prompt_tokens', '?')} tokens, "
                       f"{data.get('parameters', {}).get('new_tokens', '?')} new tokens",
                 code_path=str(row.get("code_path") or f"chapter 04 batch_sweep table, {column}"), status=status)
@@ -390,19 +282,18 @@ def wide_table(long):
 def guide_benchmark_claims(claims_table=None):
     """The guide's 910B-vs-A100 rows (decode tok/s, first-token ms, memory GB) from the claims table.
 
-    Each row keeps the hardware it is about (the table's ``hardware`` column, or the rule's ``device``
-    argument in an older table), the model and the weights' dtype, so nothing here is typed twice.
+    Each row keeps the hardware it is about (the table's ``hardware`` column), the model and the
+    weights' dtype, so nothing here is typed twice.
     """
     from . import claims as claims_mod
 
     table = claims_mod.load_claims() if claims_table is None else claims_table
     rows = table[table["section"].astype(str).str.contains(GUIDE_TABLE_SECTION) & (table["kind"] == "performance")]
-    names = getattr(claims_mod, "HARDWARE", {})
     out = []
     for claim in rows.to_dict(orient="records"):
         args = claims_mod.parse_args(claim["args"])
         hardware = str(claim.get("hardware") or "")
-        about = names.get(hardware) or args.get("device", "")
+        about = claims_mod.HARDWARE.get(hardware)
         if claim["unit"] not in ("tok/s", "ms", "GB") or not about:
             continue
         out.append({"id": claim["id"], "unit": claim["unit"], "about": about, "hardware": hardware,
@@ -425,7 +316,7 @@ def memory_cell(run: Run) -> Cell:
     if first.get("status") == "ok" and isinstance(peak, (int, float)) and peak > 0:
         dtypes = [e.get("dtype") for e in data["metrics"].values() if e.get("dtype")]
         return Cell(value=peak / 1e9, unit="GB", device=str(data.get("environment", {}).get("device") or run.device),
-                    dtype=str(first.get("dtype") or _most_common(dtypes) or run.dtype),
+                    dtype=str(first.get("dtype") or most_common(dtypes) or run.dtype),
                     model=str(data.get("parameters", {}).get("model") or run.model),
                     shape=f"batch {first.get('batch_size') or 1}",
                     code_path=f"chapter 06 ladder, rung {first.get('rung', '?')}, peak memory",
@@ -441,66 +332,49 @@ def memory_cell(run: Run) -> Cell:
     return cell
 
 
-def guide_table(runs: list[Run], claims_table=None, verdict_table=None):
+def guide_table(runs: list[Run], claims_table=None, verdict_table=None, lang: str = "en"):
     """Rows: decode tok/s, first token ms, memory GB. Columns: the guide's claims per hardware, then each run.
 
     With the merged claims audit (``verdict_table``), each claim cell also says its verdict and which run
-    decided it.
+    decided it. Row and column names come from the compare page's label table.
     """
     import pandas as pd
 
-    measured = {"tok/s": ("decode tok/s, batch 1", lambda r: figure_cell(r, *DECODE_B1)),
-                "ms": ("first-token latency (TTFT), ms", lambda r: figure_cell(r, *TTFT)),
-                "GB": ("memory, GB", memory_cell)}
+    text = pages.labels("compare", lang)
+    names, rows_named = text["guide_columns"], text["guide_rows"]
+    measured = {"tok/s": lambda r: figure_cell(r, *DECODE_B1), "ms": lambda r: figure_cell(r, *TTFT),
+                "GB": memory_cell}
     claims = guide_benchmark_claims(claims_table)
     decided = {}
-    if verdict_table is not None and {"id", "verdict"} <= set(verdict_table.columns):
-        for v in verdict_table.to_dict(orient="records"):
-            by = v.get("decided_by") or ""
-            decided[v["id"]] = f"{v['verdict']}" + (f", decided by {by}" if by else "")
+    for v in (verdict_table.to_dict(orient="records") if verdict_table is not None else []):
+        decided[v["id"]] = text["guide_verdict"].format(verdict=v["verdict"]) + (
+            text["guide_decided"].format(run=v["decided_by"]) if v.get("decided_by") else "")
     rows = []
-    for unit, (label, read) in measured.items():
-        row = {"figure": label}
+    for unit, read in measured.items():
+        row = {names["figure"]: rows_named[unit]}
         for claim in (c for c in claims if c["unit"] == unit):
             about = ", ".join(filter(None, (claim["model"], claim["weights"])))
-            row[f"guide's claim about {claim['about']}"] = (f"{claim['value']:g} {unit} (claim {claim['id']}"
-                                                           + (f"; {about}" if about else "") + ")"
-                                                           + (f": {decided[claim['id']]}" if claim["id"] in decided
-                                                              else ""))
+            row[names["claim"].format(about=claim["about"])] = text["guide_claim"].format(
+                value=f"{claim['value']:g}", unit=unit, id=claim["id"], about=f"; {about}" if about else ""
+            ) + decided.get(claim["id"], "")
         for run in runs:
             cell = read(run)
-            row[f"measured: {run.label}"] = (f"{_short(cell.number)} {cell.unit} ({cell.model}, {cell.dtype or '?'}, "
-                                             f"{device_class(cell.device) or cell.device}; {cell.shape})"
-                                             if cell.number is not None else (cell.missing or "not a number"))
+            row[names["measured"].format(run=run.label)] = (
+                f"{_short(cell.number)} {cell.unit} ({cell.model}, {cell.dtype or '?'}, "
+                f"{device_class(cell.device) or cell.device}; {cell.shape})"
+                if cell.number is not None else (cell.missing or "not a number"))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-# --- the merged claims audit ------------------------------------------------------------------
-
-CLAIMS_UNAVAILABLE = ("The claims audit for several runs is unavailable in this version of the workbook "
-                      "(helpers.claims.verdicts takes one run folder here); each run's own chapter 07 page "
-                      "holds its single-run audit.")
-
-
-def multi_run_claims_available() -> bool:
-    """True when helpers.claims.verdicts accepts a list of run folders (the documented interface)."""
-    from . import claims as claims_mod
-
-    if not hasattr(claims_mod, "VERDICT_CLASSES"):
-        return False
-    params = list(inspect.signature(claims_mod.verdicts).parameters)
-    return bool(params) and params[0] == "run_dirs"
-
-
 def merged_claims(runs: list[Run]):
-    """(verdict table over all runs, '') or (None, why not)."""
-    if not multi_run_claims_available():
-        return None, CLAIMS_UNAVAILABLE
+    """(the claims audit over all runs, '') or (None, why it failed): the page renders either way."""
     from . import claims as claims_mod
 
-    table = claims_mod.verdicts([str(r.path) for r in runs])
-    return table, ""
+    try:
+        return claims_mod.verdicts([str(r.path) for r in runs]), ""
+    except Exception as exc:  # noqa: BLE001  (a broken claims table must not lose the comparison)
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 # --- plots ------------------------------------------------------------------------------------
@@ -599,7 +473,7 @@ def plot_ladder(runs: list[Run]):
     for ax, (run, rungs) in zip(axes[0], ladders):
         ax.set_title(f"{run.label}\n{run.device_class or '?'} · {run.dtype or '?'} · {run.model or '?'}", fontsize=8)
         if not rungs:
-            ax.text(0.5, 0.5, f"no ladder in this run\n(chapter 06 {run.status.get(LADDER, 'did not run')})",
+            ax.text(0.5, 0.5, f"no ladder in this run\n(chapter 06 {run.status.get(LADDER, 'not run')})",
                     ha="center", va="center", transform=ax.transAxes, fontsize=8)
             ax.set_xticks([])
             ax.set_yticks([])
@@ -612,7 +486,7 @@ def plot_ladder(runs: list[Run]):
         ax.set_xticklabels([n.replace("_", " ") for n in names], rotation=35, ha="right", fontsize=7)
         ax.set_ylim(0, max(values) * 1.2)
         ax.set_ylabel("tokens/s", fontsize=8)
-    fig.suptitle("Optimisation ladder per run (chapter 06): tok/s per rung, ratio to the run's first rung; "
+    fig.suptitle("Optimisation ladder per run (chapter 06): tok/s per rung, ratio to the run's first rung;\n"
                  "batch rungs are aggregate over the batch", fontsize=9)
     fig.tight_layout()
     return fig
@@ -620,154 +494,36 @@ def plot_ladder(runs: list[Run]):
 
 # --- the page ---------------------------------------------------------------------------------
 
-def _png(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return "" if value is None else str(value)
+def _value_text(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)[:120]
-    return str(value)
+    return "" if value is None else str(value)[:120]
 
 
-def _cell_html(cell: Cell, run: Run) -> str:
-    if cell.missing:
-        return f'<span class="why">{html.escape(cell.missing)}</span>'
-    context = " · ".join(filter(None, (device_class(cell.device) or cell.device, cell.dtype, cell.model,
-                                       cell.shape, cell.code_path)))
-    status = "" if cell.status in FINISHED else f' <span class="why">(chapter {html.escape(cell.status)})</span>'
-    return (f'<b>{html.escape(_fmt(cell.value))}</b> {html.escape(cell.unit)}{status}'
-            f'<div class="ctx">{html.escape(context)}</div>')
-
-
-def _breakable(name: str) -> str:
-    """An identifier that may wrap after its underscores in a narrow column."""
-    return html.escape(name).replace("_", "_<wbr>")
-
-
-def _table_html(frame, classes: str = "data", widths: Optional[dict] = None) -> str:
-    """A DataFrame as a fixed-layout table; ``widths`` (column -> %) keeps long text columns readable."""
-    text = frame.to_html(index=False, na_rep="", border=0, classes=classes, escape=True)
-    if widths:
-        total = sum(widths.get(c, 5) for c in frame.columns)
-        cols = "".join(f"<col style='width:{100 * widths.get(c, 5) / total:.1f}%'>" for c in frame.columns)
-        start = text.index(">", text.index("<table")) + 1
-        text = f"{text[:start]}<colgroup>{cols}</colgroup>{text[start:]}"
-    return text
-
-
-def figures_html(runs: list[Run], long) -> str:
-    """The key-figures table: one column per run and one per ratio to the reference."""
+def figures_view(runs: list[Run], long) -> list[dict]:
+    """The key-figures table as the template draws it: per row, each run's cell and each ratio or why not."""
     ref = long["reference"].iloc[0] if len(long) else ""
-    others = [r for r in runs if r.label != ref]
-    head = "".join(f"<th>{html.escape(r.label)}<div class='ctx'>{html.escape(r.describe())}</div></th>" for r in runs)
-    head += "".join(f"<th>{html.escape(r.label)} / {html.escape(ref)}</th>" for r in others)
-    body = []
+    rows = []
     for (chapter, key), group in long.groupby(["chapter", "figure"], sort=False):
         cells = []
         for run in runs:
-            cells.append(f"<td>{_cell_html(cell_for(run, chapter, key), run)}</td>")
-        for run in others:
+            cell = cell_for(run, chapter, key)
+            context = " · ".join(filter(None, (device_class(cell.device) or cell.device, cell.dtype, cell.model,
+                                               cell.shape, cell.code_path)))
+            cells.append({"missing": cell.missing, "value": _value_text(cell.value), "unit": cell.unit,
+                          "status": "" if cell.status in FINISHED else cell.status, "context": context})
+        ratios = []
+        for run in (r for r in runs if r.label != ref):
             r = group[group["run"] == run.label].iloc[0]
-            if r["ratio_to_reference"] is not None and r["ratio_to_reference"] == r["ratio_to_reference"]:
-                cells.append(f"<td class='ratio'><b>{r['ratio_to_reference']:.3g}x</b></td>")
-            else:
-                cells.append(f"<td><span class='why'>no ratio: {html.escape(r['why_no_ratio'])}</span></td>")
+            ok = r["ratio_to_reference"] is not None and r["ratio_to_reference"] == r["ratio_to_reference"]
+            ratios.append((f"{r['ratio_to_reference']:.3g}x" if ok else "", r["why_no_ratio"]))
         source = group["source"].iloc[0]
-        note = "" if source == "key figure" else f"<div class='ctx'>{html.escape(source)}</div>"
-        body.append(f"<tr><td>{_breakable(chapter)}</td><td>{_breakable(key)}{note}</td>{''.join(cells)}</tr>")
-    n = len(runs) + len(others)
-    return (f"<table class='data figures'><colgroup><col style='width:12%'><col style='width:14%'>"
-            + "".join(f"<col style='width:{74 / max(n, 1):.1f}%'>" for _ in range(n))
-            + f"</colgroup><thead><tr><th>chapter</th><th>figure</th>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>")
+        rows.append({"chapter": chapter, "key": key, "source": "" if source == "key figure" else source,
+                     "cells": cells, "ratios": ratios})
+    return rows
 
 
-def runs_table(runs: list[Run]):
-    import pandas as pd
-
-    rows = []
-    for run in runs:
-        counts = Counter(run.status.values())
-        rows.append({"run": run.label, "run id": run.run_id, "device": run.device or "?",
-                     "device name": run.device_name, "dtype": run.dtype or "?", "model": run.model or "?",
-                     "profile": run.profile or "?",
-                     "chapters": ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none",
-                     "notes": len(run.notes)})
-    return pd.DataFrame(rows)
-
-
-STYLE = """body{font-family:sans-serif;margin:1.5em;max-width:1220px;overflow-wrap:anywhere}
-table.data{border-collapse:collapse;font-size:82%;width:100%;table-layout:fixed}
-table.data td,table.data th{border:1px solid #ccc;padding:3px 5px;vertical-align:top;text-align:left}
-.ctx{color:#555;font-size:85%;font-weight:normal}.why{color:#8a4b00}.ratio{background:#eef6ee}
-.claim{background:#fff4e0}img{max-width:100%;height:auto}pre{white-space:pre-wrap}
-h2{margin-top:1.6em;border-bottom:1px solid #ddd}"""
-
-
-def page_html(runs: list[Run], long, guide, claims_table, claims_note: str, plots: list) -> str:
-    ref = long["reference"].iloc[0] if len(long) else runs[0].label
-    parts = [f"<h1>Comparison of {len(runs)} workbook runs</h1>",
-             f"<p><em>Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from each run's results.json files; "
-             "nothing re-measured. Each figure is from the machine that produced its run.</em></p>",
-             "<h2>Runs</h2>", _table_html(runs_table(runs))]
-    notes = [(r.label, n) for r in runs for n in r.notes]
-    if notes:
-        parts.append("<h3>Notes on reading the runs</h3><ul>" + "".join(
-            f"<li><b>{html.escape(label)}</b>: {html.escape(n)}</li>" for label, n in notes) + "</ul>")
-    parts.append("<h2>Headline figures</h2>")
-    for title, fig in plots:
-        if fig is None:
-            parts.append(f"<p class='why'>{html.escape(title)}: not recorded in any of these runs.</p>")
-        else:
-            parts.append(f"<img alt='{html.escape(title)}' src='data:image/png;base64,{_png(fig)}'>")
-    parts.append("<h2>The guide's 910B vs A100 table beside these runs (性能基准对比)</h2>"
-                 "<p>The first columns are <b>the guide's claims</b> (Llama-2-7B fp16 on one 910B and one A100 "
-                 "80GB, from <code>data/guide_claims.csv</code>); the others are measured in each run, with its "
-                 "model, dtype, device and shape. A figure measured on another model, dtype or device is not the "
-                 "guide's number reproduced or contradicted: the claims audit below says which run decides each "
-                 "claim.</p>")
-    parts.append(_table_html(guide, "data guide"))
-    parts.append(f"<h2>Every key figure, run by run</h2><p>Ratios are <b>run / {html.escape(ref)}</b>, given only "
-                 "when both figures have the same metric and unit, model, dtype and shape and both chapters "
-                 "finished; otherwise the cell says why not. The CSV beside this page has the same table with "
-                 "every field in its own column.</p>")
-    parts.append(figures_html(runs, long))
-    parts.append("<h2>Claims audit over all runs</h2>")
-    if claims_table is None:
-        parts.append(f"<p class='why'>{html.escape(claims_note)}</p>")
-    else:
-        from . import claims as claims_mod
-
-        counts = claims_mod.verdict_counts(claims_table)
-        parts.append("<p>A claim about a 910B is decided by an NPU run, one about an A100 by a CUDA run; "
-                     "<i>decided by</i> names the run whose measurement decided it (empty when documentation, "
-                     "specs or the guide's own text decided it).</p>")
-        meanings = getattr(claims_mod, "VERDICT_CLASSES", {})
-        parts.append("<ul>" + "".join(
-            f"<li><b>{html.escape(str(k))}</b>: {v} claim(s)"
-            + (f" <span class='ctx'>({html.escape(str(meanings[k]))})</span>" if k in meanings else "") + "</li>"
-            for k, v in counts.items() if v) + "</ul>")
-        cols = [c for c in ("id", "section", "gloss_en", "verdict", "verdict_class", "decided_by", "device_class",
-                            "elsewhere", "elsewhere_run", "detail") if c in claims_table.columns]
-        widths = {"id": 4, "section": 11, "gloss_en": 19, "verdict": 9, "verdict_class": 9, "decided_by": 8,
-                  "device_class": 5, "elsewhere": 11, "elsewhere_run": 7, "detail": 24}
-        parts.append(_table_html(claims_table[cols], "data claims", widths))
-    return (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' "
-            f"content='width=device-width'><title>Comparison of {len(runs)} workbook runs</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
-
-
-def compare(run_dirs: list, out_dir: "str | Path", reference: int = 0, claims_table=None) -> dict:
+def compare(run_dirs: list, out_dir: "str | Path", reference: int = 0, claims_table=None, lang: str = "en") -> dict:
     """Read the runs, write ``index.html`` and ``figures.csv`` into ``out_dir``; return what was written."""
     if len(run_dirs) < 2:
         raise ValueError(f"RUN_DIR: got {len(run_dirs)} run folder(s); give two or more to compare "
@@ -778,22 +534,29 @@ def compare(run_dirs: list, out_dir: "str | Path", reference: int = 0, claims_ta
         raise ValueError(f"RUN_DIR: {', '.join(repeated)} given more than once; give different run folders")
     if not 0 <= reference < len(run_dirs):
         raise ValueError(f"reference={reference}: choose 0..{len(run_dirs) - 1} (the position of a RUN_DIR)")
-    runs = label_runs([load_run(p) for p in run_dirs])
+    runs = label_runs([Run(read_run(p)) for p in run_dirs])
     long = comparison_table(runs, reference)
-    table, claims_note = merged_claims(runs)
-    guide = guide_table(runs, claims_table, table)
-    plots = [("decode tok/s at batch 1 and 8", plot_decode(runs)), ("TTFT", plot_ttft(runs)),
-             ("decode as a share of the roofline", plot_roofline(runs)), ("optimisation ladder", plot_ladder(runs))]
+    table, claims_error = merged_claims(runs)
+    guide = guide_table(runs, claims_table, table, lang)
+    plots = [("decode", plot_decode(runs)), ("ttft", plot_ttft(runs)), ("roofline", plot_roofline(runs)),
+             ("ladder", plot_ladder(runs))]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "figures.csv"
     wide_table(long).to_csv(csv_path, index=False)
-    html_path = out_dir / "index.html"
-    tmp = html_path.with_suffix(".tmp")
-    tmp.write_text(page_html(runs, long, guide, table, claims_note, plots), encoding="utf-8")
-    tmp.replace(html_path)
+    from . import claims as claims_mod
+
+    columns = ["id", "section", "gloss_en", "verdict", "verdict_class", "decided_by", "device_class", "elsewhere",
+               "elsewhere_run", "detail"]
+    html_path = pages.write(
+        out_dir / "index.html", "compare", lang, runs=runs, reference=runs[reference].label, guide=guide,
+        figures=figures_view(runs, long), plots=plots, claims=None if table is None else table[columns],
+        claims_error=claims_error, counts={} if table is None else claims_mod.verdict_counts(table),
+        meanings=claims_mod.VERDICT_CLASSES,
+        widths={"id": 4, "section": 11, "gloss_en": 19, "verdict": 9, "verdict_class": 9, "decided_by": 8,
+                "device_class": 5, "elsewhere": 11, "elsewhere_run": 7, "detail": 24})
     return {"html": html_path, "csv": csv_path, "runs": runs, "figures": long, "guide": guide,
-            "claims": table, "claims_note": claims_note}
+            "claims": table, "claims_error": claims_error}
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -805,6 +568,7 @@ def main(argv: Optional[list] = None) -> int:
                         help="where compare-<id>/ is written (default: reports/ or WORKBOOK_REPORTS)")
     parser.add_argument("--reference", type=int, default=0,
                         help="position of the run the ratios divide by (default 0: the first RUN_DIR)")
+    parser.add_argument("--lang", default="en", choices=pages.languages(), help="language of the page's labels")
     args = parser.parse_args(argv)
     compare_id = args.id or time.strftime("%Y%m%d-%H%M%S")
     if not compare_id or "/" in compare_id or compare_id.startswith("."):
@@ -812,7 +576,7 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     out_dir = Path(args.reports_dir) / f"compare-{compare_id}"
     try:
-        written = compare(args.run_dirs, out_dir, reference=args.reference)
+        written = compare(args.run_dirs, out_dir, reference=args.reference, lang=args.lang)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

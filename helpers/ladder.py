@@ -5,19 +5,16 @@ callable that returns a model variant (or raises: the rung is then recorded as f
 error, and the ladder goes on). One ``measure`` callable turns each variant into metrics, so every
 rung is timed the same way in the same run; speedups are ratios over the first rung that succeeded.
 
-MindSpeed-LLM and vLLM-Ascend are detected, never assumed: when they are absent the ladder shows
-the exact commands for an Ascend machine instead of a number.
+MindSpeed-LLM is detected, never assumed: when it is absent the chapter shows the exact commands for
+an Ascend machine instead of a number. Serving engines (vLLM, vLLM-Ascend) are chapter 07's.
 """
 from __future__ import annotations
 
 import importlib.util
-import json
 import time
 import traceback
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
-from urllib.parse import urlparse
 
 COLUMNS = ("rung", "description", "status", "latency_ms", "tokens_per_s", "peak_memory_bytes",
            "roofline_pct", "speedup", "speedup_low", "speedup_high", "error")
@@ -271,20 +268,23 @@ def rung_effect(table, rung: str) -> Optional[dict]:
 # --- where a decode step's time goes ---------------------------------------------------------------
 
 STEP_PARTS = ("matmul kernels", "attention", "other kernels", "framework and Python")
-_MATMUL_NAMES = ("_weight_int8pack_mm", "_weight_int4pack", "aten::mm", "aten::addmm", "aten::bmm",
-                 "aten::matmul", "aten::linear", "mkldnn", "onednn", "_int_mm", "quantized::")
+_STEP_PART_OF_KIND = {"weight matmul": "matmul kernels", "attention": "attention"}
 
 
 def step_part(name: str) -> Optional[str]:
     """Which part of a decode step a profiler event's self time belongs to (None: not a kernel,
-    i.e. Python, dispatch and compiled-graph wrappers, counted as the rest of the step)."""
-    if any(k in name for k in ("scaled_dot_product", "flash_attention", "_efficient_attention")):
-        return "attention"
-    if any(k in name for k in _MATMUL_NAMES):
+    i.e. Python, dispatch and compiled-graph wrappers, counted as the rest of the step).
+
+    Matmul and attention kernels are named by ``profiling.kernel_kind`` (chapter 03's split), plus
+    inductor's C++ GEMM template kernels, which max-autotune names ``graph_N_kernel``."""
+    from .profiling import kernel_kind
+
+    if name.startswith("graph_") and name.endswith("_kernel") and "cpp_fused" not in name:
         return "matmul kernels"
-    if name.startswith("graph_") and name.endswith("_kernel"):
-        return "matmul kernels"  # inductor's C++ GEMM template kernels (max-autotune)
-    if "cpp_fused" in name or name.startswith("aten::"):
+    part = _STEP_PART_OF_KIND.get(kernel_kind(name))
+    if part:
+        return part
+    if "cpp_fused" in name or name.startswith(("aten::", "mkldnn::", "quantized::")):
         return "other kernels"
     return None
 
@@ -538,16 +538,6 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
 
 # --- building blocks for chapter 06's rungs ------------------------------------------------------
 
-def model_weight_bytes(model) -> int:
-    """Bytes of the model's weights, tied weights once and int8 weights one byte each.
-
-    Chapter 05's counter, so every chapter counts a quantized model the same way.
-    """
-    from .quant import weight_bytes
-
-    return int(weight_bytes(model))
-
-
 @dataclass
 class Variant:
     """What a rung measures: a model, the batch of prompts (None: the ladder's), the cache kind and
@@ -573,6 +563,7 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
     """
     from . import static_decode
     from .generation import measure_generation
+    from .models import weight_bytes
 
     def measure(variant) -> dict:
         loop = False
@@ -598,7 +589,8 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
                "decode_p10_ms": out.get("decode_p10_ms"), "decode_p90_ms": out.get("decode_p90_ms"),
                "ttft_p10_ms": out.get("ttft_p10_ms"), "ttft_p90_ms": out.get("ttft_p90_ms"),
                "dtype": out.get("dtype"), "code_path": out.get("code_path"), "greedy_loop": loop,
-               "weight_bytes": model_weight_bytes(model),
+               "prompt_tokens": out.get("prompt_tokens"), "new_tokens": out.get("new_tokens"),
+               "weight_bytes": weight_bytes(model),
                "compiled_graphs": out.get("compiled_graphs"), "compile_s": out.get("compile_s")}
         if bandwidth_gbps:
             row["roofline_tok_s"] = (out.get("batch_size") or len(batch)) * bandwidth_gbps * 1e9 / row["weight_bytes"]
@@ -714,7 +706,7 @@ def plot_comparison(ours, label: str = "measured here", figsize=(9, 4)):
     return fig
 
 
-# --- MindSpeed-LLM / vLLM-Ascend ----------------------------------------------------------------
+# --- MindSpeed-LLM ---------------------------------------------------------------------------
 
 MINDSPEED_COMMANDS = """\
 # MindSpeed-LLM is a Megatron-based training suite; its inference is a validation script.
@@ -728,75 +720,20 @@ bash examples/mcore/llama2/generate_llama2_7b_ptd.sh
 # 13B / 70B: the matching generate_llama2_*_ptd.sh with --tensor-model-parallel-size 2 / 8
 """
 
-VLLM_ASCEND_COMMANDS = """\
-# vLLM with the vllm-ascend plugin (pip install vllm vllm-ascend, versions paired with your CANN)
-vllm serve NousResearch/Llama-2-7b-hf --dtype float16 --port 8000
-# 13B on 32 GB cards (910B4) and 70B (about 138 GB of fp16 weights) need tensor parallelism:
-vllm serve meta-llama/Llama-2-13b-hf --dtype float16 --tensor-parallel-size 2
-vllm serve meta-llama/Llama-2-70b-hf --dtype float16 --tensor-parallel-size 8
-# then run this chapter with -p endpoint=http://localhost:8000/v1 (OpenAI-compatible API)
-"""
+def detect_frameworks() -> list[dict]:
+    """MindSpeed-LLM: installed or not, its real entry point, and the commands for an Ascend machine.
 
-
-def check_endpoint(endpoint: str, parameter: str = "endpoint") -> str:
-    """Empty (no endpoint) or an http(s) URL of an OpenAI-compatible API; raise naming the parameter."""
-    endpoint = (endpoint or "").strip()
-    if not endpoint:
-        return ""
-    parsed = urlparse(endpoint)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError(f"{parameter}={endpoint!r} is not valid; give an http(s) URL of an "
-                         "OpenAI-compatible server such as http://localhost:8000/v1, or leave it empty")
-    return endpoint.rstrip("/")
-
-
-def detect_frameworks(endpoint: str = "") -> list[dict]:
-    """MindSpeed-LLM, vLLM-Ascend and an optional endpoint: installed or not, with the commands."""
-    endpoint = check_endpoint(endpoint)
-    rows = []
-    for name, module, commands in (("MindSpeed-LLM", "mindspeed_llm", MINDSPEED_COMMANDS),
-                                   ("vLLM-Ascend", "vllm_ascend", VLLM_ASCEND_COMMANDS)):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        rows.append({"framework": name, "module": module,
-                     "status": "installed" if found else "not installed here",
-                     "entry_point": ("inference.py via examples/mcore/llama2/generate_llama2_7b_ptd.sh"
-                                     if module == "mindspeed_llm" else "vllm.LLM / vllm serve"),
-                     "commands": commands})
-    rows.append({"framework": "OpenAI-compatible endpoint", "module": "",
-                 "status": f"given: {endpoint}" if endpoint else "no endpoint parameter given",
-                 "entry_point": "POST /completions", "commands": VLLM_ASCEND_COMMANDS})
-    return rows
-
-
-def openai_completion(endpoint: str, model: str, prompt: str, max_tokens: int,
-                      timeout: float = 120.0) -> dict:
-    """One greedy completion from an OpenAI-compatible server; returns text and token usage."""
-    endpoint = check_endpoint(endpoint)
-    if not endpoint:
-        raise ValueError("endpoint is empty; give the server's URL, e.g. http://localhost:8000/v1")
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": int(max_tokens),
-                       "temperature": 0, "ignore_eos": True}).encode()
-    request = urllib.request.Request(f"{endpoint}/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        data = json.loads(response.read())
-    usage = data.get("usage", {})
-    return {"text": data["choices"][0]["text"], "completion_tokens": usage.get("completion_tokens"),
-            "prompt_tokens": usage.get("prompt_tokens")}
-
-
-def vllm_generate(model: str, prompts: Sequence[str], max_tokens: int, tensor_parallel_size: int = 1):
-    """vLLM's Python API (only when vllm is installed): an ``(llm, run)`` pair; ``run()`` generates."""
-    if importlib.util.find_spec("vllm") is None:
-        raise RuntimeError("vllm is not installed here; see VLLM_ASCEND_COMMANDS for an Ascend machine")
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=model, tensor_parallel_size=tensor_parallel_size, dtype="float16")
-    sampling = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return llm, (lambda: llm.generate(list(prompts), sampling, use_tqdm=False))
+    Serving engines (vLLM, vLLM-Ascend, an endpoint such as MindIE) are chapter 07's
+    (``helpers.serving``), which starts and measures them.
+    """
+    try:
+        found = importlib.util.find_spec("mindspeed_llm") is not None
+    except (ImportError, ValueError):
+        found = False
+    return [{"framework": "MindSpeed-LLM", "module": "mindspeed_llm",
+             "status": "installed" if found else "not installed here",
+             "entry_point": "inference.py via examples/mcore/llama2/generate_llama2_7b_ptd.sh",
+             "commands": MINDSPEED_COMMANDS}]
 
 
 def run_script(path: str, parameter: str = "script", timeout: float = 3600.0) -> dict:

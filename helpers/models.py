@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from .backend import as_device, dtype_name, parse_dtype, pick_device
-from .compat import converted_model_folder, drop_quantization_config
+from .versions import converted_model_folder, drop_quantization_config
 
 EMBEDDED_MODEL = "smollm2-135m"
 TINY_MODEL = "tiny-random"
@@ -288,6 +288,45 @@ def byte_tokenizer():
                                    model_input_names=["input_ids", "attention_mask"])
 
 
+def hub_endpoint_seen(variable: str = "HF_ENDPOINT", value: str = "https://hf-mirror.com") -> dict:
+    """Which endpoint huggingface_hub uses when ``variable`` is set before / after importing it.
+
+    Each case runs in a fresh interpreter (huggingface_hub reads its settings once, at import), so
+    the notebook's own environment is never changed. Chapter 00 records the result.
+    """
+    import subprocess
+
+    seen = {}
+    for when in ("before", "after"):
+        setting = f"os.environ[{variable!r}] = {value!r}"
+        code = (f"import os; {setting}; import huggingface_hub.constants as c; print(c.ENDPOINT)"
+                if when == "before" else
+                f"import os; import huggingface_hub.constants as c; {setting}; print(c.ENDPOINT)")
+        env = {k: v for k, v in os.environ.items() if k != variable}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                             timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"huggingface_hub probe failed: {out.stderr.strip().splitlines()[-1:]}")
+        seen[when] = out.stdout.strip()
+    return {"before_import": seen["before"], "after_import": seen["after"],
+            "read_before_import": seen["before"] == value.rstrip("/")}
+
+
+def guide_padding_call(texts=("Hello", "a longer prompt")) -> dict:
+    """The guide's ``tokenizer(texts, return_tensors="pt", padding=True, truncation=True)`` with a
+    tokenizer that, like Llama-2's (``<s>``, ``</s>``, ``<unk>``), defines no pad token.
+
+    Chapter 04 records whether the call runs, and the error it raises when it does not.
+    """
+    tokenizer = byte_tokenizer()
+    tokenizer.pad_token = None
+    try:
+        batch = tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True)
+    except ValueError as exc:
+        return {"runs": False, "error": f"ValueError: {str(exc).split('.')[0]}"}
+    return {"runs": True, "error": "", "shape": list(batch["input_ids"].shape)}
+
+
 def tiny_llama(seed: int = 0, hidden_size: int = 64, layers: int = 2, heads: int = 4,
                kv_heads: int = 2, intermediate_size: int = 160, dtype=torch.float32):
     """A seeded, randomly initialised Llama (same architecture as Llama-2) and its tokenizer."""
@@ -308,6 +347,7 @@ def tiny_llama(seed: int = 0, hidden_size: int = 64, layers: int = 2, heads: int
     finally:
         torch.random.set_rng_state(generator_state)
     model.eval()
+    model.requires_grad_(False)
     return model, tokenizer
 
 
@@ -389,6 +429,7 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
                 "of the form 'org/name' such as 'NousResearch/Llama-2-7b-hf'."
             )
     lm.eval()
+    lm.requires_grad_(False)  # inference only: no op anywhere records an autograd graph
     lm.to(target)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -441,15 +482,41 @@ def _check_reachable(name: str, timeout: float = 5.0) -> None:
         ) from exc
 
 
-def parameter_bytes(model: torch.nn.Module) -> int:
-    """Bytes of all parameters and buffers, tied weights counted once."""
-    seen, total = set(), 0
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        if tensor.data_ptr() in seen:
-            continue
-        seen.add(tensor.data_ptr())
-        total += tensor.numel() * tensor.element_size()
-    return total
+def _tensor_nbytes(obj, seen: set) -> int:
+    """Bytes of a tensor, a tensor subclass (its inner tensors) or a tuple of them, each once."""
+    if isinstance(obj, (tuple, list)):
+        return sum(_tensor_nbytes(o, seen) for o in obj)
+    if not isinstance(obj, torch.Tensor):
+        return 0
+    if hasattr(obj, "__tensor_flatten__") and type(obj) is not torch.Tensor and not isinstance(
+            obj, torch.nn.Parameter):
+        names, _ = obj.__tensor_flatten__()
+        return sum(_tensor_nbytes(getattr(obj, n), seen) for n in names)
+    if isinstance(obj, torch.nn.Parameter) and hasattr(obj.data, "__tensor_flatten__") and \
+            type(obj.data) is not torch.Tensor:
+        return _tensor_nbytes(obj.data, seen)
+    try:
+        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), obj.numel())
+    except Exception:  # quantized tensors have no untyped storage to share
+        key = id(obj)
+    if key in seen:
+        return 0
+    seen.add(key)
+    extra = 0
+    if obj.is_quantized and obj.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+        extra = obj.q_per_channel_scales().numel() * 8 + obj.q_per_channel_zero_points().numel() * 8
+    return obj.numel() * obj.element_size() + extra
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of everything in the state_dict (tied weights once), including packed int8 weights.
+
+    Works for plain models, ``Int8Linear``, torchao tensor subclasses and ``quantize_dynamic``'s
+    packed parameters, so every chapter counts every variant the same way (the one counter of a
+    loaded model's bytes; released models are counted by ``roofline.llama2_weight_bytes``).
+    """
+    seen: set = set()
+    return sum(_tensor_nbytes(v, seen) for v in model.state_dict(keep_vars=True).values())
 
 
 def describe_model(model) -> dict:
@@ -468,7 +535,7 @@ def describe_model(model) -> dict:
         "vocab_size": cfg.vocab_size,
         "tied_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
         "parameters": sum(params.values()),
-        "parameter_bytes": parameter_bytes(model),
+        "weight_bytes": weight_bytes(model),
         "dtype": dtype_name(first.dtype),
         "device": str(first.device),
     }

@@ -1,7 +1,9 @@
-"""How many operators (kernels) one call launches: fused vs unfused, from ``torch.profiler``.
+"""What ``torch.profiler`` sees: launches per call, the top operators, kernel time by kind.
 
-Taught in ``01_operator_verification.ipynb`` and ``02_ffn_fusion.ipynb``. Fusion's first effect
-is fewer launches, so the chapters count them instead of guessing.
+Taught in ``01_operator_verification.ipynb`` and ``02_ffn_fusion.ipynb`` (launches: fusion's first
+effect is fewer of them, so the chapters count them instead of guessing) and ``03_end_to_end.ipynb``
+(where decode time goes: ``top_ops``, and ``kernel_time_by_kind``, which splits a decode step into
+the weight-matmul kernels that path really ran, attention, and everything else).
 
 What is counted, per call of ``fn``:
 
@@ -120,6 +122,129 @@ def count_ops(fn: Callable[[], object], device="cpu", *, warmup: int = 1) -> dic
         "device_kernels": kernels if device.type == "cuda" else None,
         "profiler": "torch.profiler, CPU activity" + (" + CUDA kernels" if device.type == "cuda" else ""),
     }
+
+
+# Kernels that multiply activations by weights, by the names torch.profiler gives them: ATen's
+# (eager, or called from a compiled graph), oneDNN's prepacked linear (inductor freezing), inductor's
+# C++ GEMM templates (``graph_N_gemm_...`` with ``cpp.enable_kernel_profile``), the int8 / int4
+# weight-only kernels, quantize_dynamic's, and the NPU / CUDA matmul kernels.
+MATMUL_KERNELS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm",
+                  "aten::_weight_int4pack_mm_for_cpu", "mkldnn::_linear_pointwise", "quantized::linear",
+                  "npu::npu_weight_quant_batchmatmul", "npu::npu_quant_matmul")
+MATMUL_NAME_PARTS = ("_gemm_", "gemm", "gemv", "cutlass", "xmma", "woq")
+ATTENTION_NAME_PARTS = ("scaled_dot_product", "flash_attention", "fusion_attention", "attention_score")
+
+
+def kernel_kind(name: str) -> str:
+    """``weight matmul``, ``attention`` or ``other`` for one profiler event name."""
+    lowered = name.lower()
+    if any(part in lowered for part in ATTENTION_NAME_PARTS):
+        return "attention"
+    if name.startswith(MATMUL_KERNELS) or any(part in lowered for part in MATMUL_NAME_PARTS):
+        return "weight matmul"
+    return "other"
+
+
+def _kernel_ms(fn: Callable[[], object], device) -> dict:
+    """Self time (ms) of one call of ``fn`` by ``kernel_kind``: CPU ops on a CPU, device kernels on
+    CUDA; the names of the matmul kernels seen are kept, so a table can say what really ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    synchronize(device)
+    with _quiet_native_stderr(), profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    totals: Counter = Counter()
+    names: Counter = Counter()
+    for event in prof.key_averages():
+        if device.type == "cuda":
+            value = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0))
+        else:
+            value = event.self_cpu_time_total
+        if value <= 0:
+            continue
+        kind = kernel_kind(event.key)
+        totals[kind] += value / 1e3
+        if kind == "weight matmul":
+            names[event.key] += event.count
+    return {"ms": dict(totals), "matmul_kernels": dict(names)}
+
+
+def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[str]:
+    """The operators one call of ``fn`` spends its self time in, most first (children included:
+    ``aten::bmm`` under ``aten::linear`` is named, where ``count_ops`` counts the caller)."""
+    device = as_device(device)
+    fn()
+    ms = _kernel_ms_by_name(fn, device)
+    return [name for name, _ in sorted(ms.items(), key=lambda kv: -kv[1])[:top]]
+
+
+def _kernel_ms_by_name(fn: Callable[[], object], device) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+        synchronize(device)
+    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages() if e.self_cpu_time_total > 0}
+
+
+def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="cpu") -> dict:
+    """Kernel time per decode token by kind, from the same split as the decode timing.
+
+    ``run(n)`` generates ``n`` tokens exactly as the timed measurement does (same cache, same
+    compiled or eager forward); it is profiled once with ``n = 1`` and once with ``new_tokens``, and
+    the difference divided by ``new_tokens - 1`` is what one decode step spends in each kind:
+    ``weight_matmul_ms``, ``attention_ms``, ``other_kernel_ms``. On a CPU these are self CPU times
+    of each operator or generated kernel; on CUDA device kernel times. The NPU needs
+    ``torch_npu.profiler``; there the result says so instead of a figure.
+    """
+    if getattr(device, "type", str(device).split(":")[0]) == "npu":
+        return {"kernel_profile": "not measured: the NPU's kernel times need torch_npu.profiler"}
+    device = as_device(device)
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
+        raise ValueError(f"new_tokens={new_tokens!r} is not valid; it must be an integer >= 2")
+    one, full = _kernel_ms(lambda: run(1), device), _kernel_ms(lambda: run(new_tokens), device)
+    per_token = {kind: (full["ms"].get(kind, 0.0) - one["ms"].get(kind, 0.0)) / (new_tokens - 1)
+                 for kind in ("weight matmul", "attention", "other")}
+    return {"weight_matmul_ms": per_token["weight matmul"], "attention_ms": per_token["attention"],
+            "other_kernel_ms": per_token["other"],
+            "matmul_kernels": ", ".join(sorted(full["matmul_kernels"])),
+            "kernel_profile": "torch.profiler self " + ("device" if device.type == "cuda" else "CPU")
+                              + f" time, (generate {new_tokens} - generate 1) / {new_tokens - 1}"}
+
+
+def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False,
+            row_limit: int = 10, device=None):
+    """Where decode time goes: torch.profiler over ``steps`` batch-1 decode steps (prefill excluded;
+    each is ``generation.decode_step``, the same step at the same context).
+
+    Returns a DataFrame of operators by self CPU time with their share of the profiled total.
+    On CUDA the device time is profiled too; on NPU use ``torch_npu.profiler`` for kernel times.
+    """
+    import pandas as pd
+    from torch.profiler import ProfilerActivity, profile
+
+    from .generation import decode_step
+
+    step = decode_step(model, tokenizer, prompt, chat=chat, device=device)
+    device = as_device(device) if device is not None else next(model.parameters()).device
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    step()  # one untimed step, as every measurement has
+    synchronize(device)
+    with _quiet_native_stderr(), profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    rows = [{"op": e.key, "calls": e.count, "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+             "share_pct": 100.0 * e.self_cpu_time_total / total} for e in events]
+    df = pd.DataFrame(rows).sort_values("self_cpu_ms_per_step", ascending=False)
+    return df.head(row_limit).reset_index(drop=True)
 
 
 def op_list(counts: dict) -> str:

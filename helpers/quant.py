@@ -1,10 +1,15 @@
-"""INT8 linears per backend, calibration, library baselines and a small decode timer.
+"""INT8 linears per backend, calibration and library baselines.
 
 Taught in ``05_int8_quantization.ipynb``. One module, ``Int8Linear``, holds a symmetric
 per-output-channel int8 weight and picks a kernel per backend:
 
-* ``npu``: ``torch_npu.npu_weight_quant_batchmatmul`` (W8A16; weight laid out (K, N), scale per N),
-  or ``npu_dynamic_quant`` + ``npu_quant_matmul`` for W8A8;
+* ``npu``: ``torch_npu.npu_weight_quant_batchmatmul`` (W8A16; the (N, K) weight passed as its
+  transposed (K, N) view, the layout the docs recommend per channel, and the scale in the activation
+  dtype, cast once), or ``npu_dynamic_quant`` + ``npu_quant_matmul`` for W8A8 (``output_dtype``
+  always given; a static activation scale is folded into an int64 ``npu_trans_quant_param`` scale
+  for float16 output, which GE graph mode needs). These ops take only float16 / bfloat16
+  activations, so float32 never reaches them, and each is used only where this torch_npu has it
+  (``npu_int8_choice``);
 * ``int8pack``: ``torch._weight_int8pack_mm`` (CPU, and CUDA where torch has it) with 16-bit
   activations. Fed float32 activations it is several times slower (pathologically so for more
   than one row), so W8A16 on a CPU always runs with 16-bit activations: a float32 model's
@@ -31,7 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backend, bench, compat
+from . import backend, bench, versions
+from .models import weight_bytes
 from .quality import perplexity  # noqa: F401  (part of this module's public API)
 
 IMPLS = ("auto", "npu", "int8pack", "dequant", "emulate")
@@ -105,18 +111,20 @@ def resolve_impl(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -
             raise ValueError(f"impl={impl!r} does not do W8A8; use impl='npu' or 'emulate'")
         if scheme == "w8a16" and impl == "emulate":
             raise ValueError("impl='emulate' is for scheme='w8a8'; W8A16 uses npu, int8pack or dequant")
-        if impl == "int8pack" and not compat.has_feature("torch._weight_int8pack_mm"):
+        if impl == "int8pack" and not versions.has_feature("torch._weight_int8pack_mm"):
             raise ValueError("impl='int8pack' needs torch._weight_int8pack_mm, which this torch "
                              "lacks; use impl='dequant' or 'auto'")
+        if impl == "npu":
+            return npu_int8_choice("npu", dtype, scheme)[0]  # raises for float32 or a missing op
         return impl
     kind = backend.as_device(device).type
     if kind == "npu":
-        return "npu"
+        return npu_int8_choice("auto", dtype, scheme)[0]
     if scheme == "w8a8":
         return "emulate"
-    if kind == "cpu" and compat.has_feature("torch._weight_int8pack_mm"):
+    if kind == "cpu" and versions.has_feature("torch._weight_int8pack_mm"):
         return "int8pack"  # float32 models included: their activations are cast (act_dtype_for)
-    if dtype in (torch.bfloat16, torch.float16) and compat.has_feature("torch._weight_int8pack_mm"):
+    if dtype in (torch.bfloat16, torch.float16) and versions.has_feature("torch._weight_int8pack_mm"):
         return "int8pack"
     return "dequant"
 
@@ -139,6 +147,42 @@ def activations_label(act_dtype: torch.dtype, model_dtype: torch.dtype) -> str:
     return f"{name} (cast from {backend.dtype_name(model_dtype)} at each quantized linear, output cast back)"
 
 
+# The torch_npu ops each NPU scheme needs: checked with hasattr on the installed torch_npu (the INT8
+# ops arrive with torch_npu 2.1.0.post4, npu_dynamic_quant with 2.1.0.post6; ops.NPU_OP_SINCE).
+NPU_INT8_OPS = {
+    "w8a16": ("npu_weight_quant_batchmatmul",),
+    "w8a8": ("npu_dynamic_quant", "npu_quant_matmul"),
+    "w8a8_static": ("npu_quant_matmul", "npu_trans_quant_param"),
+}
+NPU_ACT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def npu_int8_choice(impl: str, dtype: torch.dtype, scheme: str = "w8a16", static: bool = False) -> tuple:
+    """``(kernel, why)`` for INT8 on an NPU: ``"npu"`` where this torch_npu has the scheme's ops and
+    the activations are float16 / bfloat16 (all these ops accept; op-plugin docs), otherwise the
+    fallback (``dequant`` for W8A16, ``emulate`` for W8A8) with the reason. ``impl="npu"`` turns a
+    float32 dtype or a missing op into an error naming it instead of falling back."""
+    from .ops import npu_op_missing
+
+    ops_needed = NPU_INT8_OPS["w8a8_static" if scheme == "w8a8" and static else scheme]
+    fallback = "dequant" if scheme == "w8a16" else "emulate"
+    names = " + ".join(f"torch_npu.{name}" for name in ops_needed)
+    if dtype not in NPU_ACT_DTYPES:
+        if impl == "npu":
+            raise ValueError(f"dtype={backend.dtype_name(dtype)} is not valid for impl='npu': {names} take float16 "
+                             "or bfloat16 activations only; load the model with dtype=float16 (or bfloat16)")
+        return fallback, (f"{backend.dtype_name(dtype)} activations: {names} take float16 or bfloat16 only, so "
+                          f"the {fallback} kernel runs; load the model with dtype=float16 to use them")
+    missing = [m for m in (npu_op_missing(name) for name in ops_needed) if m]
+    if missing:
+        if impl == "npu":
+            raise ValueError(f"impl='npu' for {scheme} needs {names}, but {'; '.join(missing)}; use impl='auto' "
+                             "to fall back")
+        return fallback, f"{'; '.join(missing)}: the {fallback} kernel runs instead"
+    return "npu", f"{names} with {backend.dtype_name(dtype)} activations" + (
+        "" if impl == "npu" else " (auto on an NPU: this torch_npu has them)")
+
+
 class Int8Linear(nn.Module):
     """A drop-in ``nn.Linear`` replacement with an int8 weight and a per-output-channel scale.
 
@@ -153,17 +197,21 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.scheme = scheme
         self.impl = resolve_impl(impl, weight.device, weight.dtype, scheme)
+        self.impl_reason = f"impl={impl!r} on {weight.device.type}"
+        if impl in ("auto", "npu") and (self.impl == "npu" or backend.as_device(weight.device).type == "npu"):
+            self.impl, self.impl_reason = npu_int8_choice(impl, weight.dtype, scheme, static=act_scale is not None)
         self.model_dtype = weight.dtype
         self.act_dtype = act_dtype_for(self.impl, weight.device, weight.dtype, scheme)
         self.act_scale = act_scale
         q, scale = quantize_weight(weight)
-        # The NPU kernels read the weight as (K, N); transposing once here keeps forward cheap.
-        layout = q.t().contiguous() if self.impl == "npu" else q
+        layout = _npu_weight_layout(q, scheme) if self.impl == "npu" else q
         self.register_buffer("qweight", layout.to(weight.device))
         self.register_buffer("scale", scale.to(weight.device))
-        # int8pack wants the scale in the activation dtype; keep that copy ready.
+        # int8pack and the NPU's W8A16 want the scale in the activation dtype; cast once, here.
         self.register_buffer("scale_act", scale.to(device=weight.device, dtype=self.act_dtype),
                              persistent=False)
+        if self.impl == "npu" and scheme == "w8a8":
+            self.register_buffer("npu_scale", _npu_w8a8_scale(self.scale, weight.dtype, act_scale), persistent=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
                                                                    requires_grad=False)
 
@@ -188,10 +236,9 @@ class Int8Linear(nn.Module):
 
     def _w8a16(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == "npu":
-            import torch_npu
-
-            return torch_npu.npu_weight_quant_batchmatmul(
-                x, self.qweight, antiquant_scale=self.scale.to(x.dtype))
+            _check_npu_activation(x, self.scale_act.dtype)
+            # the (N, K) weight viewed as (K, N): the per-channel layout the docs recommend
+            return _torch_npu().npu_weight_quant_batchmatmul(x, self.qweight.t(), antiquant_scale=self.scale_act)
         work = x if x.dtype == self.act_dtype else x.to(self.act_dtype)
         if self.impl == "int8pack":
             scale = self.scale_act if self.scale_act.dtype == work.dtype else self.scale.to(work.dtype)
@@ -202,15 +249,7 @@ class Int8Linear(nn.Module):
 
     def _w8a8(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == "npu":
-            import torch_npu
-
-            if self.act_scale is None:
-                xq, token_scale = torch_npu.npu_dynamic_quant(x)
-                return torch_npu.npu_quant_matmul(xq, self.qweight, self.scale, pertoken_scale=token_scale,
-                                                  output_dtype=x.dtype)
-            xq = quantize_static(x, self.act_scale)
-            return torch_npu.npu_quant_matmul(xq, self.qweight, self.scale * self.act_scale,
-                                              output_dtype=x.dtype)
+            return self._w8a8_npu(x)
         if self.act_scale is None:
             xq, token_scale = quantize_per_token(x)
         else:
@@ -219,44 +258,58 @@ class Int8Linear(nn.Module):
         acc = _int8_matmul(xq, self.qweight).float()
         return (acc * self.scale[None, :] * token_scale[:, None]).to(x.dtype)
 
+    def _w8a8_npu(self, x: torch.Tensor) -> torch.Tensor:
+        """W8A8 on an NPU; ``output_dtype`` always given (``npu_quant_matmul`` defaults to int8)."""
+        npu = _torch_npu()
+        _check_npu_activation(x, self.scale_act.dtype)
+        if self.act_scale is None:
+            xq, token_scale = npu.npu_dynamic_quant(x)
+            return npu.npu_quant_matmul(xq, self.qweight, self.npu_scale, pertoken_scale=token_scale,
+                                        output_dtype=x.dtype)
+        xq = quantize_static(x, self.act_scale)
+        return npu.npu_quant_matmul(xq, self.qweight, self.npu_scale, output_dtype=x.dtype)
+
+
+def _torch_npu():
+    from .ops import _torch_npu as loaded
+
+    return loaded()
+
+
+def _check_npu_activation(x: torch.Tensor, dtype: torch.dtype) -> None:
+    if x.dtype != dtype:
+        raise ValueError(f"x is {backend.dtype_name(x.dtype)} but this NPU Int8Linear was quantized for "
+                         f"{backend.dtype_name(dtype)} activations (the npu INT8 ops take float16 or bfloat16, "
+                         "with the scale in that dtype); quantize the model in the dtype it runs in")
+
+
+def _npu_weight_layout(q: torch.Tensor, scheme: str) -> torch.Tensor:
+    """The int8 weight as the NPU kernels read it. W8A16: the (N, K) tensor itself, passed as its
+    ``.t()`` view; for per-channel scales the docs recommend that transposed input over a (K, N)
+    copy (op-plugin 7.2.0 docs/context/torch_npu-npu_weight_quant_batchmatmul.md, weight). W8A8:
+    a contiguous (K, N) x2, as the docs' examples pass it."""
+    return q if scheme == "w8a16" else q.t().contiguous()
+
+
+def _npu_w8a8_scale(scale: torch.Tensor, dtype: torch.dtype, act_scale: Optional[float]) -> torch.Tensor:
+    """The ``scale`` npu_quant_matmul gets, made once at quantization time, from the docs' table of
+    dtype combinations (op-plugin 7.2.0 docs/context/torch_npu-npu_quant_matmul.md, 表2):
+
+    * bfloat16 output: a bfloat16 scale (float32 or bfloat16 are allowed, with or without pertoken);
+    * float16 output with ``pertoken_scale`` (dynamic W8A8): float32;
+    * float16 output without it (static W8A8): in graph mode a float32 scale is refused, so the int64
+      form from ``npu_trans_quant_param`` (the static activation scale folded in).
+    """
+    if act_scale is not None:
+        scale = scale * act_scale
+    if dtype == torch.bfloat16:
+        return scale.to(torch.bfloat16)
+    if act_scale is None:
+        return scale.float()
+    return _torch_npu().npu_trans_quant_param(scale.float().contiguous())
+
 
 # --- whole models --------------------------------------------------------------------------
-
-def _tensor_nbytes(obj, seen: set) -> int:
-    """Bytes of a tensor, a tensor subclass (its inner tensors) or a tuple of them, each once."""
-    if isinstance(obj, (tuple, list)):
-        return sum(_tensor_nbytes(o, seen) for o in obj)
-    if not isinstance(obj, torch.Tensor):
-        return 0
-    if hasattr(obj, "__tensor_flatten__") and type(obj) is not torch.Tensor and not isinstance(
-            obj, nn.Parameter):
-        names, _ = obj.__tensor_flatten__()
-        return sum(_tensor_nbytes(getattr(obj, n), seen) for n in names)
-    if isinstance(obj, nn.Parameter) and hasattr(obj.data, "__tensor_flatten__") and \
-            type(obj.data) is not torch.Tensor:
-        return _tensor_nbytes(obj.data, seen)
-    try:
-        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), obj.numel())
-    except Exception:  # quantized tensors have no untyped storage to share
-        key = id(obj)
-    if key in seen:
-        return 0
-    seen.add(key)
-    extra = 0
-    if obj.is_quantized and obj.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-        extra = obj.q_per_channel_scales().numel() * 8 + obj.q_per_channel_zero_points().numel() * 8
-    return obj.numel() * obj.element_size() + extra
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of everything in the state_dict (tied weights once), including packed int8 weights.
-
-    Works for plain models, ``Int8Linear``, torchao tensor subclasses and ``quantize_dynamic``'s
-    packed parameters, so every variant is counted the same way.
-    """
-    seen: set = set()
-    return sum(_tensor_nbytes(v, seen) for v in model.state_dict(keep_vars=True).values())
-
 
 def linear_names(model: nn.Module, skip: Iterable[str] = ()) -> list[str]:
     skip = tuple(skip)
@@ -299,14 +352,14 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
     before = weight_bytes(model)
     first = model.get_submodule(names[0]).weight
     timed: dict = {}
-    if impl == "auto" and scheme == "w8a16" and first.device.type == "cpu":
+    if impl == "auto" and scheme == "w8a16" and backend.as_device(first.device).type == "cpu":
         # On a CPU the kernel is chosen by timing the candidates on this model's own int8 weights.
         timed = choose_cpu_w8a16_kernel(model, skip)
         if timed["kernel"] == "torchao":
             info = torchao_int8_weight_only(model)
             return {**info, "kernel_timings": timed["rows"], "kernel_choice": timed["decision"]}
         impl = timed["kernel"]
-    impls, acts = set(), set()
+    impls, acts, reasons = set(), set(), set()
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -314,10 +367,11 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
         new = Int8Linear(getattr(parent, child), impl=impl, scheme=scheme, act_scale=scale)
         impls.add(new.impl)
         acts.add(activations_label(new.act_dtype, new.model_dtype))
+        reasons.add(new.impl_reason)
         setattr(parent, child, new)
     gc.collect()
     out = {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
-           "impl": ",".join(sorted(impls)), "scheme": scheme,
+           "impl": ",".join(sorted(impls)), "impl_reason": "; ".join(sorted(reasons)), "scheme": scheme,
            "activations": ", ".join(sorted(acts)) if scheme == "w8a16" else (
                "dynamic per-token int8" if act_scales is None else "static per-tensor int8 (calibrated)")}
     if timed:
@@ -513,7 +567,7 @@ def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, act_dtype:
     for kernel in kernels:
         label = backend.dtype_name(act) + ("" if act == model_dtype else f" (cast from {backend.dtype_name(model_dtype)})")
         if kernel == "int8pack":
-            problem = None if compat.has_feature("torch._weight_int8pack_mm") else \
+            problem = None if versions.has_feature("torch._weight_int8pack_mm") else \
                 "torch._weight_int8pack_mm is missing in this torch"
             packs = {s: [(q, sc.to(act)) for q, sc in qs] for s, qs in quantized.items()}
             timed("int8pack", lambda: [torch._weight_int8pack_mm(xs[s], q, sc) for s, qs in packs.items()
@@ -654,80 +708,11 @@ def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
                    "activations": "dynamic per-tensor int8"}
 
 
-# --- timing: a small prefill/decode split (chapter 03's measure_generation replaces it) ------
-
-@torch.inference_mode()
-def simple_decode_timing(model, tokenizer, prompt: str, batch_size: int = 1, device=None, *,
-                         min_iters: int = 5, min_seconds: float = 0.3) -> dict:
-    """TTFT (one prefill forward + argmax) and the time of one decode step, with bench.measure.
-
-    The decode step runs at context ``prompt + 1`` and its KV entry is cropped after each call,
-    so every sample times the same step. Keys follow ``helpers.generation.measure_generation``.
-    Peak memory: ``max_memory_allocated`` on NPU/CUDA; on the CPU, ``weight_bytes`` plus the growth
-    of the process RSS during the timed calls (the RSS itself also holds whatever the allocator kept
-    from loading and quantizing, which differs from run to run).
-    """
-    from transformers import DynamicCache
-
-    from .models import chat_inputs
-
-    device = backend.as_device(device or next(model.parameters()).device)
-    inputs = chat_inputs(tokenizer, [prompt] * batch_size, device)
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    dtype = next(model.parameters()).dtype
-    meta = dict(dtype=dtype, shape=f"batch {batch_size}, prompt {ids.shape[1]} tokens")
-    # transformers 5.x renamed past_key_values to cache; older releases only know the old name.
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    backend.reset_peak_memory(device)
-    on_cpu = device.type == "cpu"
-    start_rss = backend._cpu_rss_bytes() if on_cpu else 0
-
-    def prefill():
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_kw: cache})
-        return out.logits[:, -1].argmax(-1), cache
-
-    ttft = bench.measure(lambda: prefill(), device, name="prefill", warmup=1, min_iters=min_iters,
-                         min_seconds=min_seconds, code_path="model forward on the prompt + argmax",
-                         **meta)
-    next_tok, cache = prefill()
-    length = ids.shape[1]
-    step_mask = torch.cat([mask, mask.new_ones(batch_size, 1)], dim=1)
-    position = torch.full((batch_size, 1), length, device=device)
-
-    def step():
-        out = model(input_ids=next_tok[:, None], attention_mask=step_mask, position_ids=position,
-                    use_cache=True, **{cache_kw: cache})
-        cache.crop(-1)  # drop this step's KV entry so every sample times the same step
-        return out.logits[:, -1].argmax(-1)
-
-    decode = bench.measure(step, device, name="decode step", warmup=2, min_iters=min_iters * 2,
-                           min_seconds=min_seconds, code_path="one cached decode step", **meta)
-    peak = backend.peak_memory_bytes(device)
-    if on_cpu:
-        peak = weight_bytes(model) + max(peak - start_rss, 0)
-    greedy = torch.stack([next_tok, step()], dim=1).tolist()  # lets callers check the step is right
-    return {
-        "batch_size": batch_size, "prompt_tokens": int(ids.shape[1]), "new_tokens": 1,
-        "ttft_ms": ttft.median_ms, "ttft_p10_ms": ttft.p10 * 1e3, "ttft_p90_ms": ttft.p90 * 1e3,
-        "decode_ms_per_token": decode.median_ms, "decode_p10_ms": decode.p10 * 1e3,
-        "decode_p90_ms": decode.p90 * 1e3,
-        "tokens_per_s_per_user": 1e3 / decode.median_ms,
-        "tokens_per_s_aggregate": batch_size * 1e3 / decode.median_ms,
-        "total_ms": None, "peak_memory_bytes": int(peak),
-        "memory_kind": "weight bytes + peak RSS growth while timing" if on_cpu else
-                       backend.peak_memory_kind(device),
-        "dtype": backend.dtype_name(dtype), "device": str(device),
-        "code_path": "helpers.quant.simple_decode_timing (prefill forward; one cached decode step)",
-        "greedy_tokens": greedy, "timings": {"prefill": ttft, "decode": decode},
-    }
-
-
 # --- the chapter's variants ----------------------------------------------------------------
 
 VARIANTS = {
     "fp32": "float32, unquantized",
-    "16bit": "16-bit baseline (the dtype parameter: fp16 on NPU/CUDA, bf16 or fp32 on CPU)",
+    "dense": "unquantized, in the dtype parameter's dtype (fp16 on NPU/CUDA; on a CPU what auto measured)",
     "w8a16": "hand-written W8A16 Int8Linear, kernel picked per backend",
     "w8a16_dequant": "hand-written W8A16 Int8Linear, dequant-in-forward kernel",
     "torchao": "torchao Int8WeightOnlyConfig on the 16-bit model (library path)",
@@ -735,6 +720,15 @@ VARIANTS = {
     "w8a8_static": "W8A8, static per-tensor activation scales from calibration",
     "quantize_dynamic": "torch.ao quantize_dynamic, per-tensor W8 and A8 (float32, CPU only)",
 }
+
+
+def bitsandbytes_config_takes(params=("load_in_8bit", "llm_int8_threshold")) -> dict:
+    """Does transformers' ``BitsAndBytesConfig`` take the guide's arguments? (chapter 05 records it)."""
+    from transformers import BitsAndBytesConfig
+
+    have = set(inspect.signature(BitsAndBytesConfig).parameters)
+    missing = [p for p in params if p not in have]
+    return {"takes": not missing, "missing": missing, "params": list(params)}
 
 
 class VariantUnavailable(RuntimeError):
@@ -772,7 +766,7 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
     model, tokenizer = load_model(model_name, dtype=load_dtype, device=device)
     info = {"variant": name, "description": VARIANTS[name], "dtype": backend.dtype_name(load_dtype),
             "device": str(device), "bytes_before": weight_bytes(model)}
-    if name in ("fp32", "16bit"):
+    if name in ("fp32", "dense"):
         info.update(bytes_after=info["bytes_before"], impl="dense", scheme="none",
                     activations=backend.dtype_name(load_dtype))
     elif name == "w8a16":
@@ -792,42 +786,6 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
     return model, tokenizer, info
 
 
-def alternating_decode_timing(models_by_name: dict, tokenizer, prompt: str, batch_size: int = 1,
-                              device=None, *, rounds: int = 3, min_iters: int = 5,
-                              min_seconds: float = 0.3) -> dict:
-    """``simple_decode_timing`` of several models in turn, ``rounds`` times, samples pooled per model.
-
-    On a shared machine the load drifts over minutes; timing A, B, A, B, ... makes the drift hit
-    every model alike, so a ratio of their medians compares the models, not the moments.
-    """
-    if rounds < 1:
-        raise ValueError(f"rounds={rounds!r} is not valid; it must be an integer >= 1")
-    runs: dict = {name: [] for name in models_by_name}
-    for _ in range(rounds):
-        for name, lm in models_by_name.items():
-            runs[name].append(simple_decode_timing(lm, tokenizer, prompt, batch_size, device,
-                                                   min_iters=min_iters, min_seconds=min_seconds))
-    out = {}
-    for name, parts in runs.items():
-        pooled = {}
-        for part in ("prefill", "decode"):
-            ts = [r["timings"][part] for r in parts]
-            pooled[part] = bench.Timing(f"{name} {part}", [s for t in ts for s in t.samples], 1,
-                                        ts[0].first_call_s, ts[0].device,
-                                        {**ts[0].meta, "rounds": rounds})
-        res = dict(parts[0])
-        pre, dec = pooled["prefill"], pooled["decode"]
-        res.update(ttft_ms=pre.median_ms, ttft_p10_ms=pre.p10 * 1e3, ttft_p90_ms=pre.p90 * 1e3,
-                   decode_ms_per_token=dec.median_ms, decode_p10_ms=dec.p10 * 1e3,
-                   decode_p90_ms=dec.p90 * 1e3, tokens_per_s_per_user=1e3 / dec.median_ms,
-                   tokens_per_s_aggregate=batch_size * 1e3 / dec.median_ms,
-                   peak_memory_bytes=max(r["peak_memory_bytes"] for r in parts),
-                   code_path=res["code_path"] + f", {rounds} alternating rounds pooled",
-                   timings=pooled)
-        out[name] = res
-    return out
-
-
 # --- reading the headline figures ------------------------------------------------------------
 
 def _direction(speedup, faster: str, slower: str, same: str) -> str:
@@ -840,7 +798,8 @@ def _direction(speedup, faster: str, slower: str, same: str) -> str:
 
 
 def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_bytes: float,
-                             bandwidth_gbps: float, bandwidth_source: str, device: str) -> list[str]:
+                             bandwidth_gbps: float, bandwidth_source: str, device: str,
+                             base_dtype: str = "16-bit") -> list[str]:
     """Sentences that explain W8A16's measured speed from the run's own figures.
 
     ``per_batch`` maps batch size -> ``speedup`` (decode, 16-bit over int8: >1 means INT8 is faster),
@@ -848,6 +807,7 @@ def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_b
     ``base_ttft_ms`` and ``int8_ttft_ms``. Every direction is read from the spreads, never assumed:
     weight-only INT8 cuts the bytes read, so on a step bound by reading weights it can gain at
     most ``1 / weight_ratio``; more than that is a kernel effect, not a bandwidth one.
+    ``base_dtype`` names the dense baseline in the sentences (float32 where ``dtype=auto`` picked it).
     """
     for name, value in (("weight_ratio", weight_ratio), ("base_weight_bytes", base_weight_bytes),
                         ("bandwidth_gbps", bandwidth_gbps)):
@@ -860,14 +820,14 @@ def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_b
         s = one["speedup"]
         gbps = base_weight_bytes / (one["base_ms"] / 1e3) / 1e9
         pct = 100 * gbps / bandwidth_gbps
-        read = (f"the 16-bit step read its {base_weight_bytes / 1e6:.0f} MB of weights at {gbps:.1f} GB/s, "
+        read = (f"the {base_dtype} step read its {base_weight_bytes / 1e6:.0f} MB of weights at {gbps:.1f} GB/s, "
                 f"{pct:.0f}% of the {bandwidth_gbps:.1f} GB/s bandwidth ({bandwidth_source})")
         if s.low > bound:
             lines.append(
                 f"Batch-1 decode: INT8 is {s.ratio:.2f}x as fast (spread {s.low:.2f}-{s.high:.2f}), more than the "
                 f"{bound:.2f}x that cutting the weight bytes to {weight_ratio:.2f}x allows for a step bound by "
                 f"reading weights. So on {device} this is not a bandwidth effect: {read}, and the int8 kernel "
-                "computes the batch-1 matrix-vector products faster than the 16-bit path.")
+                f"computes the batch-1 matrix-vector products faster than the {base_dtype} path.")
         elif s.low > 1:
             lines.append(
                 f"Batch-1 decode: INT8 is {s.ratio:.2f}x as fast (spread {s.low:.2f}-{s.high:.2f}); the spread "
@@ -886,7 +846,7 @@ def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_b
             for b, r in sorted(per_batch.items())]
     if ttft:
         slower = [b for b, r in per_batch.items() if r["ttft"].low > 1]
-        lines.append("Time to first token, 16-bit -> INT8: " + "; ".join(ttft) + ". " + (
+        lines.append(f"Time to first token, {base_dtype} -> INT8: " + "; ".join(ttft) + ". " + (
             f"INT8 made the prefill slower at batch {', '.join(map(str, sorted(slower)))}: a prefill multiplies each "
             "weight with every prompt token, so its time goes to arithmetic, which weight-only INT8 does not cut "
             "(the activations stay 16-bit and the int8 weights must be converted or unpacked)."

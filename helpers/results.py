@@ -1,18 +1,24 @@
 """Each notebook's ``results.json``: parameters, environment and every figure with its context.
 
 Written atomically after every ``record`` call, so an interrupted run keeps whatever it measured;
-read back by later chapters, ``07_report`` and the runner's ``index.html`` (which never re-measure).
+every chapter records its figures here from ``00_environment_check.ipynb`` on. ``read_run`` reads a
+run folder back for everything that shows one (the runner's ``index.html``, the report chapter
+``08_report.ipynb`` that teaches it, the claims audit and ``helpers.compare``): one status per
+chapter, merged from ``results.json`` and the runner's ``run.json`` in one place; nothing is
+re-measured.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 import tempfile
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-import sys
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 RESULTS_NAME = "results.json"
 SCHEMA = 1
@@ -178,23 +184,162 @@ class Results:
         return self.path.parent
 
 
+# --- reading runs back: the index, the report chapter, the claims audit and the compare page -------
+
+REPORT_CHAPTER = "08_report"  # the chapter that reads the others (it is not one of its own inputs)
+RUN_FILE = "run.json"
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+# The one status vocabulary of a chapter on every page; only the first two put figures into ratios.
+STATUSES = ("ok", "skipped", "failed", "unfinished", "not run", "unreadable")
+FINISHED = ("ok", "skipped")
+DEVICE_CLASSES = ("npu", "cuda", "cpu")
+
+
+def device_class(device: Any) -> str:
+    """``"npu:0"`` -> ``"npu"``, ``"cuda:1"`` -> ``"cuda"``, ``"cpu"`` -> ``"cpu"``; '' for anything else."""
+    kind = str(device or "").split(":")[0].strip().lower()
+    return kind if kind in DEVICE_CLASSES else ""
+
+
+def workbook_chapters() -> list[str]:
+    """The chapters of this workbook, by notebook name (a run may hold fewer)."""
+    return sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb") if not p.name.startswith("_"))
+
+
+def read_json(path: "str | Path") -> tuple[Any, str]:
+    """(data, '') or (None, why not): 'missing', 'unreadable (...)' or 'not valid JSON (...)'."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8")), ""
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    except ValueError as exc:
+        return None, f"not valid JSON ({exc})"
+
+
+def read_results_file(path: "str | Path") -> tuple[Optional[dict], str]:
+    """A chapter's results.json as ``Results`` writes it, or None and the reason it cannot be read.
+
+    Only schema 1 exists; a file of any other shape is reported, never adapted.
+    """
+    data, problem = read_json(path)
+    if problem:
+        return None, problem
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+    if data.get("schema") != SCHEMA:
+        return None, f"schema {data.get('schema')!r}, but this workbook writes and reads schema {SCHEMA}"
+    wrong = [k for k, kind in (("metrics", dict), ("tables", dict), ("key_figures", list),
+                               ("parameters", dict), ("environment", dict)) if not isinstance(data.get(k), kind)]
+    if wrong:
+        return None, f"schema {SCHEMA} without a valid {', '.join(wrong)}"
+    return data, ""
+
+
 def load_results(run_dir: "str | Path", chapter: str) -> Optional[dict]:
     """The results of one chapter of a run, or None if it did not run or its file is unreadable."""
-    path = Path(run_dir) / chapter / RESULTS_NAME
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return read_results_file(Path(run_dir) / chapter / RESULTS_NAME)[0]
 
 
-def load_all(run_dir: "str | Path") -> dict[str, dict]:
-    """Every chapter's results in a run folder, keyed by chapter name."""
-    out = {}
-    for path in sorted(Path(run_dir).glob(f"*/{RESULTS_NAME}")):
-        data = load_results(run_dir, path.parent.name)
-        if data is not None:
-            out[path.parent.name] = data
-    return out
+def chapter_status(data: Optional[dict], problem: str, entry: dict) -> tuple[str, str]:
+    """The status (one of ``STATUSES``) and its reason, from results.json and the runner's entry.
+
+    The runner knows whether a notebook failed or finished; the file knows whether the chapter
+    called ``finish()``. A file still saying "running" with no runner verdict is unfinished.
+    """
+    said, error = str(entry.get("status") or ""), str(entry.get("error") or "")
+    if said == "failed":
+        return "failed", error or "the runner recorded a failure without an error"
+    if problem and problem != "missing":
+        return "unreadable", f"results.json {problem}"
+    if said in FINISHED:
+        return said, str((data or {}).get("status_reason") or ("" if data else "it wrote no results.json"))
+    if said == "running" or (data or {}).get("status") == "running":
+        return "unfinished", ("results.json still says running: the chapter is running, was interrupted "
+                              "or its kernel died" if data else "the runner started it; nothing recorded")
+    if data is None:
+        return "not run", ""
+    if data.get("status") in FINISHED:
+        return data["status"], str(data.get("status_reason") or "")
+    return "unreadable", f"results.json status {data.get('status')!r} is none of {', '.join(FINISHED)}"
+
+
+@dataclass
+class Chapter:
+    """One chapter of a run folder: its status, why, its results.json and the runner's entry."""
+
+    name: str
+    status: str
+    reason: str = ""
+    data: Optional[dict] = None  # results.json when readable
+    entry: dict = field(default_factory=dict)  # run.json's entry when the runner ran it
+
+
+@dataclass
+class RunFolder:
+    """A run folder as read: run.json (or {}), every chapter, and notes on what could not be read."""
+
+    path: Path
+    run: dict
+    chapters: dict  # chapter name -> Chapter, in chapter order
+    notes: list
+
+    def results(self) -> dict[str, dict]:
+        """Readable results of every chapter but the report chapter (what the audit and the plots read)."""
+        return {n: c.data for n, c in self.chapters.items() if c.data is not None and n != REPORT_CHAPTER}
+
+    @property
+    def device(self) -> str:
+        """The run's device: chapter 00's recorded device, else what most chapters ran on."""
+        env00 = self.results().get("00_environment_check") or {}
+        recorded = str(env00.get("metrics", {}).get("device", {}).get("value") or "")
+        return recorded or most_common(d["environment"].get("device") for d in self.results().values())
+
+    def status_table(self):
+        """One row per chapter but the report chapter: status, reason, figures, device, duration."""
+        import pandas as pd
+
+        rows = [{"chapter": c.name, "status": c.status, "reason": c.reason[:300],
+                 "figures": len((c.data or {}).get("metrics", {})),
+                 "device": str((c.data or {}).get("environment", {}).get("device", "")),
+                 "duration_s": round(c.entry["duration_s"], 1) if c.entry.get("duration_s") else None}
+                for c in self.chapters.values() if c.name != REPORT_CHAPTER]
+        return pd.DataFrame(rows, columns=["chapter", "status", "reason", "figures", "device", "duration_s"])
+
+
+def most_common(values) -> str:
+    values = [str(v) for v in values if v not in (None, "", "auto")]
+    return Counter(values).most_common(1)[0][0] if values else ""
+
+
+def read_run(path: "str | Path", expected: Iterable[str] = (), run: Optional[dict] = None) -> RunFolder:
+    """Read a run folder: ``run.json`` (or ``run`` as given) and every ``<chapter>/results.json``.
+
+    ``expected`` chapters that left nothing are listed as "not run". Raises only when the folder
+    does not exist; everything unreadable inside it becomes a status with its reason and a note.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{str(path)!r} is not a folder; give run folders such as reports/<run-id> "
+                                "(made by make report / python -m helpers.run)")
+    notes = []
+    if run is None:
+        run, problem = read_json(folder / RUN_FILE)
+        if problem or not isinstance(run, dict):
+            notes.append(f"run.json {problem or 'is not a JSON object'}: chapter statuses come from the "
+                         "results.json files alone")
+            run = {}
+    entries = {str(e["notebook"]): e for e in run.get("notebooks") or [] if isinstance(e, dict) and e.get("notebook")}
+    names = set(expected) | set(entries) | {p.parent.name for p in folder.glob(f"*/{RESULTS_NAME}")}
+    chapters = {}
+    for name in sorted(names):
+        data, problem = read_results_file(folder / name / RESULTS_NAME)
+        status, reason = chapter_status(data, problem, entries.get(name, {}))
+        chapters[name] = Chapter(name, status, reason, data, entries.get(name, {}))
+        if status not in (*FINISHED, "not run"):  # the last line of a traceback says what failed
+            notes.append(f"{name}: {status}" + (f" ({reason.strip().splitlines()[-1][:300]})" if reason.strip() else ""))
+    return RunFolder(folder, run, chapters, notes)
 
 
 def metric(results: Optional[dict], key: str, default: Any = None) -> Any:

@@ -15,27 +15,60 @@ from typing import Optional
 SPECS_PATH = Path(__file__).resolve().parent.parent / "data" / "device_specs.csv"
 SPEC_COLUMNS = ("device", "variant", "memory_gb", "bandwidth_gbps", "fp16_dense_tflops",
                 "status", "source", "note")
+SPEC_NUMBERS = ("memory_gb", "bandwidth_gbps", "fp16_dense_tflops")  # the last may be empty
 SPEC_STATUSES = ("official", "unofficial")
 
-# Llama-2-7B shape from its config.json (meta-llama/Llama-2-7b-hf): untied embeddings, MHA.
+# The released Llama-2 shapes from their config.json files (meta-llama/Llama-2-{7b,13b,70b}-hf):
+# untied embeddings; 7B and 13B use multi-head attention, 70B grouped-query attention (8 KV heads).
 LLAMA2_7B_CONFIG = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                         tie_word_embeddings=False)
+LLAMA2_CONFIGS = {
+    "7b": LLAMA2_7B_CONFIG,
+    "13b": dict(vocab_size=32000, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                num_attention_heads=40, num_key_value_heads=40, tie_word_embeddings=False),
+    "70b": dict(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
+}
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int4": 0.5}
 
 
 def load_specs(path: "str | Path | None" = None):
-    """The specs table as a DataFrame; fails if a row lacks a source or an official/unofficial mark."""
+    """The specs table as a DataFrame (the one reader of ``data/device_specs.csv``).
+
+    Every row needs a device, variant, memory, bandwidth, source and an official/unofficial mark;
+    a bad cell fails here with the file, the row and the column, so no bound is ever computed from
+    a figure without its source. An empty ``fp16_dense_tflops`` is read as missing (NaN).
+    """
     import pandas as pd
 
-    df = pd.read_csv(path or SPECS_PATH)
+    path = Path(path) if path else SPECS_PATH
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable specs table ({exc})") from exc
     missing = [c for c in SPEC_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"{path or SPECS_PATH}: missing columns {missing}")
-    bad = df[~df["status"].isin(SPEC_STATUSES) | df["source"].isna() | (df["source"] == "")]
-    if len(bad):
-        raise ValueError(f"rows without a source or with a status outside {SPEC_STATUSES}: "
-                         f"{bad['variant'].tolist()}")
+    if missing or df.empty:
+        raise ValueError(f"{path}: missing columns {missing}; expected {list(SPEC_COLUMNS)}" if missing
+                         else f"{path}: no rows")
+    problems = []
+    for i, row in enumerate(df.to_dict(orient="records"), 1):
+        where = f"row {i} ({row['variant'] or row['device'] or '?'}), column"
+        problems += [f"{where} {c}: empty" for c in ("device", "variant", "source") if not row[c].strip()]
+        if row["status"] not in SPEC_STATUSES:
+            problems.append(f"{where} status: {row['status']!r}, not one of {', '.join(SPEC_STATUSES)}")
+        for c in SPEC_NUMBERS:
+            text = row[c].strip()
+            if not text and c == "fp16_dense_tflops":
+                continue
+            try:
+                _check_positive(c, float(text))
+            except ValueError:
+                problems.append(f"{where} {c}: {text!r} is not a number > 0")
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    for c in SPEC_NUMBERS:
+        df[c] = pd.to_numeric(df[c].replace("", None))
     return df
 
 
@@ -71,11 +104,14 @@ def llama_parameter_count(vocab_size: int, hidden_size: int, intermediate_size: 
     return num_hidden_layers * per_layer + embeddings + hidden_size
 
 
-def llama2_7b_weight_bytes(dtype: str = "float16") -> int:
-    """Weight bytes of Llama-2-7B (6.74 B parameters) stored in ``dtype`` (scales of int formats ignored)."""
+def llama2_weight_bytes(dtype: str = "float16", size: str = "7b") -> int:
+    """Weight bytes of a released Llama-2 (7B: 6.74 B parameters) stored in ``dtype`` (scales of int
+    formats ignored). A model loaded in this run is counted by ``helpers.models.weight_bytes``."""
     if dtype not in BYTES_PER_ELEMENT:
         raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(BYTES_PER_ELEMENT)}")
-    return int(llama_parameter_count(**LLAMA2_7B_CONFIG) * BYTES_PER_ELEMENT[dtype])
+    if size not in LLAMA2_CONFIGS:
+        raise ValueError(f"size={size!r} is not valid; choose one of {', '.join(LLAMA2_CONFIGS)}")
+    return int(llama_parameter_count(**LLAMA2_CONFIGS[size]) * BYTES_PER_ELEMENT[dtype])
 
 
 def prefill_floor_ms(prompt_tokens: int, parameters: int, tflops: float) -> float:
@@ -161,3 +197,48 @@ def context_for_kv_growth(config, batch_size: int, growth_pct: float, weight_byt
     # (W + B k c) = (1 + g)(W + k c)  ->  c = g W / (k (B - 1 - g))
     denominator = per_token * (batch_size - 1 - growth)
     return float("inf") if denominator <= 0 else growth * weight_bytes / denominator
+
+
+# --- chapter 03: the guides' speed and first-token claims against these bounds ----------------------
+
+# (claim id in data/guide_claims.csv, the spec row it is about, the label shown); the claimed numbers
+# are read from the claims table, where each is quoted once with its Chinese original.
+DECODE_CLAIMS = (("C18", "910B1", "batch 1, one 910B1"), ("C18", "all 8 chips", "the same on all 8 chips"),
+                 ("C26", "910B1", "Llama-2-7B fp16, 910B"), ("C27", "A100 80GB SXM", "Llama-2-7B fp16, A100"))
+
+
+def guide_decode_claims(specs, weight_bytes: float):
+    """Each claimed batch-1 decode rate beside the bandwidth it needs and the device's ceiling.
+
+    A rate range counts at its slowest end (the most lenient reading); ``verdict`` is
+    ``claim_verdict`` (impossible above the ceiling, else plausible until measured there).
+    """
+    import pandas as pd
+
+    from .claims import claimed_range, load_claims
+
+    table = load_claims().set_index("id")
+    rows = []
+    for claim_id, variant, label in DECODE_CLAIMS:
+        device = specs[specs["variant"].str.contains(variant, regex=False)].iloc[0]
+        low, _ = claimed_range(table.loc[claim_id, "claimed_value"])
+        need = required_bandwidth_gbps(low, weight_bytes)
+        bound = decode_ceiling_tok_s(float(device.bandwidth_gbps), weight_bytes)
+        rows.append({"claim": claim_id, "guide's claim": f"{table.loc[claim_id, 'text_zh']} ({label})",
+                     "claimed tok/s": low, "device": device.variant, "spec status": device.status,
+                     "bandwidth needed (GB/s)": need, "device bandwidth (GB/s)": float(device.bandwidth_gbps),
+                     "% of bandwidth the claim needs": 100 * need / float(device.bandwidth_gbps),
+                     "ceiling tok/s": bound, "verdict": claim_verdict(low, bound)})
+    return pd.DataFrame(rows)
+
+
+def prefill_floor_table(prompt_lengths, parameters: int, tflops: float, budget_ms: float = 80.0):
+    """The fastest prefill at 100 % of ``tflops`` per prompt length (2 FLOP per parameter per token),
+    and the utilisation a ``budget_ms`` first token would need; plus the longest prompt that fits."""
+    import pandas as pd
+
+    rows = [{"prompt tokens": n, "prefill floor (ms)": prefill_floor_ms(n, parameters, tflops),
+             f"{budget_ms:g} ms needs utilisation (%)": 100 * prefill_floor_ms(n, parameters, tflops) / budget_ms}
+            for n in sorted(set(prompt_lengths))]
+    longest = budget_ms / 1e3 * tflops * 1e12 / (2 * parameters)
+    return pd.DataFrame(rows), longest

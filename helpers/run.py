@@ -29,12 +29,13 @@ from typing import Optional
 
 import yaml
 
-from .results import RESULTS_NAME, load_results, write_json_atomic
+from .results import REPORT_CHAPTER, RESULTS_NAME, load_results, read_run, write_json_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 PROFILES = REPO / "profiles"
 SOLUTIONS = REPO / "solutions"
+EDITIONS = ("en", "zh")  # notebooks/ is the English edition, notebooks/zh/ the Chinese one
 SOLUTION_SUFFIX = "_solutions"
 RUNNER_PARAMETERS = ("run_dir", "profile")
 RUNNER_OPTIONS = {"run_dir": "--run-id / --reports-dir", "profile": "--profile"}
@@ -270,73 +271,48 @@ def export_html(notebook: Path) -> Optional[Path]:
         return None
 
 
-def format_figure(key: str, entry: dict) -> str:
-    value = entry.get("value")
-    if isinstance(value, float):
-        value = f"{value:.4g}"
-    context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape") if entry.get(k))
-    unit = f" {entry['unit']}" if entry.get("unit") else ""
-    return f"{key} = {value}{unit}" + (f" ({context})" if context else "")
+def refresh_index(run_dir: Path, run: dict) -> Optional[Path]:
+    """``write_index`` during a run: a page that cannot be written (a missing label file, a bad
+    figure) is reported and the run goes on, so no chapter's result is lost to the index."""
+    try:
+        return write_index(run_dir, run)
+    except Exception as exc:  # noqa: BLE001  (the notebooks' results matter more than the page)
+        print(f"warning: index.html not written ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+        return None
 
 
 def write_index(run_dir: Path, run: dict) -> Path:
-    from .report import index_verdict_counts, key_figure_html, verdict_counts_html
+    """``index.html``: every chapter of the run folder (``helpers.results.read_run``), as the runner sees it."""
+    from . import pages
+    from .claims import CLASS_COLOURS, VERDICT_CLASSES
+    from .report import describe_key_figure, index_verdict_counts
 
+    folder = read_run(run_dir, run=run)
+    lang = run.get("lang", "en")
+    text = pages.labels("index", lang)
     rows = []
-    for entry in run["notebooks"]:
-        results = load_results(run_dir, entry["notebook"]) or {}
-        metrics = results.get("metrics", {})
-        figures = [key_figure_html(k, metrics[k]) for k in results.get("key_figures", []) if k in metrics]
-        links = []
-        for label, rel in (("notebook", entry.get("output")), ("html", entry.get("html")),
-                           ("results.json", f"{entry['notebook']}/{RESULTS_NAME}" if results else None)):
-            if rel:
-                links.append(f'<a href="{html.escape(rel)}">{label}</a>')
-        for art in results.get("artifacts", []):
-            links.append(f'<a href="{html.escape(art["path"])}">{html.escape(art["label"])}</a>')
-        detail = entry.get("error") or results.get("status_reason") or ""
-        rows.append(
-            f"<tr class='{entry['status']}'><td>{html.escape(entry['notebook'])}</td>"
-            f"<td>{entry['status']}</td><td>{entry.get('duration_s', 0):.1f} s</td>"
-            f"<td>{'<br>'.join(figures)}"
-            f"{'<br><em>' + html.escape(detail[:500]) + '</em>' if detail else ''}</td>"
-            f"<td>{' · '.join(links)}</td></tr>"
-        )
-        if entry.get("solution"):
-            rows.append(_solution_row(entry["solution"], entry["notebook"]))
-    env = run.get("environment", {})
-    page = f"""<!doctype html><html><head><meta charset="utf-8">
-<title>ascend-llama-workbook run {html.escape(run['run_id'])}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:80em}}table{{border-collapse:collapse}}
-td{{overflow-wrap:anywhere}}td:first-child{{white-space:nowrap}}.dir,.ctx{{color:#666;font-size:85%}}.ctx::before{{content:"— "}}
-td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}
-tr.ok td:nth-child(2){{color:#080}}tr.failed td:nth-child(2){{color:#b00;font-weight:bold}}
-tr.skipped td:nth-child(2){{color:#888}}</style></head><body>
-<h1>ascend-llama-workbook: run {html.escape(run['run_id'])}</h1>
-<p>Profile <b>{html.escape(run['profile'])}</b>, started {html.escape(run['started'])},
-status <b>{html.escape(run['status'])}</b>. Device: {html.escape(str(env.get('device', '?')))}
-({html.escape(str(env.get('device_name', '')))}); torch {html.escape(str(env.get('torch', '?')))},
-torch_npu {html.escape(str(env.get('torch_npu') or 'not installed'))}.</p>
-<table><tr><th>notebook</th><th>status</th><th>duration</th><th>key figures (measured in this run)</th>
-<th>files</th></tr>
-{''.join(rows)}
-</table>{verdict_counts_html(index_verdict_counts(run_dir))}</body></html>"""
-    target = run_dir / "index.html"
-    tmp = target.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, target)
-    return target
-
-
-def _solution_row(solution: dict, chapter: str) -> str:
-    links = [f'<a href="{html.escape(solution[k])}">{label}</a>'
-             for label, k in (("notebook", "output"), ("html", "html")) if solution.get(k)]
-    detail = solution.get("error") or solution.get("reason") or ""
-    return (f"<tr class='{solution['status']}'><td>{html.escape(solution['notebook'])}</td>"
-            f"<td>{solution['status']}</td><td>{solution.get('duration_s', 0):.1f} s</td>"
-            f"<td>worked answers to the exercises of {html.escape(chapter)}"
-            f"{'<br><em>' + html.escape(detail[:500]) + '</em>' if detail else ''}</td>"
-            f"<td>{' · '.join(links)}</td></tr>")
+    for chapter in folder.chapters.values():
+        data, entry = chapter.data or {}, chapter.entry
+        metrics = data.get("metrics", {})
+        links = [(text[f"link_{kind}"], rel) for kind, rel in (
+            ("notebook", entry.get("output")), ("html", entry.get("html")),
+            ("results", f"{chapter.name}/{RESULTS_NAME}" if chapter.data else None)) if rel]
+        links += [(art["label"], art["path"]) for art in data.get("artifacts", [])]
+        rows.append({"name": chapter.name, "status": chapter.status, "entry": entry, "solution_of": "",
+                     "figures": [describe_key_figure(k, metrics[k], lang) for k in data.get("key_figures", [])
+                                 if k in metrics],
+                     "detail": "" if chapter.reason == "it wrote no results.json" else chapter.reason,
+                     "links": links})
+        solution = entry.get("solution")
+        if solution:
+            rows.append({"name": solution["notebook"], "status": solution["status"], "entry": solution,
+                         "solution_of": chapter.name, "figures": [],
+                         "detail": solution.get("error") or solution.get("reason") or "",
+                         "links": [(text[f"link_{kind}"], solution[k]) for kind, k in
+                                   (("notebook", "output"), ("html", "html")) if solution.get(k)]})
+    return pages.write(Path(run_dir) / "index.html", "index", lang=lang, folder=folder, run=folder.run, rows=rows,
+                       counts=index_verdict_counts(folder), meanings=VERDICT_CLASSES, colours=CLASS_COLOURS,
+                       report_chapter=REPORT_CHAPTER)
 
 
 def _environment_summary() -> dict:
@@ -401,13 +377,25 @@ def _report_status(entry: dict) -> None:
 def _interrupted(run: dict, run_dir: Path, run_file: Path, run_id: str) -> int:
     run["status"] = "interrupted"
     write_json_atomic(run_file, run)
-    write_index(run_dir, run)
+    refresh_index(run_dir, run)
     print("interrupted: finished chapters are kept; rerun with "
           f"--run-id {run_id} --resume to continue", file=sys.stderr)
     return 130
 
 
+def _terminate_like_ctrl_c(signum, frame):
+    """SIGTERM (``kill``, a CI job's timeout) takes the Ctrl-C path: the running notebook is marked
+    interrupted, its kernel is shut down, and ``run.json`` says how to resume."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
+    # A shell starts background jobs with SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt; an explicit interrupt (kill -INT) must still stop the run cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(prog="python -m helpers.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="default", help=f"one of {', '.join(available_profiles())} "
@@ -430,7 +418,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="after each chapter, run its worked answers to the exercises "
                         "(<chapter>_solutions.ipynb in --solutions-dir) into the same run folder")
     parser.add_argument("--solutions-dir", default=str(SOLUTIONS))
+    parser.add_argument("--lang", choices=EDITIONS, default="en",
+                        help="the edition to run: en (notebooks/, solutions/) or zh (notebooks/zh/, "
+                        "solutions/zh/, Chinese prose and pages; the same code, so the same figures)")
     args = parser.parse_args(argv)
+    if args.lang != "en":  # an edition is a folder beside the English one (tests/test_editions.py)
+        if args.notebooks_dir == str(NOTEBOOKS):
+            args.notebooks_dir = str(NOTEBOOKS / args.lang)
+        if args.solutions_dir == str(SOLUTIONS):
+            args.solutions_dir = str(SOLUTIONS / args.lang)
 
     profile = load_profile(args.profile)
     overrides = parse_overrides(args.param)
@@ -446,7 +442,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not latest.is_symlink():
             raise SystemExit("--resume needs --run-id of an earlier run (no reports/latest to resume)")
         args.run_id = os.readlink(latest)
-    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{profile['name']}"
+    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{profile['name']}" + (
+        "" if args.lang == "en" else f"-{args.lang}")
     run_dir = reports / run_id
     if args.list:
         print(list_parameters(books, profile, overrides, run_dir, solutions))
@@ -471,7 +468,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"warning: {run_file} is unreadable ({exc}); rerunning every notebook",
                   file=sys.stderr)
     _point_latest(latest, run_id)
-    run = {"run_id": run_id, "profile": profile["name"], "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    run = {"run_id": run_id, "profile": profile["name"], "lang": args.lang,
+           "started": time.strftime("%Y-%m-%d %H:%M:%S"),
            "status": "running", "overrides": overrides, "environment": _environment_summary(),
            "notebooks": []}
     env = {"WORKBOOK_RUN_DIR": str(run_dir), "WORKBOOK_PROFILE": profile["name"],
@@ -528,7 +526,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     sol["status"] = "ok"
                 _report_status(sol)
         write_json_atomic(run_file, run)
-        write_index(run_dir, run)
+        refresh_index(run_dir, run)
 
     failed = [e["notebook"] for e in run["notebooks"] if e["status"] == "failed"]
     failed += [e["solution"]["notebook"] for e in run["notebooks"]
@@ -536,11 +534,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     run["status"] = "failed" if failed else "ok"
     run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     write_json_atomic(run_file, run)
-    index = write_index(run_dir, run)
-    print(f"report: {index}")
-    if failed:
-        print(f"FAILED notebooks: {', '.join(failed)} (their executed copies show the error)",
-              file=sys.stderr)
+    index = refresh_index(run_dir, run)
+    print(f"report: {index}" if index else f"report: {run_dir} (no index.html, see the warning above)")
+    if failed or index is None:
+        if failed:
+            print(f"FAILED notebooks: {', '.join(failed)} (their executed copies show the error)",
+                  file=sys.stderr)
         return 1
     return 0
 

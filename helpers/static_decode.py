@@ -16,9 +16,12 @@ The path here keeps every shape fixed for a request:
   ``generate`` (``make_static_cache``, ``static_generate_kwargs``), and primed by one eager
   forward, so the lazily allocated cache of transformers 5.x is not a new shape for the graph;
 * ``model.forward`` compiled with ``dynamic=False`` and ``fullgraph=True`` on every backend
-  (torchair on NPU with GE ``max-autotune`` or aclgraph ``reduce-overhead`` as ``npu_mode``,
-  inductor on CPU/CUDA), wrapped in ``CompiledForward``, which counts the graphs dynamo builds
-  and turns reaching the recompile limit into ``GraphRecompileError`` instead of a silent eager run.
+  (torchair on NPU with GE ``max-autotune`` or aclgraph ``reduce-overhead`` / ``npugraph_ex`` as
+  ``npu_mode``, each only where that torchair offers it, see ``ops.npu_graph_plan``; inductor on
+  CPU/CUDA), wrapped in ``CompiledForward``, which counts the graphs dynamo builds and turns
+  reaching the recompile limit into ``GraphRecompileError`` instead of a silent eager run. In a GE
+  graph a fused op without a GE converter in that torchair falls back to the reference
+  (``ops.ge_fallbacks``), and the settings say so.
 
 A prefill shape and a decode shape give two graphs per (batch, prompt length, cache length).
 
@@ -26,8 +29,8 @@ On a CPU the graphs are built with inductor's ``freezing`` and, for decode steps
 int8 / int4 weights, ``max_autotune`` (``decode_inductor_config``): the weights become constants of
 the graph, so inductor can offer its own C++ GEMM kernels (for the int8 weights of
 ``_weight_int8pack_mm`` and the int4 ones of ``_weight_int4pack_mm_for_cpu``) and keeps, per shape,
-whichever of them and ATen's kernel times faster. Dense float weights keep ATen's BLAS GEMMs. (On an NPU, torchair's ``max-autotune`` mode hands
-the whole graph to the graph engine instead.) Dynamo's per-call guards on module attributes are
+whichever of them and ATen's kernel times faster. Dense float weights keep ATen's BLAS GEMMs.
+(On an NPU, torchair's ``max-autotune`` mode hands the whole graph to the graph engine instead.) Dynamo's per-call guards on module attributes are
 skipped where this torch can (``skip_guard_on_all_nn_modules_unsafe``): a compiled forward therefore
 never notices a changed model, and ``compile_model`` must run again after any change (the ladder of
 chapter 06 does: restore the eager forward, change the model, compile).
@@ -45,14 +48,18 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import compat
+from . import versions
 
 
 DEFAULT_RECOMPILE_LIMIT = 8
-NPU_MODES = ("max-autotune", "reduce-overhead")
+# torchair's modes (ops.NPU_GRAPH_MODES): GE graph, aclgraph, and aclgraph's successor npugraph_ex
+NPU_MODES = ("max-autotune", "reduce-overhead", "npugraph_ex")
 # Set while a whole-model graph is built on a CPU. Passed as torch.compile(options=...) they did not
 # take effect for freezing in torch 2.13, so CompiledForward patches inductor's config around each call.
-CPU_DECODE_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# cpp.enable_kernel_profile names each generated kernel in torch.profiler (a GEMM template shows as
+# graph_N_gemm_..._kernel), so chapter 03 can say which matmul kernels a compiled step ran.
+CPU_DECODE_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                       "cpp.enable_kernel_profile": True}
 # Autotuning prints a table per matmul shape to stderr; in an executed notebook that is pages of
 # noise, and the choice it made is already named in the code path (describe()).
 QUIET_AUTOTUNE = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
@@ -107,7 +114,15 @@ def decode_inductor_config(device, backend: str, quantized: bool = True) -> dict
         return {}
     import torch._inductor.config as config
 
-    found = {k: v for k, v in CPU_DECODE_INDUCTOR.items() if hasattr(config, k)}
+    def known(name: str) -> bool:  # dotted names are sub-configs (cpp.enable_kernel_profile)
+        owner = config
+        for part in name.split("."):
+            if not hasattr(owner, part):
+                return False
+            owner = getattr(owner, part)
+        return True
+
+    found = {k: v for k, v in CPU_DECODE_INDUCTOR.items() if known(k)}
     if not quantized:
         found = {k: v for k, v in found.items() if not k.startswith("max_autotune")}
     return found
@@ -189,7 +204,7 @@ def prime_cache(model, cache, inputs: dict) -> None:
     """One eager forward through ``cache``, then a reset: transformers 5.x allocates a static
     cache on first use, and a graph traced before and after that allocation would be two graphs."""
     ids = inputs["input_ids"][:, :1]
-    eager_forward(model)(input_ids=ids, use_cache=True, **{compat.cache_argument(model): cache})
+    eager_forward(model)(input_ids=ids, use_cache=True, **{versions.cache_argument(model): cache})
     cache.reset()
 
 
@@ -202,7 +217,7 @@ def static_generate_kwargs(model, inputs: dict, max_new_tokens: int) -> tuple[An
     batch, prompt_len = inputs["input_ids"].shape
     cache = make_static_cache(model, int(batch), int(prompt_len) + int(max_new_tokens))
     prime_cache(model, cache, inputs)
-    return cache, {compat.cache_argument(model): cache, **no_auto_compile_kwargs()}
+    return cache, {versions.cache_argument(model): cache, **no_auto_compile_kwargs()}
 
 
 # --- the compiled forward ------------------------------------------------------------------------
@@ -268,6 +283,9 @@ class CompiledForward:
             torch._dynamo.reset()  # graphs of earlier measurements must not count or be reused
         self.eager = model.forward
         extra = {"mode": npu_mode} if npu_mode is not None and _device_kind(device) == "npu" else {}
+        self.npu_plan, self.ge_fallbacks = self._npu_settings(model, device, npu_mode, backend_override)
+        if self.npu_plan is not None:
+            extra["npu_plan"] = self.npu_plan
         guards = module_guard_filter() if skip_module_guards else {}
         if guards:
             extra["options"] = dict(guards)  # torch.compile pops guard_filter_fn out of the dict it gets
@@ -289,10 +307,28 @@ class CompiledForward:
         self.compile_s = 0.0
         functools.update_wrapper(self, self.eager)
 
+    @staticmethod
+    def _npu_settings(model, device, npu_mode, backend_override):
+        """``(plan, fallbacks)`` on an NPU with torchair: what this torchair builds for ``npu_mode``
+        (``ops.npu_graph_plan``) and, for a GE graph, the fused ops that fell back for want of a GE
+        converter (``ops.ge_fallbacks``, probed before dynamo is reset). ``(None, [])`` elsewhere."""
+        from . import ops
+
+        if backend_override is not None or ops._device_kind(device) != "npu":
+            return None, []
+        plan = ops.npu_graph_plan(npu_mode)
+        fallbacks = ops.ge_fallbacks(model, ops.npu_graph_backend(plan=plan)) if plan["graph"] == "GE" else []
+        return plan, fallbacks
+
     def describe(self) -> str:
         """The compile settings in words, for the code path beside each figure."""
         parts = [self.backend, "dynamic=False"]
-        if self.npu_mode and self.backend == "torchair":  # torchair's mode; other backends ignore it
+        if self.npu_plan is not None and self.backend == "torchair":
+            plan = self.npu_plan
+            parts.append(f"mode={plan['mode_set']}" if plan["mode_set"] else
+                         f"{plan['graph']} graph (torchair default, no mode option set)")
+            parts.extend(f"{row['op']} -> reference (no GE converter)" for row in self.ge_fallbacks)
+        elif self.npu_mode and self.backend == "torchair":  # torchair's mode; other backends ignore it
             parts.append(f"mode={self.npu_mode}")
         if self.inductor_config.get("freezing"):
             parts.append("freezing")
@@ -409,10 +445,62 @@ def graph_fields(compiled: Optional[CompiledForward], before: tuple = (0, 0.0)) 
     ``(compiled.graphs, compiled.compile_s)`` taken when the measurement started."""
     if compiled is None:
         return {}
-    return {"compiled_graphs": int(compiled.graphs - before[0]), "compile_s": float(compiled.compile_s - before[1]),
-            "graph_backend": compiled.backend, "npu_mode": compiled.npu_mode, "graph_settings": compiled.describe()}
+    fields = {"compiled_graphs": int(compiled.graphs - before[0]), "compile_s": float(compiled.compile_s - before[1]),
+              "graph_backend": compiled.backend, "npu_mode": compiled.npu_mode, "graph_settings": compiled.describe()}
+    if compiled.npu_plan is not None:  # what this torchair built for npu_mode, and why
+        fields["npu_graph"] = {k: compiled.npu_plan[k] for k in ("requested", "mode_set", "graph", "reason", "torch_npu")}
+        fields["ge_fallbacks"] = list(compiled.ge_fallbacks)
+    return fields
 
 
+def inductor_autotuned(fields: dict) -> bool:
+    """Whether a graph measurement ran kernels inductor's GEMM autotuning chose. On torchair,
+    ``max-autotune`` means the whole graph to GE instead, so the backend decides, not the words."""
+    return fields.get("graph_backend") == "inductor" and "max-autotune GEMM" in str(fields.get("graph_settings", ""))
+
+
+
+def compiled_module_runs_generate_compiled() -> bool:
+    """Does ``torch.compile(model).generate(...)`` run the compiled graph? Checked on a tiny module
+    (chapter 03 records it): ``torch.compile`` returns an ``OptimizedModule`` whose attributes other
+    than ``forward`` are the original module's, so its ``generate`` calls the eager ``forward``."""
+    class Tiny(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+        def generate(self):
+            return self  # transformers' generate calls self(...) on this object
+
+    compiled = torch.compile(Tiny())
+    return compiled.generate() is compiled
+
+
+def graph_count_demo(new_tokens: int = 12, recompile_limit: int = 4):
+    """Chapter 03's demonstration on a tiny random Llama, with a backend that only counts graphs:
+    ``dynamic=False`` with the dynamic cache builds a graph per KV length and hits the recompile
+    limit (``GraphRecompileError``); with the static cache it builds two (prefill and decode).
+    Returns one row per path and the error texts."""
+    import pandas as pd
+
+    from .generation import generate_tokens
+    from .models import tiny_llama
+
+    model, tokenizer = tiny_llama(seed=0)
+    inputs = tokenizer(["graph mode needs static shapes"], return_tensors="pt")
+    rows, errors = [], []
+    for path in ("dynamic cache", "static cache"):
+        compiled = compile_model(model, "cpu", backend_override="eager", recompile_limit=recompile_limit)
+        kwargs = static_generate_kwargs(model, inputs, new_tokens)[1] if path == "static cache" else {}
+        try:
+            with quiet_recompile_warnings():
+                generate_tokens(model, tokenizer, inputs, new_tokens, **kwargs)
+            outcome = "ok"
+        except GraphRecompileError as exc:
+            outcome = "GraphRecompileError"
+            errors.append(str(exc))
+        rows.append({"path": path, "new tokens": new_tokens, "graphs built": compiled.graphs, "outcome": outcome})
+        restore_eager(model)
+    return pd.DataFrame(rows), errors
 
 # --- a hand-written greedy loop in place of generate ------------------------------------------
 
@@ -431,7 +519,7 @@ class GreedyLoop:
 
     def __init__(self, model):
         self.model = model
-        self.cache_argument = compat.cache_argument(model)
+        self.cache_argument = versions.cache_argument(model)
         params = inspect.signature(type(model).forward).parameters
         self.keep_last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.steps = 0

@@ -1,4 +1,4 @@
-"""Shared fixtures: a fake torch_npu (documented signatures, reference math) and a tiny Llama."""
+"""Shared fixtures: a strict fake torch_npu + torchair per supported torch_npu line, and a tiny Llama."""
 from __future__ import annotations
 
 import importlib.util
@@ -21,27 +21,65 @@ sys.path.insert(0, str(REPO))
 from helpers import backend  # noqa: E402
 
 
-def _load_fake():
-    spec = importlib.util.spec_from_file_location("torch_npu", Path(__file__).parent / "fakes" / "fake_torch_npu.py")
+FAKES = Path(__file__).parent / "fakes"
+
+
+def _load_fakes_module(name):
+    spec = importlib.util.spec_from_file_location(f"_workbook_{name}", FAKES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.fixture
-def fake_torch_npu(monkeypatch):
-    """Install the fake as ``torch_npu`` (and ``torch.npu``, reporting no device) for one test.
+npu_line = _load_fakes_module("npu_line")
+_fake_torch_npu_builder = _load_fakes_module("fake_torch_npu")
+_fake_torchair_builder = _load_fakes_module("fake_torchair")
+# One strict fake per supported torch_npu line (tests/fakes/line_*.py); the test ids are the versions.
+NPU_LINES = {npu_line.load(name).NAME: name for name in npu_line.LINE_FILES}
 
-    Tests call helpers with ``impl="npu"`` (or the equivalent) on CPU tensors, so the NPU branch
-    runs the fake's reference math. ``fake.CALLS`` lists the ops that were called.
-    """
-    fake = _load_fake()
-    fake.npu = fake.make_npu_namespace(available=False)
+
+def install_fake_npu_line(monkeypatch, line_file: str, available: bool = False):
+    """Install one line's fake ``torch_npu`` (and ``torch.npu``) and its fake ``torchair``."""
+    line = npu_line.load(line_file)
+    fake = _fake_torch_npu_builder.build(line)
+    fake.npu = fake.make_npu_namespace(available=available)
+    fake.torchair = _fake_torchair_builder.build(line, fake)
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    monkeypatch.setitem(sys.modules, "torchair", fake.torchair)
     monkeypatch.setattr(torch, "npu", fake.npu, raising=False)
     monkeypatch.setattr(backend, "_NPU_IMPORT", None)
+    return fake
+
+
+@pytest.fixture(params=list(NPU_LINES), ids=list(NPU_LINES))
+def fake_torch_npu(request, monkeypatch):
+    """One supported torch_npu line's strict fake as ``torch_npu`` (``torch.npu`` reports no device),
+    with that line's fake ``torchair``; every test using it runs once per line.
+
+    Tests call helpers with ``impl="npu"`` (or the equivalent) on CPU tensors, so the NPU branch
+    runs the fake's reference math. ``fake.CALLS`` lists the ops that were called, ``fake.LINE`` is
+    the line's facts (tests/fakes/line_*.py) and ``fake.torchair`` its torchair.
+    """
+    fake = install_fake_npu_line(monkeypatch, NPU_LINES[request.param])
     yield fake
     backend._NPU_IMPORT = None
+    forget_fake_modules_in_dynamo()
+
+
+def forget_fake_modules_in_dynamo():
+    """Drop the aliases dynamo installs in the globals of the frames it compiles for
+    ``import torch_npu`` / ``import torchair`` (``__import_torch_npu``): the next test's line brings
+    other module objects, and a guard on the stale alias would fail."""
+    torch._dynamo.reset()
+    import torch._dynamo.symbolic_convert as convert
+
+    # dynamo caches importlib.import_module per name (functools.cache): it would keep the old fake
+    getattr(convert._import_module, "cache_clear", lambda: None)()
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            for alias in ("__import_torch_npu", "__import_torchair"):
+                namespace.pop(alias, None)
 
 
 @pytest.fixture(scope="session")

@@ -124,13 +124,14 @@ def test_synchronize_and_memory_dispatch_to_the_npu_module(fake_torch_npu, monke
     calls = []
     fake_torch_npu.npu.reset_peak_memory_stats = lambda *a: calls.append("reset")
     fake_torch_npu.npu.empty_cache = lambda: calls.append("empty")
+    fake_torch_npu.npu.memory_allocated = lambda *a: 1000
     fake_torch_npu.npu.max_memory_allocated = lambda *a: 12345
     backend.synchronize("npu")
     assert fake_torch_npu.CALLS[-1] == "synchronize"
-    backend.reset_peak_memory("npu")
-    assert calls == ["empty", "reset"]
-    assert backend.peak_memory_bytes("npu") == 12345
-    assert backend.peak_memory_kind("npu") == "max_memory_allocated"
+    with backend.MemoryRegion("npu") as mem:
+        assert calls == ["empty", "reset"]  # the peak is reset at the start of the region
+    assert mem.peak_bytes == 12345 and mem.start_bytes == 1000 and mem.growth_bytes == 11345
+    assert "reset at its start" in mem.kind
     backend.free_memory("npu")
     assert calls[-1] == "empty"
 
@@ -140,38 +141,27 @@ def test_cpu_synchronize_is_a_no_op():
     assert backend.device_module("cpu") is None
 
 
-def test_cpu_peak_memory_sees_a_transient_allocation():
-    backend.reset_peak_memory("cpu")
-    before = backend.peak_memory_bytes("cpu")
-    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-    del block
-    after = backend.peak_memory_bytes("cpu")
-    if backend._CpuPeak.resettable:
-        assert after - before >= 48 * 2**20
-        backend.reset_peak_memory("cpu")
-        assert backend.peak_memory_bytes("cpu") < after
-    else:  # without a resettable high-water mark the reading is a documented lower bound
-        assert "not resettable" in backend.peak_memory_kind("cpu")
-        assert after >= before
+def test_cpu_memory_region_measures_growth_not_an_earlier_high_water_mark():
+    big = torch.ones(256 * 2**20 // 4)  # an earlier, larger allocation sets a high-water mark
+    del big
+    with backend.MemoryRegion("cpu") as mem:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched, inside the region
+        del block
+    assert 48 * 2**20 <= mem.growth_bytes < 200 * 2**20  # the region's own 64 MiB, not the 256 MiB
+    with backend.MemoryRegion("cpu") as idle:
+        pass
+    assert idle.growth_bytes < 16 * 2**20
 
 
-def test_cpu_peak_falls_back_when_clear_refs_is_forbidden(monkeypatch):
-    real_open = open
+def test_cpu_memory_region_samples_when_clear_refs_is_forbidden(monkeypatch):
+    monkeypatch.setattr(backend, "_reset_cpu_high_water_mark", lambda: False)
+    with backend.MemoryRegion("cpu") as mem:
+        block = torch.ones(96 * 2**20 // 4)
+        import time
 
-    def guarded(path, *args, **kwargs):
-        if str(path) == "/proc/self/clear_refs":
-            raise PermissionError(13, "Permission denied")
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", guarded)
-    try:
-        backend.reset_peak_memory("cpu")
-        assert backend._CpuPeak.resettable is False
-        assert "not resettable" in backend.peak_memory_kind("cpu")
-        assert backend.peak_memory_bytes("cpu") >= backend._CpuPeak.baseline > 0
-    finally:
-        monkeypatch.undo()
-        backend.reset_peak_memory("cpu")
+        time.sleep(0.05)  # long enough for the 2 ms sampler to see it
+        del block
+    assert "sampled" in mem.kind and mem.growth_bytes >= 64 * 2**20
 
 
 # --- out of memory (the sweep helpers build on these two) -----------------------------------

@@ -1,8 +1,9 @@
 """The run's pages in a real browser: headless Chromium at 1280 px, as a workshop attendee sees them.
 
-Checks that ``index.html`` and chapter 07's ``claims_report.html`` of the quick run need no
+Checks that ``index.html`` and the report chapter's ``claims_report.html`` need no
 horizontal scrolling at 1280 px and that every verdict on them carries its class in a
-``data-verdict-class`` attribute (so colours and filters never depend on the verdict's wording).
+``data-verdict-class`` attribute (so colours and filters never depend on the verdict's wording): those
+of a hand-made partial run in the unit tests, those of the quick run with the notebooks.
 Outside CI the test skips when Chromium is missing; in CI (``CI`` set) a missing browser fails it.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Optional
 import pytest
 
 from helpers import claims
+from helpers.results import REPORT_CHAPTER, Results, read_run, workbook_chapters
 
 WIDTH = 1280
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -112,14 +114,13 @@ def test_index_fits_1280px_and_tags_its_verdict_counts(chromium, quick_run):
     numbers = probe_page(chromium, index)
     assert_fits(numbers, "index.html")
     assert numbers["untaggedCounts"] == 0 and numbers["emptyClass"] == 0, numbers
-    if (quick_run["run_dir"] / "07_report" / "results.json").exists():
-        assert numbers["tagged"] > 0, "chapter 07 ran but the index shows no verdict counts by class"
+    assert numbers["tagged"] > 0, f"the index shows no verdict counts by class ({REPORT_CHAPTER} is in the run)"
 
 
 @pytest.mark.notebooks
 def test_claims_report_fits_1280px_and_every_verdict_carries_its_class(chromium, quick_run):
-    page = quick_run["run_dir"] / "07_report" / "claims_report.html"
-    assert page.exists(), "chapter 07 wrote no claims_report.html in the quick run"
+    page = quick_run["run_dir"] / REPORT_CHAPTER / "claims_report.html"
+    assert page.exists(), f"{REPORT_CHAPTER} wrote no claims_report.html in the quick run"
     numbers = probe_page(chromium, page)
     assert_fits(numbers, "claims_report.html")
     n_claims = len(claims.load_claims())
@@ -127,6 +128,28 @@ def test_claims_report_fits_1280px_and_every_verdict_carries_its_class(chromium,
         f"{numbers['tagged']} elements carry data-verdict-class, but the audit has {n_claims} claims: "
         "every verdict cell needs its class")
     assert numbers["emptyClass"] == 0, numbers
-    known = getattr(claims, "VERDICT_CLASSES", None)
-    if known:
-        assert set(numbers["classes"]) <= set(known), (numbers["classes"], sorted(known))
+    assert set(numbers["classes"]) <= set(claims.VERDICT_CLASSES), (numbers["classes"], sorted(claims.VERDICT_CLASSES))
+
+
+def test_the_pages_of_a_partial_run_fit_and_tag_every_verdict(chromium, tmp_path):
+    """Without the notebooks: the index and claims report of a hand-made partial run, in the browser."""
+    from test_report import make_partial_run
+
+    from helpers import report, run
+
+    run_dir = make_partial_run(tmp_path / "partial")
+    folder = read_run(run_dir, expected=workbook_chapters())
+    audit = claims.verdicts(run_dir)
+    page = report.write_claims_report(run_dir / REPORT_CHAPTER / "claims_report.html", "partial", audit,
+                                      status=folder.status_table(), figures=report.key_figures(folder.results()),
+                                      plots=[report.plot_verdicts(audit), report.plot_ladder(folder.results())])
+    numbers = probe_page(chromium, page)
+    assert_fits(numbers, page.name)
+    assert numbers["tagged"] == len(claims.VERDICT_CLASSES) + len(audit) and numbers["emptyClass"] == 0
+    res = Results(REPORT_CHAPTER, run_dir)
+    res.table("verdict_counts", [{"verdict_class": c, "claims": n} for c, n in claims.verdict_counts(audit).items()])
+    res.finish()
+    index = run.write_index(run_dir, json.loads((run_dir / "run.json").read_text()))
+    numbers = probe_page(chromium, index)
+    assert_fits(numbers, index.name)
+    assert numbers["untaggedCounts"] == 0 and numbers["tagged"] == 2 * len(claims.VERDICT_CLASSES)

@@ -1,8 +1,8 @@
 """helpers.compare: synthetic NPU / CUDA / CPU runs written as results.json files, and one real comparison.
 
 The synthetic runs exercise the comparability rules (a ratio only for the same metric, unit, model,
-dtype and shape, both chapters finished), runs from older versions of the workbook, the guide's table
-and the claims section. The real comparison runs chapters 00 and 03 twice here (bfloat16 and float32,
+dtype and shape, both chapters finished), unreadable files and other schemas, the guide's table and
+the claims section. The real comparison runs chapters 00 and 03 twice here (bfloat16 and float32,
 quick profile) and checks the page generically, from whatever key figures those chapters record.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import claims, compare
+from helpers.results import read_run
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA = "NousResearch/Llama-2-7b-hf"
@@ -92,6 +93,10 @@ def three_runs(tmp_path):
     return npu, cuda, cpu
 
 
+def load(*paths):
+    return compare.label_runs([compare.Run(read_run(p)) for p in paths])
+
+
 def row(long, run, key, chapter="03_end_to_end"):
     hit = long[(long["run"] == run) & (long["figure"] == key) & (long["chapter"] == chapter)]
     assert len(hit) == 1, (run, key)
@@ -99,7 +104,7 @@ def row(long, run, key, chapter="03_end_to_end"):
 
 
 def test_ratio_only_for_same_metric_model_dtype_and_shape(three_runs):
-    runs = compare.label_runs([compare.load_run(p) for p in three_runs])
+    runs = load(*three_runs)
     long = compare.comparison_table(runs)
     # NPU vs CUDA, same model, dtype and shape: a ratio, computed from the two recorded figures.
     r = row(long, "cuda-run", "decode_tok_s_batch1")
@@ -130,13 +135,13 @@ def test_each_rule_alone_blocks_the_ratio(tmp_path):
         chapters = standard_chapters("cpu", dtype, 33.0, 90.0, 35.0)
         chapters["03_end_to_end"]["metrics"]["decode_tok_s_batch1"].update(override)
         b = write_run(tmp_path, f"b-{name}", "cpu", dtype, model, chapters, profile="quick")
-        runs = compare.label_runs([compare.load_run(a), compare.load_run(b)])
+        runs = load(a, b)
         r = row(compare.comparison_table(runs), f"b-{name}", "decode_tok_s_batch1")
         assert f"{name} differs" in r["why_no_ratio"], (name, r["why_no_ratio"])
     # Two CPU runs that agree in everything: the ratio is there (same device allowed).
     b = write_run(tmp_path, "b-same", "cpu", "bfloat16", "smollm2-135m",
                   standard_chapters("cpu", "bfloat16", 33.0, 90.0, 35.0), profile="quick")
-    runs = compare.label_runs([compare.load_run(a), compare.load_run(b)])
+    runs = load(a, b)
     assert row(compare.comparison_table(runs), "b-same", "decode_tok_s_batch1")["ratio_to_reference"] == \
         pytest.approx(1.1)
 
@@ -147,58 +152,57 @@ def test_failed_and_missing_chapters_are_shown_not_compared(three_runs, tmp_path
                        standard_chapters("cuda:0", "float16", 41.0, 210.0, 70.0),
                        statuses={"03_end_to_end": "failed"})
     shutil.rmtree(failed / "00_environment_check")  # and chapter 00 never ran
-    runs = compare.label_runs([compare.load_run(npu), compare.load_run(failed)])
+    runs = load(npu, failed)
     assert runs[1].status["03_end_to_end"] == "failed"
     assert any("03_end_to_end: failed (RuntimeError: boom in cell 7)" in n for n in runs[1].notes)
     long = compare.comparison_table(runs)
     r = row(long, "cuda-failed", "decode_tok_s_batch1")
     assert r["value"] == 41.0 and "chapter failed in cuda-failed" in r["why_no_ratio"]
     r = row(long, "cuda-failed", "memory_bandwidth_gbps", "00_environment_check")
-    assert r["value"] is None and "results.json missing" in r["why_no_ratio"]
+    assert r["value"] is None and "it wrote no results.json" in r["why_no_ratio"]
     r = row(long, "cuda-failed", "batch_throughput_ratio_8", "04_batching")
-    assert r["value"] is None and "chapter did not run" in r["why_no_ratio"]
+    assert r["value"] is None and "chapter not run" in r["why_no_ratio"]
 
 
-def test_older_schema_and_unreadable_files_get_a_note_not_a_crash(three_runs, tmp_path):
+def test_other_schemas_and_unreadable_files_are_reported_not_adapted(three_runs, tmp_path):
     npu = three_runs[0]
-    old = tmp_path / "old-run"
-    (old / "03_end_to_end").mkdir(parents=True)
-    # An older results.json: no schema, no key_figures, bare values, no status, no run.json.
-    (old / "03_end_to_end" / "results.json").write_text(json.dumps(
-        {"metrics": {"decode_tok_s_batch1": 19.0, "ttft_ms": {"value": 320.0, "unit": "ms"}},
-         "notes": "one note as a plain string"}))
-    (old / "04_batching").mkdir()
-    (old / "04_batching" / "results.json").write_text("{ truncated")
-    (old / "05_int8_quantization").mkdir()
-    (old / "05_int8_quantization" / "results.json").write_text("[1, 2]")
-    run = compare.load_run(old)
+    odd = write_run(tmp_path, "odd-run", "cpu", "float32", "smollm2-135m",
+                    standard_chapters("cpu", "float32", 19.0, 320.0, 20.0), run_json=False)
+    # A file without a schema (bare values, no key_figures): not today's schema, so not read at all.
+    (odd / "03_end_to_end" / "results.json").write_text(json.dumps({"metrics": {"decode_tok_s_batch1": 19.0}}))
+    (odd / "04_batching").mkdir()
+    (odd / "04_batching" / "results.json").write_text("{ truncated")
+    (odd / "05_int8_quantization").mkdir()
+    (odd / "05_int8_quantization" / "results.json").write_text("[1, 2]")
+    (odd / "06_optimization_ladder").mkdir()
+    (odd / "06_optimization_ladder" / "results.json").write_text(json.dumps({"schema": 2, "metrics": {}}))
+    run = load(odd)[0]
+    assert run.status == {"00_environment_check": "ok", "03_end_to_end": "unreadable", "04_batching": "unreadable",
+                          "05_int8_quantization": "unreadable", "06_optimization_ladder": "unreadable"}
+    assert set(run.chapters) == {"00_environment_check"}  # nothing read from the other files
     text = " | ".join(run.notes)
-    for expected in ("schema absent", "no key_figures list", "without unit or context", "not valid JSON",
-                     "not a JSON object", "no run.json", "noted by 03_end_to_end: one note as a plain string"):
+    for expected in ("03_end_to_end: unreadable (results.json schema None", "not valid JSON", "not a JSON object",
+                     "schema 2, but this workbook", "run.json missing"):
         assert expected in text, expected
-    assert run.status["04_batching"] == "unreadable"
-    assert run.status["03_end_to_end"] == "status not recorded"
-    runs = compare.label_runs([compare.load_run(npu), run])
-    long = compare.comparison_table(runs)
-    r = row(long, "old-run", "decode_tok_s_batch1")
-    assert r["value"] == 19.0 and "older schema" in r["why_no_ratio"]
-    r = row(long, "old-run", "ttft_ms")  # with a unit but no status, dtype or shape: still no ratio
-    assert r["value"] == 320.0 and "status not recorded" in r["why_no_ratio"]
-    out = compare.compare([npu, old], tmp_path / "out")
-    assert "schema absent" in out["html"].read_text()
+    long = compare.comparison_table(load(npu, odd))
+    r = row(long, "odd-run", "decode_tok_s_batch1")
+    assert r["value"] is None and "chapter unreadable: results.json schema None" in r["why_no_ratio"]
+    assert row(long, "odd-run", "memory_bandwidth_gbps", "00_environment_check")["value"] == 20.0
+    out = compare.compare([npu, odd], tmp_path / "out")
+    assert "schema 2, but this workbook" in html.unescape(out["html"].read_text())
 
 
 def test_batch8_decode_comes_from_the_sweep_table_or_says_why_not(three_runs):
-    runs = compare.label_runs([compare.load_run(p) for p in three_runs])
+    runs = load(*three_runs)
     assert compare.batch_sweep_cell(runs[0], 8).number == 120.0
-    assert "chapter did not run" in compare.batch_sweep_cell(runs[2], 8).missing
+    assert "chapter not run" in compare.batch_sweep_cell(runs[2], 8).missing
     long = compare.comparison_table(runs)
     assert row(long, "cuda-run", "decode_tok_s_batch8", "04_batching")["ratio_to_reference"] == \
         pytest.approx(260.0 / 120.0)
 
 
 def test_guide_table_comes_from_the_claims_table(three_runs):
-    runs = compare.label_runs([compare.load_run(p) for p in three_runs])
+    runs = load(*three_runs)
     table = claims.load_claims()
     rows = compare.guide_benchmark_claims(table)
     assert {(r["unit"], r["hardware"]) for r in rows} >= {(u, h) for u in ("tok/s", "ms", "GB") for h in ("npu", "cuda")}
@@ -222,12 +226,11 @@ def test_plots_draw_what_was_recorded_and_skip_what_was_not(three_runs, tmp_path
     import matplotlib
 
     matplotlib.use("Agg")
-    runs = compare.label_runs([compare.load_run(p) for p in three_runs])
+    runs = load(*three_runs)
     for plot in (compare.plot_decode, compare.plot_ttft, compare.plot_roofline, compare.plot_ladder):
         assert plot(runs) is not None, plot.__name__
     assert [n for n, _ in compare.ladder_rungs(runs[0])] == ["native_eager", "fused", "batch"]
-    empty = compare.label_runs([compare.load_run(write_run(tmp_path, n, "cpu", "float32", "m", {}))
-                                for n in ("e1", "e2")])
+    empty = load(*(write_run(tmp_path, n, "cpu", "float32", "m", {}) for n in ("e1", "e2")))
     for plot in (compare.plot_decode, compare.plot_ttft, compare.plot_roofline, compare.plot_ladder):
         assert plot(empty) is None, plot.__name__
 
@@ -266,54 +269,44 @@ def test_bad_input_names_the_parameter(three_runs, tmp_path, capsys, argv, messa
     assert message in capsys.readouterr().err
 
 
-def test_claims_section_guarded_or_merged(three_runs, tmp_path, monkeypatch):
-    """Without the multi-run interface the page says so; with it, decided_by is shown per claim."""
-    import pandas as pd
+def test_claims_audit_is_merged_over_all_runs(three_runs, tmp_path):
+    out = compare.compare(list(three_runs), tmp_path / "real")
+    table = out["claims"]
+    assert set(table["decided_by"]) <= {"", "npu-run", "cuda-run", "cpu-run"}
+    # The guide's benchmark claims with a measured metric: a 910B claim decided by the NPU run, an
+    # A100 claim by the CUDA run (both runs are Llama-2-7B fp16), never by the CPU run.
+    measured = [c for c in compare.guide_benchmark_claims() if c["metric"]]
+    assert {c["hardware"] for c in measured} == {"npu", "cuda"}
+    by_id = table.set_index("id")
+    for c in measured:
+        expected = {"npu": "npu-run", "cuda": "cuda-run"}[c["hardware"]]
+        assert by_id.loc[c["id"], "decided_by"] == expected, c["id"]
+        assert by_id.loc[c["id"], "device_class"] == c["hardware"]
+    guide_text = out["guide"].to_string()
+    assert "decided by npu-run" in guide_text and "decided by cuda-run" in guide_text
+    page = html.unescape(out["html"].read_text())
+    assert "<th>decided by</th>" in page and page.count('data-verdict-class="') == sum(
+        1 for n in claims.verdict_counts(table).values() if n)
 
-    if compare.multi_run_claims_available():
-        out = compare.compare(list(three_runs), tmp_path / "real")
-        table = out["claims"]
-        assert {"decided_by", "device_class", "verdict_class"} <= set(table.columns)
-        assert set(table["decided_by"]) <= {"", "npu-run", "cuda-run", "cpu-run"}
-        # The guide's benchmark claims with a measured metric: a 910B claim decided by the NPU run, an
-        # A100 claim by the CUDA run (both runs are Llama-2-7B fp16), never by the CPU run.
-        measured = [c for c in compare.guide_benchmark_claims() if c["metric"]]
-        assert {c["hardware"] for c in measured} == {"npu", "cuda"}
-        by_id = table.set_index("id")
-        for c in measured:
-            expected = {"npu": "npu-run", "cuda": "cuda-run"}[c["hardware"]]
-            assert by_id.loc[c["id"], "decided_by"] == expected, c["id"]
-            assert by_id.loc[c["id"], "device_class"] == c["hardware"]
-        guide_text = out["guide"].to_string()
-        assert "decided by npu-run" in guide_text and "decided by cuda-run" in guide_text
-        assert "decided_by" in out["html"].read_text()
-    else:
-        out = compare.compare(list(three_runs), tmp_path / "guarded")
-        assert out["claims"] is None and compare.CLAIMS_UNAVAILABLE in html.unescape(out["html"].read_text())
 
+def test_a_failing_claims_audit_is_shown_and_the_comparison_kept(three_runs, tmp_path, monkeypatch):
     seen = {}
 
-    def fake_verdicts(run_dirs, claims=None, specs_path=None):
+    def broken(run_dirs, claims=None, specs_path=None):
         seen["run_dirs"] = run_dirs
-        return pd.DataFrame([{"id": "C26", "section": "s", "gloss_en": "g", "verdict": "reproduced",
-                              "verdict_class": "measured", "decided_by": "npu-run", "device_class": "npu",
-                              "detail": "d"}])
+        raise ValueError("claims.csv row 3: bad rule")
 
-    monkeypatch.setattr(claims, "verdicts", fake_verdicts)
-    monkeypatch.setattr(claims, "VERDICT_CLASSES", {"measured": "m"}, raising=False)
-    monkeypatch.setattr(claims, "verdict_counts", lambda t: {"measured": len(t)}, raising=False)
-    assert compare.multi_run_claims_available()
-    out = compare.compare(list(three_runs), tmp_path / "faked")
-    assert seen["run_dirs"] == [str(Path(p).resolve()) for p in three_runs] or \
-        seen["run_dirs"] == [str(p) for p in three_runs]
-    page = out["html"].read_text()
-    assert "decided_by" in page and "npu-run" in page and compare.CLAIMS_UNAVAILABLE not in page
+    monkeypatch.setattr(claims, "verdicts", broken)
+    out = compare.compare(list(three_runs), tmp_path / "broken")
+    assert seen["run_dirs"] == [str(p) for p in three_runs]
+    page = html.unescape(out["html"].read_text())
+    assert out["claims"] is None and "audit over these runs failed: ValueError: claims.csv row 3: bad rule" in page
+    assert "decode_tok_s_batch1" in page.replace("_<wbr>", "_")  # the figures are still there
 
-    def old_verdicts(run_dir, claims=None, specs_path=None):
-        raise AssertionError("a one-run interface must not be called with a list")
 
-    monkeypatch.setattr(claims, "verdicts", old_verdicts)
-    assert not compare.multi_run_claims_available()
+def test_the_page_speaks_one_language_at_a_time(three_runs, tmp_path):
+    with pytest.raises(ValueError, match="lang='zh'.*labels in en"):
+        compare.compare(list(three_runs), tmp_path / "zh", lang="zh")
 
 
 def _page_width(page: Path, chromium: str, tmp: Path) -> int:
@@ -404,9 +397,9 @@ def test_labels_are_folder_names_made_unique(tmp_path):
     a = write_run(tmp_path / "laptop", "run", "cpu", "float32", "smollm2-135m", chapters)
     b = write_run(tmp_path / "ci", "run", "cpu", "float32", "smollm2-135m", chapters)
     c = write_run(tmp_path / "x" / "laptop", "run", "cpu", "float32", "smollm2-135m", chapters)
-    labels = [r.label for r in compare.label_runs([compare.load_run(p) for p in (a, b, c)])]
+    labels = [r.label for r in load(a, b, c)]
     assert labels == ["laptop/run", "ci/run", "laptop/run (2)"]
-    runs = compare.label_runs([compare.load_run(p) for p in (a, tmp_path / "ci" / "run")])
+    runs = load(a, tmp_path / "ci" / "run")
     assert [r.label for r in runs] == ["laptop/run", "ci/run"]
     (a / "run.json").write_text(json.dumps({"run_id": "renamed-later", "notebooks": []}))
-    assert compare.label_runs([compare.load_run(a)])[0].label == "run"
+    assert load(a)[0].label == "run"

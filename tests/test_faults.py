@@ -3,7 +3,7 @@
 | fault | test |
 |---|---|
 | torch_npu without CANN breaks ``import torch`` | test_torch_npu_autoload_without_cann_* (here) |
-| torch / torch_npu versions do not pair | test_compat.py::test_pairing_* |
+| torch / torch_npu versions do not pair | test_versions.py::test_pairing_* |
 | device=npu without an NPU | test_backend.py::test_broken_torch_npu_auto_falls_back_and_explicit_npu_raises |
 | no network / unknown model / missing path | test_models.py::test_bad_model_names_*, test_hub_id_* |
 | bad parameters | test_params.py, test_models.py::test_bad_dtype_and_source_fail_before_loading |
@@ -131,6 +131,42 @@ def test_interrupted_run_keeps_results_and_resume_skips_finished_chapters(tmp_pa
     assert [(e["notebook"], e["status"], e.get("resumed", False)) for e in run["notebooks"]] == [
         ("01_ok", "ok", True), ("05_naps", "ok", False)]
     assert load_results(run_dir, "01_ok") == first  # not executed again
+
+
+def _kernels_of(pid: int) -> list[int]:
+    """Live ipykernel processes whose parent is ``pid`` (the runner's kernels)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"ipykernel" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_terminated_run_leaves_no_kernel_behind(tmp_path):
+    """SIGTERM (kill, a CI timeout) takes the Ctrl-C path: the kernel is shut down, the run resumable."""
+    cmd = [sys.executable, "-m", "helpers.run", "--profile", "quick", "--notebooks-dir", str(FIXTURES),
+           "--reports-dir", str(tmp_path), "--no-html", "--only", "05", "--run-id", "term", "-p", "nap=120"]
+    proc = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while not _kernels_of(proc.pid):  # wait until the notebook's kernel runs
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.5)
+    time.sleep(2)
+    kernels = _kernels_of(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    run = json.loads((tmp_path / "term" / "run.json").read_text())
+    assert run["status"] == "interrupted" and run["notebooks"][0]["failure"] == "interrupted"
+    time.sleep(1)
+    alive = [k for k in kernels if Path(f"/proc/{k}").exists()
+             and "Z" not in (Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[0])]
+    assert not alive, f"kernels left running after SIGTERM: {alive}"
 
 
 def test_a_chapter_killed_mid_run_keeps_its_figures(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import claims, report, run
-from helpers.results import Results, write_json_atomic
+from helpers.results import REPORT_CHAPTER, Results, write_json_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 # The figures other chapters promise to record as key figures (shared interface of the chapters).
@@ -44,7 +44,7 @@ def test_unknown_keys_fall_back_to_their_name():
 
 
 def test_prefix_keys_name_their_batch_or_rung():
-    assert report.key_figure_label("int8_decode_speedup_batch8") == ("INT8 decode speedup over 16-bit, batch 8",
+    assert report.key_figure_label("int8_decode_speedup_batch8") == ("INT8 decode speedup over dense, batch 8",
                                                                        "higher")
     assert report.key_figure_label("ladder_tok_s_fused_ops")[0] == "ladder rung fused ops decode speed"
 
@@ -61,74 +61,91 @@ def test_a_key_figure_reads_as_label_value_unit_and_direction():
     d = report.describe_key_figure("ffn_merged_speedup_decode", {"value": 0.97474, "unit": "x", "device": "cpu",
                                                                  "dtype": "float32", "shape": "batch 1"})
     assert d == {"key": "ffn_merged_speedup_decode", "label": "merged gate/up FFN speedup at decode shape",
-                 "value": "0.975×", "direction": "higher is better", "context": "cpu, float32, batch 1"}
+                 "value": "0.975×", "direction": "higher is better", "context": "cpu, float32, batch 1",
+                 "spread": ""}
     assert report.describe_key_figure("ttft_ms", {"value": 69.23, "unit": "ms"})["value"] == "69.2 ms"
     assert report.describe_key_figure("ttft_ms", {"value": 69.23, "unit": "ms"})["direction"] == "lower is better"
 
 
-def _small_run(run_dir: Path, with_report: bool) -> dict:
+def _small_run(run_dir: Path, with_report: bool, counts=()) -> dict:
     res = Results("02_ffn_fusion", run_dir, environment={"device": "cpu"})
     res.record("ffn_merged_speedup_decode", 0.97474, "x", key_figure=True, device="cpu", dtype="float32")
     res.finish()
     entries = [{"notebook": "02_ffn_fusion", "status": "ok", "duration_s": 1.0}]
     if with_report:
-        Results("07_report", run_dir).finish()
-        entries.append({"notebook": "07_report", "status": "ok", "duration_s": 1.0})
+        res = Results(REPORT_CHAPTER, run_dir)
+        res.table("verdict_counts", [{"verdict_class": c, "claims": n} for c, n in counts])
+        res.finish()
+        entries.append({"notebook": REPORT_CHAPTER, "status": "ok", "duration_s": 1.0})
     data = {"run_id": run_dir.name, "profile": "quick", "started": "now", "status": "ok",
             "environment": {"device": "cpu"}, "notebooks": entries}
     write_json_atomic(run_dir / "run.json", data)
     return data
 
 
-def test_index_prints_labels_and_verdict_counts_by_class(tmp_path, monkeypatch):
-    monkeypatch.setattr(claims, "verdicts", lambda run_dir, *a, **k: "audit table")
-    monkeypatch.setattr(claims, "verdict_counts", lambda table: {"supported": 3, "needs an NPU": 5})
-    page = run.write_index(tmp_path, _small_run(tmp_path, with_report=True)).read_text()
+def test_index_prints_labels_and_the_report_chapters_own_verdict_counts(tmp_path, monkeypatch):
+    """The report chapter may audit other runs' folders too: the index shows its table, never a recount."""
+    def boom(*a, **k):
+        raise AssertionError("the report chapter recorded its counts; the index must not audit again")
+    monkeypatch.setattr(claims, "verdicts", boom)
+    data = _small_run(tmp_path, True, [("reproduced", 2), ("measured on other hardware", 9)])
+    page = run.write_index(tmp_path, data).read_text()
     assert "merged gate/up FFN speedup at decode shape: <b>0.975×</b>" in page
     assert "higher is better" in page
     assert "0.9747" not in page
-    assert 'data-verdict-class="needs an NPU"' in page and "<td>5</td>" in page
-    assert 'data-verdict-class="supported"' in page and "8 claims" in page
+    assert '<td class="verdict" data-verdict-class="measured on other hardware"' in page and "<td>9</td>" in page
+    assert '<td class="verdict" data-verdict-class="reproduced"' in page and "<td>2</td>" in page
+    assert "(11 claims)" in page
 
 
-def test_index_counts_are_chapter_07s_own_so_they_match_its_claims_report(tmp_path, monkeypatch):
-    """07 may audit other runs' folders too: the index shows 07's table, never a recount of this run."""
-    def boom(*a, **k):
-        raise AssertionError("chapter 07 recorded its counts; the index must not audit again")
-    monkeypatch.setattr(claims, "verdicts", boom)
-    data = _small_run(tmp_path, with_report=True)
-    res = Results("07_report", tmp_path)
-    res.table("verdict_counts", [{"verdict_class": "reproduced", "claims": 2},
-                                 {"verdict_class": "measured on other hardware", "claims": 9}])
-    res.finish()
-    page = run.write_index(tmp_path, data).read_text()
-    assert 'data-verdict-class="measured on other hardware"' in page and "<td>9</td>" in page
-    assert "11 claims" in page
-
-
-def test_index_without_chapter_07_has_no_verdict_section(tmp_path, monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("the audit must not run before chapter 07 has")
-    monkeypatch.setattr(claims, "verdicts", boom)
+def test_index_without_a_finished_report_chapter_has_no_verdict_section(tmp_path):
     page = run.write_index(tmp_path, _small_run(tmp_path, with_report=False)).read_text()
     assert "data-verdict-class" not in page
+    data = _small_run(tmp_path, True, [("reproduced", 2)])
+    data["notebooks"][-1].update(status="failed", error="RuntimeError: the audit broke")
+    page = run.write_index(tmp_path, data).read_text()
+    assert "data-verdict-class" not in page and "RuntimeError: the audit broke" in page
+    assert "merged gate/up FFN speedup" in page
 
 
-def test_a_failing_audit_leaves_the_index_intact(tmp_path, monkeypatch):
-    def boom(*a, **k):
-        raise RuntimeError("broken claims file")
-    monkeypatch.setattr(claims, "verdicts", boom)
-    page = run.write_index(tmp_path, _small_run(tmp_path, with_report=True)).read_text()
-    assert "merged gate/up FFN speedup" in page and "data-verdict-class" not in page
+def test_index_lists_every_chapter_of_the_folder_in_one_status_vocabulary(tmp_path):
+    data = _small_run(tmp_path, with_report=False)
+    Results("03_end_to_end", tmp_path).record("ttft_ms", 70.0, "ms", key_figure=True)  # never finished
+    (tmp_path / "04_batching").mkdir()
+    (tmp_path / "04_batching" / "results.json").write_text(json.dumps({"schema": 2, "metrics": {}}))
+    page = run.write_index(tmp_path, data).read_text()
+    assert "<tr class='ok'><td>02_ffn_fusion</td>" in page
+    assert "<tr class='unfinished'><td>03_end_to_end</td>" in page and "time to first token" in page
+    assert "results.json still says running" in page
+    assert "<tr class='unreadable'><td>04_batching</td>" in page and "schema 2, but this workbook" in page
+    with pytest.raises(ValueError, match="lang='zh'"):
+        report.describe_key_figure("ttft_ms", {"value": 1.0}, lang="zh")
 
 
 def test_report_pages_are_readable_by_others_under_the_usual_umask(tmp_path):
+    import pandas as pd
+
+    audit = pd.DataFrame([{"id": "C1", "seed": "s", "section": "x", "text_zh": "测试", "gloss_en": "g",
+                           "claimed_value": "1", "unit": "", "hardware": "", "model": "", "rule": "ratio",
+                           "args": "", "verdict": "reproduced", "verdict_class": "reproduced", "detail": "d",
+                           "evidence": "computed", "elsewhere": "", "elsewhere_run": "", "decided_by": "",
+                           "device_class": ""}])
     old = os.umask(0o022)
     try:
         data = _small_run(tmp_path, with_report=False)
         index = run.write_index(tmp_path, data)
-        page = report.write_html(tmp_path / "07_report" / "claims_report.html", "t", [("p", "x")])
+        page = report.write_claims_report(tmp_path / REPORT_CHAPTER / "claims_report.html", "r", audit)
     finally:
         os.umask(old)
     for path in (index, page, tmp_path / "run.json", tmp_path / "02_ffn_fusion" / "results.json"):
         assert path.stat().st_mode & 0o777 == 0o644, path
+
+
+def test_a_ratio_inside_its_noise_says_so_on_the_index():
+    inside = report.describe_key_figure("ffn_merged_speedup_decode",
+                                        {"value": 1.05, "unit": "x", "low": 0.91, "high": 1.23})
+    assert inside["spread"] == "(p10–p90 0.910–1.23: no difference beyond the noise)"
+    apart = report.describe_key_figure("graph_mode_decode_speedup",
+                                       {"value": 1.6, "unit": "x", "low": 1.5, "high": 1.7})
+    assert apart["spread"] == "(p10–p90 1.50–1.70)"
+    assert report.describe_key_figure("ttft_ms", {"value": 80.0, "unit": "ms"})["spread"] == ""

@@ -39,7 +39,8 @@ def test_load_tiny_model(tiny_model):
     assert model.workbook_name == "tiny-random" and tok.pad_token is not None
     info = models.describe_model(model)
     assert info["layers"] == 2 and info["dtype"] == "float32" and info["device"] == "cpu"
-    assert info["parameter_bytes"] == models.parameter_bytes(model) > 0
+    unique = {p.data_ptr(): p for p in model.parameters()}.values()  # a tied matrix counts once
+    assert info["weight_bytes"] == 4 * sum(p.numel() for p in unique) > 0
     text = models.generate_text(model, tok, "hi", max_new_tokens=3, chat=False)
     assert isinstance(text, str)
     bf16, _ = load_model("tiny-random", dtype="bf16", device="cpu")
@@ -197,3 +198,15 @@ def test_embedded_conversion_then_cache_hit_with_equal_logits(fresh_embedded_cac
     info = models.describe_model(again)
     assert info["layers"] == 30 and info["hidden_size"] == 576 and info["tied_embeddings"]
     assert tok.chat_template  # the chat template came with the tokenizer
+
+
+def test_hub_endpoint_is_read_at_import():
+    seen = models.hub_endpoint_seen("HF_ENDPOINT", "https://hf-mirror.com")
+    assert seen["read_before_import"] is True and seen["before_import"] == "https://hf-mirror.com"
+    assert seen["after_import"] != "https://hf-mirror.com"
+    assert models.hub_endpoint_seen("HF_MIRROR_URL", "https://hf-mirror.com")["read_before_import"] is False
+
+
+def test_guide_padding_call_needs_a_pad_token():
+    out = models.guide_padding_call()
+    assert out["runs"] is False and "ValueError" in out["error"]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import types
 
 import pytest
 import torch
@@ -105,6 +104,10 @@ def test_npu_rms_norm_calls_the_real_signature(fake_torch_npu, dtype):
 
 def test_npu_add_rms_norm_returns_norm_and_new_residual(fake_torch_npu):
     x, r, w = _x((2, 4, 16), torch.float16), _x((2, 4, 16), torch.float16, seed=9), _w(16, torch.float16)
+    if "npu_add_rms_norm" not in fake_torch_npu.LINE.OPS:  # torch_npu 2.1.0: only npu_rms_norm
+        with pytest.raises(RuntimeError, match=r"npu_add_rms_norm.*torch_npu 2\.1\.0\.post4.*impl='auto'"):
+            ops.add_rms_norm(x, r, w, 1e-6, impl="npu")
+        return
     y, s = ops.add_rms_norm(x, r, w, 1e-6, impl="npu")
     assert fake_torch_npu.CALLS == ["npu_add_rms_norm"]
     torch.testing.assert_close(s, x + r, atol=0, rtol=0)
@@ -113,6 +116,10 @@ def test_npu_add_rms_norm_returns_norm_and_new_residual(fake_torch_npu):
 
 def test_npu_swiglu_and_ffn_fused_act(fake_torch_npu):
     gate_up = _x((2, 3, 20), torch.float32)
+    if "npu_swiglu" not in fake_torch_npu.LINE.OPS:
+        with pytest.raises(RuntimeError, match="needs torch_npu.npu_swiglu"):
+            ops.swiglu(gate_up, impl="npu")
+        return
     torch.testing.assert_close(ops.swiglu(gate_up, impl="npu"), ops.swiglu_reference(gate_up))
     assert fake_torch_npu.CALLS == ["npu_swiglu"]
     wg, wu, wd = _x((10, 8), torch.float32, seed=1), _x((10, 8), torch.float32, seed=2), _x((8, 10), torch.float32, seed=3)
@@ -127,10 +134,19 @@ def test_npu_gamma_shape_checked_before_the_call(fake_torch_npu):
     assert fake_torch_npu.CALLS == []
 
 
-def test_auto_resolves_to_npu_for_npu_devices():
+def test_auto_resolves_to_npu_for_npu_devices_where_the_line_has_the_op(fake_torch_npu):
+    has = fake_torch_npu.LINE.OPS
     assert ops.resolve_impl("auto", "npu", "rms_norm") == "npu"
-    assert ops.resolve_impl("auto", "npu:1", "swiglu") == "npu"
+    assert ops.resolve_impl("auto", "npu:1", "swiglu") == ("npu" if "npu_swiglu" in has else "reference")
+    impl, why = ops.explain_impl("auto", "npu", "add_rms_norm")
+    assert impl == ("npu" if "npu_add_rms_norm" in has else "torch") and "npu_add_rms_norm" in why
     assert ops.resolve_impl("auto", "cpu", "swiglu") == "reference"
+
+
+def test_auto_on_an_npu_without_torch_npu_falls_back(monkeypatch):
+    monkeypatch.setattr(backend, "_NPU_IMPORT", backend.NpuImport(error="torch_npu is not installed"))
+    impl, why = ops.explain_impl("auto", "npu", "swiglu")
+    assert impl == "reference" and "not loaded" in why
 
 
 def test_npu_impl_without_torch_npu_says_why(monkeypatch):
@@ -225,6 +241,10 @@ def test_apply_fused_modules_npu_path_in_bf16(tiny_model, fake_torch_npu):
     ids = torch.tensor([[1, 2, 3, 4]])
     ref = copy.deepcopy(model).to(torch.bfloat16)
     fused = copy.deepcopy(ref)
+    if "npu_swiglu" not in fake_torch_npu.LINE.OPS:
+        with pytest.raises(RuntimeError, match="npu_swiglu"):
+            ops.apply_fused_modules(fused, impl="npu")
+        return
     counts = ops.apply_fused_modules(fused, impl="npu")
     assert counts["impl"] == "npu" and counts["swiglu_impl"] == "npu"
     out = _logits(fused, ids)
@@ -234,37 +254,21 @@ def test_apply_fused_modules_npu_path_in_bf16(tiny_model, fake_torch_npu):
 
 # --- graph mode selection ---------------------------------------------------------------------------
 
-def _fake_torchair(log):
-    class CompilerConfig:
-        def __init__(self):
-            self.mode = "max-autotune"
-
-    def get_npu_backend(*, compiler_config=None, custom_decompositions={}):
-        log.append(("get_npu_backend", compiler_config.mode))
-
-        def backend_fn(gm, example_inputs):
-            log.append(("compiled", len(example_inputs)))
-            return gm.forward
-        return backend_fn
-
-    return types.SimpleNamespace(CompilerConfig=CompilerConfig, get_npu_backend=get_npu_backend)
-
-
-def test_graph_mode_on_npu_uses_torchair_backend(monkeypatch):
-    log = []
-    monkeypatch.setitem(sys.modules, "torchair", _fake_torchair(log))
+def test_graph_mode_on_npu_uses_torchair_backend(fake_torch_npu):
+    """Each line's torchair (tests/fakes/fake_torchair.py) gets the graph; modes per line are in
+    test_npu_lines.py."""
     torch._dynamo.reset()
 
     def residual_norm(x, r, w):
         s = x + r
         return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
-    compiled, name = ops.graph_mode(residual_norm, "npu", mode="reduce-overhead")
+    compiled, name = ops.graph_mode(residual_norm, "npu", mode="max-autotune")
     assert name == "torchair"
-    assert log == [("get_npu_backend", "reduce-overhead")]
     x = torch.randn(2, 8)
     torch.testing.assert_close(compiled(x, x, torch.ones(8)), residual_norm(x, x, torch.ones(8)))
-    assert log[-1][0] == "compiled", "torch.compile did not hand the graph to torchair's backend"
+    assert fake_torch_npu.torchair.CALLS == ["torchair:max-autotune"], \
+        "torch.compile did not hand the graph to torchair's backend"
     torch._dynamo.reset()
 
 
@@ -303,3 +307,18 @@ def test_apply_fused_modules_auto_on_cpu_is_bit_exact_in_bf16(tiny_model):
     counts = ops.apply_fused_modules(fused, impl="auto")
     assert counts["impl"] == "reference" and counts["swiglu_impl"] == "reference"
     torch.testing.assert_close(_logits(fused, ids), _logits(ref, ids), atol=0, rtol=0)
+
+
+def test_llama_rmsnorm_formula_check_can_fail(monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    assert ops.llama_rmsnorm_matches_formula()["matches"] is True
+
+    class Biased(modeling_llama.LlamaRMSNorm):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.bias = torch.nn.Parameter(torch.zeros(a[0]))
+
+    monkeypatch.setattr(modeling_llama, "LlamaRMSNorm", Biased)
+    out = ops.llama_rmsnorm_matches_formula()
+    assert out["has_bias"] is True and out["matches"] is False

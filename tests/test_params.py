@@ -66,3 +66,12 @@ def test_positive_float_allow_zero():
     assert params.check_positive_float("min_seconds", 0, allow_zero=True) == 0.0
     with pytest.raises(ValueError, match=">= 0"):
         params.check_positive_float("min_seconds", -1, allow_zero=True)
+
+
+def test_a_list_that_must_include_a_value():
+    rule = params.ints_including(1)
+    assert rule("batch_sizes", [4, 1, 2]) == [4, 1, 2]
+    with pytest.raises(ValueError, match=r"batch_sizes=\[2, 4\] is not valid; it must include 1"):
+        rule("batch_sizes", [2, 4])
+    with pytest.raises(ValueError, match="batch_sizes"):
+        rule("batch_sizes", [1, 0])

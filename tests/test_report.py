@@ -1,4 +1,4 @@
-"""07_report renders from a partial run: hand-made results, one failed and one missing chapter."""
+"""The report chapter renders from a partial run: hand-made results, one failed and one missing chapter."""
 from __future__ import annotations
 
 import json
@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pytest
 
 from helpers import claims, ladder, report
-from helpers.results import Results, load_results, write_json_atomic
+from helpers.results import (REPORT_CHAPTER, STATUSES, Results, load_results, read_run, workbook_chapters,
+                             write_json_atomic)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,14 +52,17 @@ def make_partial_run(run_dir: Path) -> Path:
     return run_dir
 
 
-def test_status_plots_and_html_from_a_partial_run(tmp_path):
+def test_status_plots_and_claims_page_from_a_partial_run(tmp_path):
     run_dir = make_partial_run(tmp_path / "partial")
-    status = report.chapter_status(run_dir).set_index("chapter")["status"].to_dict()
-    assert status["02_ffn_fusion"] == "failed"
-    assert status["01_operator_verification"] == "did not run"
-    assert status["05_int8_quantization"] == "did not finish"
-    assert status["06_optimization_ladder"] == "ok"
-    results = {k: v for k, v in __import__("helpers.results").results.load_all(run_dir).items()}
+    folder = read_run(run_dir, expected=workbook_chapters())
+    status = folder.status_table().set_index("chapter")
+    assert status.loc["02_ffn_fusion", "status"] == "failed"
+    assert status.loc["02_ffn_fusion", "reason"] == "RuntimeError: fixture failure"
+    assert status.loc["01_operator_verification", "status"] == "not run"
+    assert status.loc["05_int8_quantization", "status"] == "unfinished"
+    assert status.loc["06_optimization_ladder", "status"] == "ok"
+    assert REPORT_CHAPTER not in status.index and set(status["status"]) <= set(STATUSES)
+    results = folder.results()
     table = claims.load_claims()
     assert report.guide_value(table, "04_batching.batch_throughput_ratio_4") == pytest.approx(3.2)
     figs = [report.plot_roofline(results), report.plot_batching(results, table),
@@ -67,25 +70,26 @@ def test_status_plots_and_html_from_a_partial_run(tmp_path):
     assert all(f is not None for f in figs)
     assert report.plot_roofline({}) is None and report.plot_ladder({}) is None
     assert report.plot_batching({}, table) is None and report.plot_int8({}, table) is None
-    page = report.write_html(tmp_path / "r.html", "t", [("h2", "x <y>"), ("table", report.key_figures(results)),
-                                                        ("figure", figs[0]), ("table", None)])
-    text = page.read_text()
-    assert "x &lt;y&gt;" in text and "data:image/png;base64," in text and "decode_tok_s_batch1" in text
-    for fig in figs:
-        plt.close(fig)
+    audit = claims.verdicts(run_dir, table)
+    figures = report.key_figures(results)
+    figures.loc[0, "shape"] = "x <y>"
+    page = report.write_claims_report(tmp_path / "r.html", "partial", audit, status=folder.status_table(),
+                                      figures=figures, plots=figs).read_text()
+    assert "Claims audit: run partial" in page and "x &lt;y&gt;" in page and "decode_tok_s_batch1" in page
+    assert page.count("data:image/png;base64,") == len(figs)
+    assert "fixture failure" in page and "<td>unfinished</td>" in page
 
 
-@pytest.mark.skipif(not (REPO / "notebooks" / "07_report.ipynb").exists(), reason="notebook missing")
 def test_report_notebook_renders_through_the_runner(tmp_path):
     reports = tmp_path / "reports"
     make_partial_run(reports / "partial")
     env = {**os.environ, "WORKBOOK_REPORTS": str(reports)}
-    proc = subprocess.run([sys.executable, "-m", "helpers.run", "--profile", "quick", "--only", "07",
+    proc = subprocess.run([sys.executable, "-m", "helpers.run", "--profile", "quick", "--only", REPORT_CHAPTER,
                            "--reports-dir", str(reports), "--run-id", "partial", "--no-html"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run_dir = reports / "partial"
-    data = load_results(run_dir, "07_report")
+    data = load_results(run_dir, REPORT_CHAPTER)
     assert data["status"] == "ok"
     assert data["metrics"]["claims_total"]["value"] == len(claims.load_claims())
     rows = {row["id"]: row for row in data["tables"]["claims"]}
@@ -94,11 +98,12 @@ def test_report_notebook_renders_through_the_runner(tmp_path):
     assert rows["C42"]["verdict_class"] == "measured on other hardware"
     assert rows["C42"]["elsewhere"].startswith("same effect on cpu")
     counts = {row["verdict_class"]: row["claims"] for row in data["tables"]["verdict_counts"]}
-    assert sum(counts.values()) == len(rows) and counts["reproduced"] >= 1  # computed, device-independent
+    tally = {cls: sum(r["verdict_class"] == cls for r in rows.values()) for cls in claims.VERDICT_CLASSES}
+    assert counts == tally and sum(counts.values()) == len(rows)
     assert [a["label"] for a in data["artifacts"]] == ["claims audit (HTML, no code)"]
     assert (run_dir / data["artifacts"][0]["path"]).exists()
     assert "claims audit" in (run_dir / "index.html").read_text()
-    notebook = json.loads((run_dir / "07_report.ipynb").read_text())
+    notebook = json.loads((run_dir / f"{REPORT_CHAPTER}.ipynb").read_text())
     outputs = [o for c in notebook["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o["output_type"] == "error"]
     assert not [o for o in outputs if o.get("name") == "stderr"], "noisy stderr output"

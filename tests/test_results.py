@@ -1,4 +1,4 @@
-"""results.json: atomic writes, context kept with every figure, read-back helpers, clear errors."""
+"""results.json: atomic writes, context kept with every figure, the run-folder reader, clear errors."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import torch
 
 from helpers import results
 from helpers.bench import Timing
-from helpers.results import Results, load_all, load_results, metric, write_json_atomic
+from helpers.results import Results, load_results, metric, read_run, write_json_atomic
 
 
 def test_record_keeps_value_unit_and_context(tmp_path):
@@ -65,8 +65,83 @@ def test_readers_tolerate_missing_and_broken_files(tmp_path):
     (tmp_path / "broken" / "results.json").write_text("{ half a fi")
     assert load_results(tmp_path, "broken") is None
     Results("ok", tmp_path).record("k", 2)
-    assert set(load_all(tmp_path)) == {"ok"}
+    assert metric(load_results(tmp_path, "ok"), "k") == 2
+    assert set(read_run(tmp_path).results()) == {"ok"}
     assert metric(None, "k", "d") == "d" and metric(load_results(tmp_path, "ok"), "zz", 0) == 0
+
+
+def _write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+
+
+def test_only_schema_1_is_read_and_anything_else_says_why(tmp_path):
+    good = Results("good", tmp_path).data
+    cases = {"no_schema": {**good, "schema": None}, "schema_2": {**good, "schema": 2},
+             "no_metrics": {k: v for k, v in good.items() if k != "metrics"}, "a_list": [1, 2], "half": "{ half"}
+    for name, data in cases.items():
+        _write(tmp_path / name / "results.json", data)
+    reasons = {name: results.read_results_file(tmp_path / name / "results.json") for name in cases}
+    assert all(data is None for data, _ in reasons.values())
+    assert reasons["no_schema"][1] == "schema None, but this workbook writes and reads schema 1"
+    assert reasons["schema_2"][1].startswith("schema 2, ")
+    assert reasons["no_metrics"][1] == "schema 1 without a valid metrics"
+    assert reasons["a_list"][1] == "not a JSON object" and reasons["half"][1].startswith("not valid JSON")
+    assert results.read_results_file(tmp_path / "good" / "results.json") == (good, "")
+    folder = read_run(tmp_path)
+    assert {n: c.status for n, c in folder.chapters.items()} == {**{n: "unreadable" for n in cases}, "good": "unfinished"}
+    assert "no_schema: unreadable (results.json schema None" in " | ".join(folder.notes)
+
+
+@pytest.mark.parametrize("file_status, entry, expected", [
+    ("ok", {}, ("ok", "")),
+    ("skipped", {}, ("skipped", "needs an NPU")),
+    ("running", {}, ("unfinished", "results.json still says running")),
+    (None, {}, ("not run", "")),
+    ("running", {"status": "failed", "error": "ValueError: boom"}, ("failed", "ValueError: boom")),
+    (None, {"status": "failed", "error": "kernel died"}, ("failed", "kernel died")),
+    ("running", {"status": "ok"}, ("ok", "")),  # the runner saw the notebook finish
+    (None, {"status": "ok"}, ("ok", "it wrote no results.json")),
+    (None, {"status": "running"}, ("unfinished", "the runner started it")),
+    ("done", {}, ("unreadable", "results.json status 'done'")),
+])
+def test_one_status_from_results_json_and_the_runners_entry(file_status, entry, expected):
+    data = None if file_status is None else {"status": file_status,
+                                             **({"status_reason": "needs an NPU"} if file_status == "skipped" else {})}
+    status, reason = results.chapter_status(data, "" if data else "missing", entry)
+    assert status == expected[0] and reason.startswith(expected[1]), (status, reason)
+    assert status in results.STATUSES
+
+
+def test_a_run_folder_merges_run_json_lists_expected_chapters_and_names_the_device(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        read_run(tmp_path / "nope")
+    r = Results("00_environment_check", tmp_path, environment={"device": "cpu"})
+    r.record("device", "npu:0")
+    r.finish()
+    Results("03_end_to_end", tmp_path, environment={"device": "npu:0"})
+    folder = read_run(tmp_path, expected=["01_operator_verification"])
+    assert folder.notes[0].startswith("run.json missing") and folder.device == "npu:0"
+    assert [(c.name, c.status) for c in folder.chapters.values()] == [
+        ("00_environment_check", "ok"), ("01_operator_verification", "not run"), ("03_end_to_end", "unfinished")]
+    write_json_atomic(tmp_path / "run.json", {"run_id": "r", "notebooks": [
+        {"notebook": "03_end_to_end", "status": "failed", "error": "a\nRuntimeError: out of memory"},
+        {"notebook": "02_ffn_fusion", "status": "failed", "error": "died before writing"}]})
+    folder = read_run(tmp_path)
+    assert folder.chapters["03_end_to_end"].status == "failed" and folder.chapters["02_ffn_fusion"].status == "failed"
+    assert folder.chapters["03_end_to_end"].entry["error"].endswith("out of memory")
+    assert set(folder.results()) == {"00_environment_check", "03_end_to_end"}  # a failed chapter's figures stay
+    table = folder.status_table()
+    assert list(table["chapter"]) == ["00_environment_check", "02_ffn_fusion", "03_end_to_end"]
+    r = Results(results.REPORT_CHAPTER, tmp_path)
+    assert results.REPORT_CHAPTER not in read_run(tmp_path).results()  # never one of its own inputs
+    assert results.REPORT_CHAPTER in read_run(tmp_path).chapters
+
+
+@pytest.mark.parametrize("device, cls", [("npu:0", "npu"), ("cuda:1", "cuda"), ("CPU", "cpu"), ("", ""),
+                                         ("?", ""), ("unknown (no torch)", ""), ("mps", "")])
+def test_device_class_names_one_of_three_classes(device, cls):
+    assert results.device_class(device) == cls
 
 
 def test_interrupt_mid_write_leaves_the_old_file_intact(tmp_path, monkeypatch):

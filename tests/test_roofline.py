@@ -7,8 +7,8 @@ from helpers import roofline
 def test_llama2_7b_parameters_match_the_published_count():
     # 6,738,415,616 parameters is the count of meta-llama/Llama-2-7b-hf's safetensors.
     assert roofline.llama_parameter_count(**roofline.LLAMA2_7B_CONFIG) == 6_738_415_616
-    assert roofline.llama2_7b_weight_bytes("float16") == 2 * 6_738_415_616
-    assert roofline.llama2_7b_weight_bytes("int8") == 6_738_415_616
+    assert roofline.llama2_weight_bytes("float16") == 2 * 6_738_415_616
+    assert roofline.llama2_weight_bytes("int8") == 6_738_415_616
 
 
 def test_parameter_formula_matches_a_real_model(tiny_model):
@@ -21,13 +21,13 @@ def test_parameter_formula_matches_a_real_model(tiny_model):
 
 
 def test_ceiling_on_1_6_tbps_is_about_118_tokens_per_second():
-    ceiling = roofline.decode_ceiling_tok_s(1600, roofline.llama2_7b_weight_bytes("float16"))
+    ceiling = roofline.decode_ceiling_tok_s(1600, roofline.llama2_weight_bytes("float16"))
     # 1.6e12 / 13.4768e9 = 118.72
     assert ceiling == pytest.approx(118.72, abs=0.01)
 
 
 def test_required_bandwidth_for_the_guides_batch1_claim():
-    weights = roofline.llama2_7b_weight_bytes("float16")
+    weights = roofline.llama2_weight_bytes("float16")
     assert roofline.required_bandwidth_gbps(2500, weights) == pytest.approx(33_692, rel=1e-3)
     assert roofline.required_bandwidth_gbps(3500, weights) == pytest.approx(47_169, rel=1e-3)
     # round trip
@@ -46,7 +46,8 @@ def test_prefill_floor_and_verdicts():
     (roofline.decode_ceiling_tok_s, (0, 1e9), "bandwidth_gbps"),
     (roofline.decode_ceiling_tok_s, (100, -1), "weight_bytes"),
     (roofline.required_bandwidth_gbps, ("fast", 1e9), "tokens_per_s"),
-    (roofline.llama2_7b_weight_bytes, ("fp8",), "dtype"),
+    (roofline.llama2_weight_bytes, ("fp8",), "dtype"),
+    (roofline.llama2_weight_bytes, ("float16", "8b"), "size"),
 ])
 def test_bad_input_names_the_parameter(fn, args, name):
     with pytest.raises(ValueError, match=name):
@@ -60,17 +61,28 @@ def test_specs_table_has_sources_and_no_typed_cpu_row():
     assert not specs["device"].str.lower().str.contains("cpu").any()
     # Huawei publishes no per-chip 910B bandwidth: those rows must stay unofficial.
     assert (specs.loc[specs["device"].str.contains("910B"), "status"] == "unofficial").all()
-    table = roofline.ceilings_table(roofline.llama2_7b_weight_bytes(), specs, extra={"this cpu": 30.0})
+    table = roofline.ceilings_table(roofline.llama2_weight_bytes(), specs, extra={"this cpu": 30.0})
     row = table[table["device"] == "this cpu"].iloc[0]
     assert row["status"] == "measured"
     assert row["ceiling_tok_s"] == pytest.approx(30e9 / 13_476_831_232)
 
 
-def test_specs_without_source_are_rejected(tmp_path):
+def test_a_bad_specs_cell_is_named_by_file_row_and_column(tmp_path):
     path = tmp_path / "specs.csv"
-    path.write_text("device,variant,memory_gb,bandwidth_gbps,fp16_dense_tflops,status,source,note\n"
-                    "X,X1,1,100,,guess,,\n")
-    with pytest.raises(ValueError, match="source"):
+    header = "device,variant,memory_gb,bandwidth_gbps,fp16_dense_tflops,status,source,note\n"
+    path.write_text(header + "X,X1,1,100,,official,a datasheet,\nY,Y1,1,lots,,guess,,\n")
+    with pytest.raises(ValueError) as err:
+        roofline.load_specs(path)
+    message = str(err.value)
+    assert message.startswith(str(path))
+    for problem in ("row 2 (Y1), column source: empty", "row 2 (Y1), column status: 'guess'",
+                    "row 2 (Y1), column bandwidth_gbps: 'lots' is not a number"):
+        assert problem in message, problem
+    assert "row 1" not in message  # the good row is not blamed
+    path.write_text(header + "X,X1,1,100,,official,a datasheet,\n")
+    assert roofline.load_specs(path)["fp16_dense_tflops"].isna().all()  # an empty optional figure is missing
+    path.write_text("device,hbm_bandwidth_gbps,source\nX,100,s\n")  # another table's column names
+    with pytest.raises(ValueError, match=r"missing columns \['variant', 'memory_gb', 'bandwidth_gbps'"):
         roofline.load_specs(path)
 
 
@@ -90,7 +102,7 @@ def test_kv_cache_uses_grouped_query_heads_and_transformers_configs():
 
 
 def test_kv_growth_and_its_inverse_agree():
-    w = roofline.llama2_7b_weight_bytes()
+    w = roofline.llama2_weight_bytes()
     cfg = roofline.LLAMA2_7B_CONFIG
     growth = roofline.kv_memory_growth_pct(cfg, 4, 2048, w)
     assert growth == pytest.approx(100 * 3 * 2048 * 524288 / (w + 2048 * 524288))

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from helpers import compat, generation, ops, quant, static_decode
+from helpers import generation, ops, quant, static_decode, versions
 from helpers.models import tiny_llama
 
 PROMPT = "the static cache keeps shapes fixed"
@@ -143,35 +143,38 @@ def test_make_static_cache_passes_only_declared_parameters(model, monkeypatch):
         static_decode.make_static_cache(m, 1, 0)
 
 
-def test_npu_mode_goes_to_torchair_and_bad_modes_fail(model, monkeypatch):
+def test_npu_mode_goes_to_torchair_and_bad_modes_fail(model, monkeypatch, fake_torch_npu):
+    """On every torch_npu line: torchair's mode goes to its CompilerConfig where that config has the
+    mode, never to torch.compile; the settings name what was built. Nothing is compiled here."""
     m, _ = model
-    built = []
-
-    class Config:
-        mode = None
-
-    def get_npu_backend(compiler_config=None):
-        built.append(compiler_config.mode)
-        return "torchair-backend"
-
-    monkeypatch.setitem(sys.modules, "torchair", types.SimpleNamespace(CompilerConfig=Config,
-                                                                      get_npu_backend=get_npu_backend))
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
-    compiled = static_decode.compile_model(m, "npu", npu_mode="reduce-overhead")
-    assert compiled.backend == "torchair" and built == ["reduce-overhead"]
-    assert calls[-1]["dynamic"] is False and calls[-1]["fullgraph"] is True
+    modes = fake_torch_npu.LINE.MODES
+    for mode in static_decode.NPU_MODES:
+        if modes is None and mode != "max-autotune" or modes is not None and mode not in modes:
+            with pytest.raises(RuntimeError, match=f"npu_graph_mode='{mode}'"):
+                static_decode.compile_model(m, "npu", npu_mode=mode)
+            continue
+        compiled = static_decode.compile_model(m, "npu", npu_mode=mode)
+        assert compiled.backend == "torchair" and "mode" not in calls[-1]
+        assert calls[-1]["dynamic"] is False and calls[-1]["fullgraph"] is True
+        assert calls[-1]["backend"].keywords["compiler_config"] is compiled.npu_plan["config"]
+        settings = compiled.describe()
+        assert (f"mode={mode}" in settings) if modes else ("GE graph (torchair default" in settings)
+        fields = static_decode.graph_fields(compiled)
+        assert fields["npu_graph"]["torch_npu"] == fake_torch_npu.__version__
+    static_decode.restore_eager(m)
     with pytest.raises(ValueError, match="npu_mode"):
         static_decode.compile_model(m, "npu", npu_mode="O3")
 
 
 def test_cache_argument_follows_the_class_forward_even_when_compiled(model):
     m, _ = model
-    name = compat.cache_argument(m)
+    name = versions.cache_argument(m)
     assert name in inspect.signature(type(m).forward).parameters
     m.forward = lambda *args, **kwargs: None  # what a compiled wrapper hides
     try:
-        assert compat.cache_argument(m) == name
+        assert versions.cache_argument(m) == name
     finally:
         del m.forward
 
@@ -182,7 +185,7 @@ def test_cpu_inductor_settings_are_chosen_for_cpu_inductor_only(model):
     assert static_decode.decode_inductor_config("cuda", "inductor") == {}
     assert static_decode.decode_inductor_config("cpu", "counting-eager") == {}
     dense = static_decode.decode_inductor_config("cpu", "inductor", quantized=False)
-    assert dense == {"freezing": True}
+    assert dense == {k: v for k, v in full.items() if not k.startswith("max_autotune")} and dense["freezing"]
     m, _ = model
     compiled = static_decode.compile_model(m, "cpu")  # builds nothing until called
     assert compiled.backend == "inductor" and compiled.inductor_config == dense  # dense weights: ATen GEMMs
@@ -294,6 +297,12 @@ def test_autotuning_is_kept_to_decode_steps_unless_asked(model):
         _generate(m, tok, _inputs(tok), 3, **kwargs)
         assert recorder.seen == expected
         static_decode.restore_eager(m)
+
+
+def test_compiling_the_module_leaves_generate_eager(monkeypatch):
+    assert static_decode.compiled_module_runs_generate_compiled() is False
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)  # a compile that wrapped everything
+    assert static_decode.compiled_module_runs_generate_compiled() is True
 
 
 # --- the hand-written greedy loop ---------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import compat
+from helpers import versions
 
 REPO = Path(__file__).resolve().parent.parent
 CORE = ("transformers", "tokenizers", "huggingface_hub", "accelerate", "numpy", "pandas", "matplotlib")
@@ -30,27 +30,29 @@ def _pins(path):
 
 def test_this_venv_holds_one_pinned_set():
     """The core packages all come from requirements-common.txt or all from requirements-legacy.txt."""
-    line = compat.transformers_line()
+    line = versions.transformers_line()
     pins = _pins("requirements-common.txt" if line == "5.x" else "requirements-legacy.txt")
     installed = {name: version(name) for name in CORE}
     assert {name: pins[name] for name in CORE} == installed
 
 
-def test_transformers_line_names_the_major():
-    assert compat.transformers_line("4.57.6") == "4.x"
-    assert compat.transformers_line("5.24.0.dev0") == "5.x"
+def test_transformers_line_names_the_major(monkeypatch):
+    assert versions.transformers_line("4.57.6") == "4.x"
+    assert versions.transformers_line("5.24.0.dev0") == "5.x"
     import transformers
 
-    assert compat.transformers_line() == f"{transformers.__version__.split('.')[0]}.x"
+    for installed, line in (("4.57.6", "4.x"), ("5.24.0", "5.x")):  # without an argument: the installed one
+        monkeypatch.setattr(transformers, "__version__", installed)
+        assert versions.transformers_line() == line
 
 
 def test_both_lines_pass_the_floor_and_older_ones_fail():
-    compat.check_transformers_floor("4.57.6")
-    compat.check_transformers_floor("5.24.0")
-    assert compat.check_transformers("4.57.6") is None and compat.check_transformers("5.24.0") is None
+    versions.check_transformers_floor("4.57.6")
+    versions.check_transformers_floor("5.24.0")
+    assert versions.check_transformers("4.57.6") is None and versions.check_transformers("5.24.0") is None
     with pytest.raises(ImportError, match=r"transformers >= 4\.56\.0.*requirements-legacy\.txt"):
-        compat.check_transformers_floor("4.55.4")
-    assert "outside the tested range" in compat.check_transformers("6.0.0")
+        versions.check_transformers_floor("4.55.4")
+    assert "outside the tested range" in versions.check_transformers("6.0.0")
 
 
 def test_cache_argument_follows_the_signature():
@@ -60,23 +62,23 @@ def test_cache_argument_follows_the_signature():
     def classic(input_ids=None, past_key_values=None):
         return None
 
-    assert compat.cache_argument(types.SimpleNamespace(forward=renamed)) == "cache"
-    assert compat.cache_argument(types.SimpleNamespace(forward=classic)) == "past_key_values"
-    assert compat.cache_argument(types.SimpleNamespace(forward=len)) in ("cache", "past_key_values")
+    assert versions.cache_argument(types.SimpleNamespace(forward=renamed)) == "cache"
+    assert versions.cache_argument(types.SimpleNamespace(forward=classic)) == "past_key_values"
+    assert versions.cache_argument(types.SimpleNamespace(forward=len)) in ("cache", "past_key_values")
 
 
 def test_a_cached_decode_step_works_on_this_transformers(tiny_model):
     """Prefill into a DynamicCache from the config, then one decode step through the detected keyword."""
     model, tokenizer = tiny_model
     ids = tokenizer("hello there", return_tensors="pt")["input_ids"]
-    keyword = compat.cache_argument(model)
-    cache = compat.dynamic_cache(model.config)
+    keyword = versions.cache_argument(model)
+    cache = versions.dynamic_cache(model.config)
     with torch.inference_mode():
         out = model(input_ids=ids, use_cache=True, **{keyword: cache})
-        returned = compat.cache_of(out)
+        returned = versions.cache_of(out)
         assert returned is cache and cache.get_seq_length() == ids.shape[1]
         step = model(input_ids=out.logits[:, -1:].argmax(-1), use_cache=True, **{keyword: returned})
-        assert compat.cache_of(step).get_seq_length() == ids.shape[1] + 1
+        assert versions.cache_of(step).get_seq_length() == ids.shape[1] + 1
         # the same step without a cache gives the same next-token logits
         full = model(input_ids=torch.cat([ids, out.logits[:, -1:].argmax(-1)], dim=1))
     torch.testing.assert_close(step.logits[:, -1], full.logits[:, -1], rtol=1e-4, atol=1e-4)
@@ -84,9 +86,9 @@ def test_a_cached_decode_step_works_on_this_transformers(tiny_model):
 
 def test_cache_of_reads_either_name():
     cache = object()
-    assert compat.cache_of({"past_key_values": cache}) is cache
-    assert compat.cache_of({"cache": cache, "past_key_values": None}) is cache
-    assert compat.cache_of({"logits": 1}) is None
+    assert versions.cache_of({"past_key_values": cache}) is cache
+    assert versions.cache_of({"cache": cache, "past_key_values": None}) is cache
+    assert versions.cache_of({"logits": 1}) is None
 
 
 class _Quantizer:
@@ -103,21 +105,21 @@ def test_drop_quantization_config_with_and_without_a_quantizer():
     quantizer = _Quantizer()
     with_quantizer = types.SimpleNamespace(hf_quantizer=quantizer,
                                            config=types.SimpleNamespace(quantization_config={"q": 1}))
-    compat.drop_quantization_config(with_quantizer)
+    versions.drop_quantization_config(with_quantizer)
     assert quantizer.called and not hasattr(with_quantizer.config, "quantization_config")
     leftover = types.SimpleNamespace(config=types.SimpleNamespace(quantization_config={"q": 1},
                                                                   _pre_quantization_dtype=torch.float32))
-    compat.drop_quantization_config(leftover)
+    versions.drop_quantization_config(leftover)
     assert not hasattr(leftover.config, "quantization_config")
     assert not hasattr(leftover.config, "_pre_quantization_dtype")
-    compat.drop_quantization_config(types.SimpleNamespace(config=types.SimpleNamespace()))  # nothing to do
+    versions.drop_quantization_config(types.SimpleNamespace(config=types.SimpleNamespace()))  # nothing to do
 
 
 def test_each_transformers_line_converts_into_its_own_cache_folder(tmp_path):
-    assert compat.converted_model_folder("smollm2-135m", "5.24.0") == "smollm2-135m"
-    assert compat.converted_model_folder("smollm2-135m", "4.57.6") == "smollm2-135m-transformers4"
+    assert versions.converted_model_folder("smollm2-135m", "5.24.0") == "smollm2-135m"
+    assert versions.converted_model_folder("smollm2-135m", "4.57.6") == "smollm2-135m-transformers4"
     from helpers.models import embedded_cache_dir
 
     folder = embedded_cache_dir(tmp_path)
     assert folder.parent == tmp_path / "models"
-    assert folder.name == compat.converted_model_folder("smollm2-135m")
+    assert folder.name == versions.converted_model_folder("smollm2-135m")

@@ -1,16 +1,16 @@
-"""Support floor, torch / torch_npu / CANN pairing, and feature detection with fallbacks.
+"""Versions: the support floor, torch / torch_npu / CANN pairing, feature detection and the
+shims for both transformers lines.
 
 Taught in ``00_environment_check.ipynb``. Helpers call ``has_feature`` instead of assuming a
 recent torch, so they also run on the torch 2.1 of older Ascend images, and the transformers shims
 at the end of this file instead of assuming one transformers line: setup installs transformers 5.x
-(current pinned set) or 4.57.x (legacy set, Python 3.9-3.10 or torch 2.1-2.5).
+(current pinned set) or 4.57.x (legacy set, Python 3.9-3.10 or torch 2.1-2.5). Importing this module
+imports neither torch nor transformers (the claims audit reads ``KNOWN_GOOD`` without them).
 """
 from __future__ import annotations
 
 import re
 from typing import Optional
-
-import torch
 
 MIN_TORCH = (2, 1, 0)
 # Both pinned lines: 4.57.x (legacy set) and 5.x (current). 4.56 is the first release that takes
@@ -20,6 +20,8 @@ TRANSFORMERS_RANGE = ((4, 56, 0), (6, 0, 0))
 # Known-good torch_npu / CANN pairs from Ascend/pytorch COMPATIBILITY.en.md (see
 # shared reference). torch_npu X.Y.Z[.postN] always pairs with torch X.Y.Z.
 KNOWN_GOOD = [
+    {"torch_npu": "2.1.0", "torch": "2.1.0", "cann": "7.0.0"},
+    {"torch_npu": "2.1.0.post6", "torch": "2.1.0", "cann": "8.0.RC2"},  # pytorch_2.1.0-cann_8.0.rc2 image
     {"torch_npu": "2.1.0.post10", "torch": "2.1.0", "cann": "8.0.0"},
     {"torch_npu": "2.1.0.post12", "torch": "2.1.0", "cann": "8.1.RC1"},
     {"torch_npu": "2.1.0.post17", "torch": "2.1.0", "cann": "8.3.RC1"},
@@ -27,6 +29,7 @@ KNOWN_GOOD = [
     {"torch_npu": "2.4.0.post4", "torch": "2.4.0", "cann": "8.1.RC1"},
     {"torch_npu": "2.5.1", "torch": "2.5.1", "cann": "8.1.RC1"},
     {"torch_npu": "2.6.0.post5", "torch": "2.6.0", "cann": "8.5.0"},
+    {"torch_npu": "2.7.1", "torch": "2.7.1", "cann": "8.3.RC1"},  # pytorch_2.7.1-cann_8.3.rc1 image
     {"torch_npu": "2.9.0.post2", "torch": "2.9.0", "cann": "9.0.0"},
     {"torch_npu": "2.12.0", "torch": "2.12.0", "cann": "9.1.0"},
 ]
@@ -40,7 +43,11 @@ def version_tuple(version: str) -> tuple[int, int, int]:
 
 def check_support_floor(torch_version: Optional[str] = None) -> None:
     """Raise ImportError with advice when torch is older than the floor."""
-    version = torch_version or torch.__version__
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    version = torch_version
     if version_tuple(version) < MIN_TORCH:
         raise ImportError(
             f"ascend-llama-workbook needs torch >= {'.'.join(map(str, MIN_TORCH))}, found {version}. "
@@ -127,88 +134,106 @@ def pairing_check(torch_version: str, torch_npu_version: Optional[str],
 
 
 # --- features that newer torch versions added; helpers check before using them --------------
-_FEATURES = {
-    "F.rms_norm": lambda: hasattr(torch.nn.functional, "rms_norm"),
-    "nn.RMSNorm": lambda: hasattr(torch.nn, "RMSNorm"),
-    "torch.accelerator": lambda: hasattr(torch, "accelerator"),
-    "torch._weight_int8pack_mm": lambda: hasattr(torch, "_weight_int8pack_mm"),
-    "torch.compile": lambda: hasattr(torch, "compile"),
+_FEATURES = {  # name -> dotted attribute path under torch
+    "F.rms_norm": "nn.functional.rms_norm",
+    "nn.RMSNorm": "nn.RMSNorm",
+    "torch.accelerator": "accelerator",
+    "torch._weight_int8pack_mm": "_weight_int8pack_mm",
+    "torch.compile": "compile",
 }
 
 
 def has_feature(name: str) -> bool:
     if name not in _FEATURES:
         raise KeyError(f"unknown feature {name!r}; known: {', '.join(_FEATURES)}")
-    return bool(_FEATURES[name]())
+    import torch
 
-
-def feature_table() -> dict[str, bool]:
-    return {name: has_feature(name) for name in _FEATURES}
-
-
-# --- the guides' API names against the real torch_npu API -----------------------------------
-# "documented" is what Ascend/pytorch and op-plugin sources say (shared reference npu_api.md);
-# "here" is checked live with hasattr when torch_npu imports on this machine.
-API_CLAIMS = [
-    {"guide_name": "torch_npu.npu.rms_norm", "real_api": "torch_npu.npu_rms_norm",
-     "documented": "does not exist; npu_rms_norm(x, gamma, epsilon) -> (y, rstd)"},
-    {"guide_name": "torch_npu.npu.linear_activation", "real_api": "torch_npu.npu_swiglu",
-     "documented": "does not exist; npu_swiglu(x, dim=-1) = silu(a) * b on the two halves "
-                   "(also npu_ffn for a whole FFN)"},
-    {"guide_name": "torch_npu.npu.fused_add_norm", "real_api": "torch_npu.npu_add_rms_norm",
-     "documented": "does not exist; npu_add_rms_norm(x1, x2, gamma, epsilon) -> (y, rstd, x1 + x2)"},
-    {"guide_name": "torch_npu.npu.layer_norm", "real_api": "torch_npu.npu_layer_norm_eval",
-     "documented": "does not exist; aten layer_norm runs on NPU, npu_layer_norm_eval is the beta op"},
-    {"guide_name": "torch.npu.config.enable_auto_mixed_precision", "real_api": "torch.autocast('npu')",
-     "documented": "does not exist and assigning it is silently ignored; use torch.autocast"},
-    {"guide_name": "torch.npu.config.allow_internal_format", "real_api": "torch.npu.config.allow_internal_format",
-     "documented": "exists (set-only); default off on 910B/A2"},
-    {"guide_name": "torch.compile(model, backend='npu')", "real_api": "torchair.get_npu_backend()",
-     "documented": "exists: 'npu' is torchair's backend with the default config"},
-    {"guide_name": "mindspeed_llm.Pipeline", "real_api": "MindSpeed-LLM inference.py via "
-     "examples/mcore/llama2/generate_llama2_7b_ptd.sh", "documented": "does not exist; "
-     "mindspeed_llm exports only megatron_adaptor"},
-    {"guide_name": "BitsAndBytesConfig(load_in_8bit=True) on NPU",
-     "real_api": "torch_npu.npu_weight_quant_batchmatmul (W8A16)",
-     "documented": "no INT8 bitsandbytes backend on NPU; an 8-bit bnb model cannot be .to()-moved"},
-]
-
-_REAL_NPU_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_ffn",
-                 "npu_weight_quant_batchmatmul", "npu_quant_matmul", "npu_dynamic_quant",
-                 "npu_fusion_attention", "npu_incre_flash_attention", "npu_prompt_flash_attention",
-                 "npu_fused_infer_attention_score", "npu_layer_norm_eval")
-
-
-def _lookup(root, dotted: str) -> bool:
-    obj = root
-    for part in dotted.split("."):
+    obj = torch
+    for part in _FEATURES[name].split("."):
         if not hasattr(obj, part):
             return False
         obj = getattr(obj, part)
     return True
 
 
-def api_check(torch_npu_module=None) -> list[dict]:
-    """Each guide API name: documented verdict, and a live hasattr check when torch_npu is here."""
-    rows = []
-    for claim in API_CLAIMS:
-        row = dict(claim)
-        name = claim["guide_name"]
-        if torch_npu_module is None or not name.startswith(("torch_npu.", "torch.npu.")):
-            row["exists_here"] = None  # cannot be checked on this machine
-        else:
-            root, rest = (torch_npu_module, name[len("torch_npu."):]) if name.startswith(
-                "torch_npu.") else (torch, name[len("torch."):])
-            row["exists_here"] = _lookup(root, rest)
-        rows.append(row)
-    return rows
+def feature_table() -> dict[str, bool]:
+    return {name: has_feature(name) for name in _FEATURES}
 
 
-def real_ops_check(torch_npu_module=None) -> list[dict]:
-    """The real fused ops, by their real names, with availability on this machine."""
-    return [{"op": f"torch_npu.{op}",
-             "available_here": None if torch_npu_module is None else hasattr(torch_npu_module, op)}
-            for op in _REAL_NPU_OPS]
+# --- which torch_npu line is installed, and what it lacks (chapter 00) ------------------------
+# What each feature is for in the workbook and what runs without it. Presence is always checked on
+# the installed torch_npu / torchair (hasattr, CompilerConfig's own options), never from a version.
+_LINE_FEATURES = [
+    ("torch_npu.npu_rms_norm", "fused RMSNorm (chapters 01, 06)", "F.rms_norm or the reference formula"),
+    ("torch_npu.npu_add_rms_norm", "fused residual add + RMSNorm (chapter 01)", "add, then the RMSNorm above"),
+    ("torch_npu.npu_swiglu", "fused SwiGLU (chapters 02, 06)", "the reference silu(gate) * up"),
+    ("torch_npu.npu_weight_quant_batchmatmul", "W8A16 kernel (chapters 05, 06)",
+     "the dequantize-in-forward INT8 kernel"),
+    ("torch_npu.npu_dynamic_quant", "dynamic W8A8 activations (chapter 05)", "W8A8 emulated, quality only"),
+    ("torch_npu.npu_quant_matmul", "W8A8 kernel (chapter 05)", "W8A8 emulated, quality only"),
+    ("torch_npu.npu_trans_quant_param", "int64 scale for static W8A8 in graph mode (chapter 05)",
+     "W8A8 emulated, quality only"),
+]
+
+
+def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device=None) -> dict:
+    """The torch_npu line installed and what it lacks: ``torch_npu``, ``line`` (a sentence),
+    ``rows`` (``feature``, ``present``, ``used for``, ``without it``) and ``lacks`` (the features
+    that are missing). torchair is imported when ``torchair_module`` is not given. With
+    ``ge_probe_device`` (an NPU device) each fused op is also compiled alone into a GE graph to see
+    whether this torchair has a GE converter for it (``ops.ge_probe``); otherwise those rows say
+    "not probed" (``present`` None) and are not counted as lacking."""
+    if torch_npu_module is None:
+        return {"torch_npu": None, "line": "torch_npu not loaded: no NPU line to detect", "rows": [], "lacks": []}
+    import torch
+
+    from .ops import NPU_GRAPH_MODES, TORCHAIR_MODE_SINCE, backend_takes_options, ge_probe, torchair_modes
+
+    version = str(getattr(torch_npu_module, "__version__", "unknown"))
+    row = next((r for r in KNOWN_GOOD if r["torch_npu"] == version), None)
+    line = f"torch_npu {version}" + (f" (torch {row['torch']}, CANN {row['cann']} in the known-good table)" if row
+                                     else " (not in the known-good table)")
+    rows = [{"feature": name, "present": hasattr(torch_npu_module, name.split(".", 1)[1]), "used for": used,
+             "without it": fallback} for name, used, fallback in _LINE_FEATURES]
+    torchair = torchair_module
+    if torchair is None:
+        try:
+            import torchair  # noqa: F811  (ships with torch_npu)
+        except Exception:  # a torch_npu built without torchair, or one that fails to load it
+            torchair = None
+    rows.append({"feature": "torchair", "present": torchair is not None, "used for": "graph mode on the NPU",
+                 "without it": "graph-mode rungs fail with the reason (backend='npu' would run eagerly)"})
+    modes = None
+    takes_options = False
+    if torchair is not None:
+        config = torchair.CompilerConfig()
+        modes = torchair_modes(config)
+        takes_options = backend_takes_options(torchair.get_npu_backend(compiler_config=config))
+    for mode in NPU_GRAPH_MODES:
+        present = torchair is not None and (mode in (modes or ()) or (mode == "max-autotune" and not modes))
+        rows.append({"feature": f"torchair mode {mode}", "present": present,
+                     "used for": "npu_graph_mode=" + mode + (" (the whole graph to GE)" if mode == "max-autotune"
+                                                             else " (aclgraph)"),
+                     "without it": "" if present else f"an error naming what it needs: {TORCHAIR_MODE_SINCE.get(mode, 'torchair')}"})
+    rows.append({"feature": "torchair backend options", "present": takes_options,
+                 "used for": "torch.compile(options=...) to torchair (from torchair 7.3.0)",
+                 "without it": "none are passed; the workbook passes only guard_filter_fn, which torch takes"})
+    for name in ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu"):
+        if not hasattr(torch_npu_module, name) or torchair is None:
+            continue
+        present = None
+        if ge_probe_device is not None:
+            backend_fn = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
+            present = ge_probe(name, backend_fn, ge_probe_device, torch.float16) is None
+        rows.append({"feature": f"GE converter for torch_npu.{name}", "present": present,
+                     "used for": f"{name} inside a GE graph (graph mode after the fused-operators rung)",
+                     "without it": "not probed: needs an NPU" if present is None else
+                                   "" if present else "the reference runs inside GE graphs (ops.ge_fallbacks)"})
+    for r in rows:
+        if r["present"] is False and not r["without it"]:
+            r["without it"] = "not used"
+    return {"torch_npu": version, "line": line, "rows": rows,
+            "lacks": [r["feature"] for r in rows if r["present"] is False]}
 
 
 # --- transformers 4.57.x (legacy set) and 5.x (current set): detect, never assume --------------

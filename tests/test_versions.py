@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import compat
+from helpers import guide_api, versions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,51 +35,53 @@ def test_old_python_gets_the_image_advice(monkeypatch):
 
 
 def test_torch_floor():
-    compat.check_support_floor("2.1.0")
-    compat.check_support_floor("2.13.0+cpu")
+    versions.check_support_floor("2.1.0")
+    versions.check_support_floor("2.13.0+cpu")
     with pytest.raises(ImportError, match=r"torch >= 2\.1\.0, found 2\.0\.1.*torch_npu"):
-        compat.check_support_floor("2.0.1")
+        versions.check_support_floor("2.0.1")
 
 
 def test_transformers_range():
-    assert compat.check_transformers("5.24.0") is None
-    assert "outside the tested range" in compat.check_transformers("6.1.0")
-    compat.check_transformers_floor("5.24.0")
+    assert versions.check_transformers("5.24.0") is None
+    assert "outside the tested range" in versions.check_transformers("6.1.0")
+    versions.check_transformers_floor("5.24.0")
     with pytest.raises(ImportError, match=r"transformers >= 4\.56\.0.*found 4\.38\.2.*make setup"):
-        compat.check_transformers_floor("4.38.2")
+        versions.check_transformers_floor("4.38.2")
     with pytest.warns(UserWarning, match="outside the tested range"):
-        compat.check_transformers_floor("6.0.0")
+        versions.check_transformers_floor("6.0.0")
 
 
 def test_installed_transformers_is_in_range():
-    assert compat.check_transformers() is None
+    assert versions.check_transformers() is None
 
 
 def test_pairing_mismatch_names_both_versions_and_the_matching_one():
-    out = compat.pairing_check("2.13.0+cpu", "2.1.0.post10")
+    out = versions.pairing_check("2.13.0+cpu", "2.1.0.post10")
     assert out["ok"] is False
     assert "2.13.0+cpu" in out["verdict"] and "2.1.0.post10" in out["verdict"]
     assert "needs torch 2.1.0" in out["advice"] and out["matching_torch"] == "2.1.0"
 
 
 def test_pairing_mismatch_suggests_a_known_torch_npu_for_this_torch():
-    out = compat.pairing_check("2.6.0", "2.5.1")
+    out = versions.pairing_check("2.6.0", "2.5.1")
     assert out["matching_torch_npu"] == "2.6.0.post5" and "torch_npu 2.6.0.post5" in out["advice"]
 
 
 def test_pairing_ok_known_good_and_cann_drift():
-    good = compat.pairing_check("2.1.0", "2.1.0.post10", "8.0.0")
+    good = versions.pairing_check("2.1.0", "2.1.0.post10", "8.0.0")
     assert good["ok"] is True and good["verdict"].startswith("known-good")
-    drift = compat.pairing_check("2.1.0", "2.1.0.post10", "8.3.RC1")
+    drift = versions.pairing_check("2.1.0", "2.1.0.post10", "8.3.RC1")
     assert drift["ok"] is True and "8.3.RC1" in drift["verdict"] and "8.0.0" in drift["advice"]
-    unknown = compat.pairing_check("2.7.1", "2.7.1")
+    unknown = versions.pairing_check("2.7.1", "2.7.1.post99")
     assert unknown["ok"] is True and "not in the known-good table" in unknown["advice"]
-    assert compat.pairing_check("2.13.0", None)["ok"] is None
+    image = versions.pairing_check("2.7.1", "2.7.1", "8.3.RC1")  # the pytorch_2.7.1-cann_8.3.rc1 image
+    assert image["verdict"].startswith("known-good")
+    assert versions.pairing_check("2.13.0", None)["ok"] is None
 
 
 def test_known_good_rows_pair_with_themselves():
-    for row in compat.KNOWN_GOOD:
-        assert compat.version_tuple(row["torch"]) == compat.version_tuple(row["torch_npu"])
+    for row in versions.KNOWN_GOOD:
+        assert versions.version_tuple(row["torch"]) == versions.version_tuple(row["torch_npu"])
 
 
 FEATURES = {
@@ -94,29 +96,30 @@ FEATURES = {
 @pytest.mark.parametrize("name", sorted(FEATURES))
 def test_has_feature_follows_what_torch_has(monkeypatch, name):
     owner, attr = FEATURES[name]
-    assert compat.has_feature(name) is True  # torch 2.13 here has all of them
+    assert versions.has_feature(name) is True  # torch 2.13 here has all of them
     monkeypatch.delattr(owner, attr)
-    assert compat.has_feature(name) is False
-    assert compat.feature_table()[name] is False
+    assert versions.has_feature(name) is False
+    assert versions.feature_table()[name] is False
 
 
 def test_unknown_feature_is_an_error_listing_the_known_ones():
     with pytest.raises(KeyError, match="known: F.rms_norm"):
-        compat.has_feature("torch.magic")
+        versions.has_feature("torch.magic")
 
 
 def test_api_check_without_torch_npu_cannot_verify():
-    rows = compat.api_check(None)
+    rows = guide_api.api_check(None)
     assert {r["guide_name"] for r in rows} >= {"torch_npu.npu.rms_norm", "torch_npu.npu.fused_add_norm"}
     assert all(r["exists_here"] is None for r in rows)
-    assert all(r["available_here"] is None for r in compat.real_ops_check(None))
+    assert all(r["available_here"] is None for r in guide_api.real_ops_check(None))
 
 
 def test_api_check_with_the_fake_torch_npu(fake_torch_npu):
-    rows = {r["guide_name"]: r for r in compat.api_check(fake_torch_npu)}
+    rows = {r["guide_name"]: r for r in guide_api.api_check(fake_torch_npu)}
     assert rows["torch_npu.npu.rms_norm"]["exists_here"] is False  # the guide's name is wrong
-    ops = {r["op"]: r["available_here"] for r in compat.real_ops_check(fake_torch_npu)}
-    assert ops["torch_npu.npu_rms_norm"] is True and ops["torch_npu.npu_add_rms_norm"] is True
+    ops = {r["op"]: r["available_here"] for r in guide_api.real_ops_check(fake_torch_npu)}
+    assert ops["torch_npu.npu_rms_norm"] is True  # on every line, from torch_npu 2.1.0
+    assert ops["torch_npu.npu_add_rms_norm"] is ("npu_add_rms_norm" in fake_torch_npu.LINE.OPS)
     assert ops["torch_npu.npu_fusion_attention"] is False  # not faked
 
 

@@ -1,0 +1,181 @@
+"""One call opens a chapter: its parameters checked, device and dtype picked, ``Results`` opened.
+
+Taught in ``00_environment_check.ipynb`` and used as the first code cell of every chapter::
+
+    ch = chapter.open_chapter("03_end_to_end", **parameters_of_this_notebook)
+
+It checks every parameter by its name (``helpers.params.CHECKS``, so the same name means the same
+rule in every chapter) before any heavy work, picks the device (``backend.pick_device``) and the
+working dtype with the reason (``dtype=auto``: chapter 00's measured choice of this run, see
+``resolve_dtype``), opens the chapter's ``results.json`` with the parameters and the
+environment, quiets the known noise of executed notebooks, notes CPU contention, and shows one line
+saying what it picked and why. ``ch.summary(block)`` renders a paragraph of the chapter's template
+(``helpers.prose``) from what the chapter recorded.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from . import backend, params
+from .results import Results
+
+# Parameters every chapter declares; they go to the runner, not to results.json's parameters.
+RUNNER_PARAMETERS = ("run_dir", "profile")
+
+
+@dataclass
+class Chapter:
+    """What a chapter's cells use: the device, the dtype, the results file and the parameters."""
+
+    name: str
+    device: Any
+    device_reason: str
+    dtype: Any
+    dtype_reason: str
+    results: Results
+    parameters: dict = field(default_factory=dict)
+    lang: str = "en"
+
+    @property
+    def DEV(self) -> str:  # noqa: N802  (the short names the chapters print)
+        return str(self.device)
+
+    @property
+    def DT(self) -> str:  # noqa: N802
+        return backend.dtype_name(self.dtype)
+
+    @property
+    def run_dir(self) -> Optional[str]:
+        return self.parameters.get("run_dir") or None
+
+    def measure(self, fn, name: str, shape: str = "", code_path: str = "", **options):
+        """``bench.measure`` on this chapter's device, with its ``min_iters`` / ``min_seconds``
+        parameters when it has them, and the figure's dtype, shape and code path attached."""
+        from . import bench
+
+        budget = {k: self.parameters[k] for k in ("min_iters", "min_seconds") if k in self.parameters}
+        return bench.measure(fn, self.device, name=name, dtype=self.DT, shape=shape, code_path=code_path,
+                             **{**budget, **options})
+
+    def record(self, key: str, value, unit: str = "", **context):
+        """``results.record`` with this chapter's device and dtype filled in (a figure may override them)."""
+        return self.results.record(key, value, unit, **{"device": self.DEV, "dtype": self.DT, **context})
+
+    def render(self, block: str, **words) -> str:
+        """A paragraph of ``helpers/templates/<chapter>.<lang>.md.j2`` from what was recorded."""
+        from . import prose
+        from .results import read_run
+
+        # What was written to results.json, not the objects in memory: the template sees exactly the
+        # record the report and the tests see.
+        run = read_run(self.results.run_dir).results()
+        recorded = run.get(self.name) or json.loads(self.results.path.read_text(encoding="utf-8"))
+        return prose.render(self.name, block, recorded, run, lang=self.lang, **words)
+
+    def summary(self, block: str = "summary", **words):
+        """``render`` as Markdown in the notebook (a summary is never printed as plain text)."""
+        from IPython.display import Markdown
+
+        return Markdown(self.render(block, **words))
+
+
+def quiet_known_noise() -> None:
+    """Warnings that carry no information in an executed notebook (tqdm without ipywidgets)."""
+    warnings.filterwarnings("ignore", message="IProgress not found")
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parameter_names(name: str) -> list[str]:
+    """The names a notebook's ``parameters`` cell declares (``notebooks/`` or ``solutions/``)."""
+    import ast
+    import json
+
+    for folder in ("notebooks", "solutions"):
+        path = REPO / folder / f"{name}.ipynb"
+        if path.exists():
+            break
+    else:
+        raise FileNotFoundError(f"no notebook {name}.ipynb in notebooks/ or solutions/")
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    tree = ast.parse("".join(cell["source"]))
+    return [node.target.id if isinstance(node, ast.AnnAssign) else node.targets[0].id
+            for node in tree.body if isinstance(node, (ast.AnnAssign, ast.Assign))]
+
+
+def edition_language(lang: str = "auto") -> str:
+    """``en`` or ``zh``: ``auto`` is the edition the notebook belongs to. A kernel runs in its
+    notebook's folder (JupyterLab and the runner both start it there), and the Chinese edition is
+    ``notebooks/zh`` / ``solutions/zh``, so the folder's name says which edition this is."""
+    if lang != "auto":
+        return lang
+    return "zh" if Path.cwd().name == "zh" else "en"
+
+
+def resolve_dtype(parameters: dict, device) -> tuple[Any, str, str]:
+    """``(dtype, reason, source)`` of a chapter. ``dtype=auto`` is ``backend.choose_dtype``: on a CPU
+    the choice chapter 00 measured and recorded in this run (``run_dir``, else the runner's
+    ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level and thread count, else measured
+    now at the ``model`` parameter's shapes; so every chapter of a run works in the same dtype, the
+    one chapters 05 and 06 get from ``backend.parse_dtype`` too."""
+    requested = parameters.get("dtype", "auto")
+    if isinstance(requested, str) and requested.strip().lower() == "auto":
+        picked = backend.choose_dtype(device, parameters.get("model") or None,
+                                      run_dir=parameters.get("run_dir") or None)
+        return picked.dtype, picked.reason, picked.source
+    return backend.parse_dtype(requested, device), "set by the dtype parameter", "the dtype parameter"
+
+
+def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,
+                 lang: str = "auto", **parameters) -> Chapter:
+    """Check the parameters, pick device and dtype, open ``Results``; see the module docstring.
+
+    ``open_chapter(name, globals())`` takes the values of the names the notebook's ``parameters``
+    cell declares (papermill's injected values included); keyword arguments add or override.
+    ``checks`` adds or overrides rules for this chapter (``{"max_new_tokens": params.at_least(2)}``).
+    """
+    if namespace is not None:
+        parameters = {**{k: namespace[k] for k in parameter_names(name) if k in namespace}, **parameters}
+    parameters = params.check_all(parameters, checks)
+    lang = edition_language(parameters.get("lang", lang))
+    choice = backend.pick_device(parameters.get("device", "auto"))
+    dtype, dtype_reason, dtype_source = resolve_dtype(parameters, choice.device)
+    kept = {k: v for k, v in parameters.items() if k not in RUNNER_PARAMETERS}
+    kept["lang"] = lang
+    kept["profile"] = parameters.get("profile", "interactive")
+    results = Results(name, parameters.get("run_dir") or None, parameters=kept,
+                      environment=backend.environment_report(choice.device))
+    results.set("device_choice", {"device": str(choice.device), "reason": choice.reason,
+                                  "dtype": backend.dtype_name(dtype), "dtype_reason": dtype_reason,
+                                  "dtype_source": dtype_source})
+    quiet_known_noise()
+    from .generation import cpu_contention
+
+    contention = cpu_contention(choice.device)
+    if contention:
+        results.note(contention)
+    chapter = Chapter(name, choice.device, choice.reason, dtype, dtype_reason, results, dict(parameters), lang)
+    _show_choice(chapter, contention)
+    return chapter
+
+
+def _show_choice(chapter: Chapter, contention: Optional[str]) -> None:
+    from .prose import words
+
+    label = words(chapter.lang)
+    text = (f"**{label['device']}** `{chapter.DEV}` ({chapter.device_reason}) · "
+            f"**{label['dtype']}** `{chapter.DT}` ({chapter.dtype_reason})")
+    if contention:
+        text += f"\n\n**{label['warning']}** {contention}"
+    try:
+        from IPython.display import Markdown, display
+    except ImportError:  # a plain Python session
+        print(text)
+        return
+    display(Markdown(text))

@@ -1,0 +1,101 @@
+"""Every HTML page the workbook writes, from Jinja2 templates with one layout and one stylesheet.
+
+The runner's ``index.html`` (``helpers.run``), the report chapter's ``claims_report.html``
+(``helpers.report``, taught in ``08_report.ipynb``) and the compare page (``helpers.compare``) are
+``templates/<kind>.html.j2``, each extending ``base.html.j2`` with ``workbook.css`` inlined, so a page
+stays a single file that can be mailed or archived; figures are PNG data URIs (``png_data_uri``).
+Every visible word comes from ``templates/labels.<lang>.yaml``, one table per page kind: a second
+language is a second label file, not a second page builder.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import io
+import math
+import os
+import time
+from pathlib import Path
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+KINDS = ("index", "claims", "compare")
+
+
+def languages() -> list[str]:
+    return sorted(p.name.split(".")[1] for p in TEMPLATES.glob("labels.*.yaml"))
+
+
+@functools.lru_cache(maxsize=None)
+def _label_file(lang: str) -> dict:
+    import yaml
+
+    if lang not in languages():
+        raise ValueError(f"lang={lang!r}: the pages have labels in {', '.join(languages())} "
+                         f"(add templates/labels.{lang}.yaml to offer another language)")
+    return yaml.safe_load((TEMPLATES / f"labels.{lang}.yaml").read_text(encoding="utf-8"))
+
+
+def labels(kind: str, lang: str = "en") -> dict:
+    """The label table of one page kind (``index``, ``claims``, ``compare``) in ``lang``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: choose one of {', '.join(KINDS)}")
+    return _label_file(lang)[kind]
+
+
+def stylesheet() -> str:
+    return (TEMPLATES / "workbook.css").read_text(encoding="utf-8")
+
+
+def png_data_uri(fig, dpi: int = 90) -> str:
+    """A matplotlib figure as a ``data:image/png`` URI (the figure is closed: it lives in the page now)."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def cell_text(value) -> str:
+    """A table cell: no 'nan' or 'None', floats at 4 significant digits."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+@functools.lru_cache(maxsize=None)
+def environment():
+    import jinja2
+    from markupsafe import Markup
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    # Labels are ours and may hold markup; the values put into them are escaped.
+    env.filters["fmt"] = lambda label, **values: Markup(label).format(**values)
+    env.filters["slug"] = lambda word: str(word).replace(" ", "-")
+    env.filters["cell"] = cell_text
+    env.filters["width"] = lambda column, widths: widths.get(column, 5)
+    env.filters["breakable"] = lambda name: Markup("_<wbr>").join(str(name).split("_"))
+    env.globals["png"] = png_data_uri
+    return env
+
+
+def render(kind: str, lang: str = "en", **context) -> str:
+    """The page ``templates/<kind>.html.j2`` with its labels (``L``), the common ones (``C``) and ``context``."""
+    table = labels(kind, lang)
+    return environment().get_template(f"{kind}.html.j2").render(
+        kind=kind, lang=lang, L=table, C=_label_file(lang)["common"], css=stylesheet(),
+        generated=time.strftime("%Y-%m-%d %H:%M:%S"), **context)
+
+
+def write(path: "str | Path", kind: str, lang: str = "en", **context) -> Path:
+    """Render and write atomically (readers never see half a page); the mode follows the umask."""
+    path = Path(path)
+    page = render(kind, lang, **context)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

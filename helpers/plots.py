@@ -1,0 +1,238 @@
+"""The chapters' figures (matplotlib), each drawn from a table the chapter recorded.
+
+Taught where each figure appears: ``plot_decode_gap`` in ``03_end_to_end.ipynb``, ``plot_batch_sweep``
+in ``04_batching.ipynb``. A function here draws what its table says and nothing else: every bar is
+the sum of its own measured parts, and its label is that sum (``tests/test_plots.py`` checks both on a case where a compiled path's kernels
+beat the eager ones).
+"""
+from __future__ import annotations
+
+import math
+
+PART_COLOURS = {"matmul_ms": "#4c72b0", "rest_ms": "#c44e52"}
+
+
+def decode_gap_parts(gap) -> list[dict]:
+    """Bar heights per path of a ``generation.decode_gap`` table: the step, its weight-matmul kernel
+    part (at most the step) and the rest; both parts non-negative and adding up to the step."""
+    bars = []
+    for row in gap.to_dict(orient="records"):
+        step = float(row["step_ms"])
+        matmul = float(row["matmul_ms"]) if row.get("matmul_ms") == row.get("matmul_ms") else math.nan
+        if math.isnan(matmul):
+            bars.append({"path": row["path"], "step_ms": step, "matmul_ms": 0.0, "rest_ms": step,
+                         "split": False})
+            continue
+        matmul = min(max(matmul, 0.0), step)
+        bars.append({"path": row["path"], "step_ms": step, "matmul_ms": matmul, "rest_ms": step - matmul,
+                     "split": True})
+    return bars
+
+
+def plot_decode_gap(gap, title: str = "", figsize=(7, 4.5)):
+    """Stacked bars per path: that path's own weight-matmul kernel time and the rest of its step,
+    labelled with the step time; a dashed line at the roofline (bytes per step / bandwidth)."""
+    import matplotlib.pyplot as plt
+
+    bars = decode_gap_parts(gap)
+    fig, ax = plt.subplots(figsize=figsize)
+    names = [b["path"] for b in bars]
+    matmul = [b["matmul_ms"] for b in bars]
+    rest = [b["rest_ms"] for b in bars]
+    ax.bar(names, matmul, color=PART_COLOURS["matmul_ms"], label="weight-matmul kernels this path ran")
+    ax.bar(names, rest, bottom=matmul, color=PART_COLOURS["rest_ms"],
+           label="rest of the step: attention, norms, launches, Python")
+    for i, b in enumerate(bars):
+        share = f"\nmatmul {100 * b['matmul_ms'] / b['step_ms']:.0f} %" if b["split"] and b["step_ms"] else ""
+        ax.text(i, b["step_ms"], f"{b['step_ms']:.1f} ms{share}", ha="center", va="bottom", fontsize=9)
+    roofline = float(gap["roofline_ms"].iloc[0]) if len(gap) else math.nan
+    if roofline == roofline:
+        ax.axhline(roofline, color="black", linestyle="--", linewidth=1,
+                   label=f"roofline: bytes / bandwidth = {roofline:.1f} ms")
+    ax.set_ylabel("ms per decode step (batch 1)")
+    ax.set_title(title or "Where one decode step goes")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=1)
+    top = max([b["step_ms"] for b in bars] + [roofline if roofline == roofline else 0.0])
+    ax.set_ylim(0, top * 1.3 if top > 0 else 1)
+    fig.tight_layout()
+    return fig
+
+
+def plot_timings(table, group: str, series: str, title: str, counts: str = "", figsize=(8, 3.2)):
+    """Median ms per ``group`` (an implementation) and ``series`` (a layout, a case) on a log axis,
+    since implementations can differ by orders of magnitude; ``counts`` labels each bar (ops/call)."""
+    import matplotlib.pyplot as plt
+
+    pivot = table.pivot_table(index=group, columns=series, values="median_ms", sort=False)
+    fig, ax = plt.subplots(figsize=figsize)
+    pivot.plot.bar(ax=ax, rot=0)
+    if counts:
+        labels = table.pivot_table(index=group, columns=series, values=counts, sort=False)
+        for bars, col in zip(ax.containers, pivot.columns):
+            ax.bar_label(bars, [f"{int(n)} ops" if n == n else "" for n in labels[col]], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("median ms, log scale (lower is better)")
+    ax.set_xlabel(group)
+    ax.legend(title=series, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over a bar
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_edge_ops(table, model_name: str, step_ms: float, figsize=(8, 3.2)):
+    """Embedding and lm_head timings per model, beside the loaded model's measured decode step."""
+    import matplotlib.pyplot as plt
+
+    labels = [f"{m}\n{o}" for m, o in zip(table["model"], table["op"])]
+    own = [i for i, m in enumerate(table["model"]) if m == model_name]
+    fig, ax = plt.subplots(figsize=figsize)
+    ax.barh(range(len(labels)), table["median_ms"],
+            color=["#69c" if i in own else "#9b9" for i in range(len(labels))])
+    ax.set_yticks(range(len(labels)), labels)
+    # The decode step was measured for the loaded model only, so its line spans that model's rows.
+    ax.plot([step_ms] * 2, [min(own) - 0.45, max(own) + 0.45], color="#c63", ls="--",
+            label=f"{model_name} decode step {step_ms:.1f} ms (measured)")
+    ax.set_xscale("log")
+    ax.set_xlabel("median ms (log scale)")
+    ax.legend(fontsize=8)
+    ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
+    """TTFT (with its p10-p90) and decode per token against the prompt length, log-2 x axis."""
+    import matplotlib.pyplot as plt
+
+    ok = sweep[sweep["status"] == "ok"].sort_values("prompt_tokens")
+    fig, ax = plt.subplots(1, 2, figsize=figsize)
+    if len(ok):
+        yerr = [ok["ttft_ms"] - ok["ttft_p10_ms"], ok["ttft_p90_ms"] - ok["ttft_ms"]]
+        ax[0].errorbar(ok["prompt_tokens"], ok["ttft_ms"], yerr=yerr, marker="o", capsize=3)
+        yerr = [ok["decode_ms_per_token"] - ok["decode_p10_ms"], ok["decode_p90_ms"] - ok["decode_ms_per_token"]]
+        ax[1].errorbar(ok["prompt_tokens"], ok["decode_ms_per_token"], yerr=yerr, marker="o", capsize=3,
+                       color="tab:orange")
+    for a, name in zip(ax, ["TTFT (prefill)", "decode per token"]):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("prompt tokens")
+        a.set_ylabel("ms (median, p10-p90)")
+        a.set_title(name)
+    fig.suptitle(title)
+
+
+def plot_ffn_variants(table, title: str, figsize=(12, 3.2)):
+    """Chapter 02: one panel per FFN case (shape and T), a bar per variant at its median ms on a log
+    axis (variants can differ by orders of magnitude), each labelled with its operators per call."""
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(table["case"]))
+    fig, axes = plt.subplots(1, len(cases), figsize=figsize, squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        sub = table[table["case"] == case]
+        ax.bar(list(sub["variant"]), list(sub["median_ms"]), color="#69c")
+        for k, (ms, n) in enumerate(zip(sub["median_ms"], sub["ops_per_call"])):
+            ax.annotate(f"{int(n)} ops", (k, ms), ha="center", va="bottom", fontsize=7)
+        ax.set_yscale("log")
+        # headroom above the tallest bar keeps the op-count labels inside the panel
+        ax.set_ylim(0.5 * sub["median_ms"].min(), 3 * sub["median_ms"].max())
+        ax.set_title(case.replace(", T=", "\nT="), fontsize=8)
+        ax.tick_params(labelsize=7, axis="x", rotation=30)
+    axes[0][0].set_ylabel("median ms, log scale (lower is better)")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def fusion_saving_bars(share, variants) -> list:
+    """The bars of ``plot_fusion_savings``: (column, legend label) for the elementwise share (the
+    ceiling of what fusing can save) and each variant's signed saving against ``unfused``."""
+    return [("elementwise_share_pct", "elementwise share of unfused time (ceiling)")] + [
+        (f"saved_pct_{v}", f"saved by {v} (negative: its median is above unfused)")
+        for v in variants if v != "unfused" and f"saved_pct_{v}" in share]
+
+
+def plot_fusion_savings(share, variants, clip_pct: float = -150.0, figsize_width: float = 9):
+    """Chapter 02: per FFN case, the elementwise share of the unfused time beside each variant's
+    saving (% of the unfused median, negative when the variant's median is above it). The axis is
+    clipped at ``clip_pct`` so one variant many times slower does not squash the rest; a clipped bar
+    is drawn to the edge and labelled with its value."""
+    import matplotlib.pyplot as plt
+
+    bars = fusion_saving_bars(share, variants)
+    colours = ["#c63", "#69c", "#3a7", "#a6c", "#999"]
+    fig, ax = plt.subplots(figsize=(figsize_width, 0.9 + 0.9 * len(share)))
+    height = 0.8 / len(bars)
+    lowest = min([0.0] + [float(share[col].min()) for col, _ in bars])
+    left = max(lowest * 1.1, clip_pct)
+    for k, (col, label) in enumerate(bars):
+        ys = [j + (k - (len(bars) - 1) / 2) * height for j in range(len(share))]
+        values = [float(v) for v in share[col]]
+        ax.barh(ys, [max(v, left) for v in values], height=height, color=colours[k % len(colours)],
+                label=label)
+        for y, v in zip(ys, values):
+            if v < left:
+                ax.annotate(f"{v:.0f}%", (left, y), xytext=(3, 0), textcoords="offset points",
+                            va="center", fontsize=7, color="white", weight="bold")
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlim(left, 105)
+    ax.set_yticks(range(len(share)), [c.replace(", T=", "\nT=") for c in share["case"]])
+    ax.invert_yaxis()
+    clipped = f"; axis clipped at {left:.0f}%" if lowest < left else ""
+    ax.set_xlabel(f"% of unfused FFN median time (saving < 0: median above unfused{clipped})")
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7)):
+    """Chapter 04's sweep on four panels against the batch size (log axis, plain tick labels):
+    aggregate and per-user tokens/s; decode per step (p10-p90 bars) and TTFT; the throughput gain
+    over batch 1 with its spread beside the ideal (= batch) and the guide's claimed gains; and memory:
+    what the generates added over the region beside the KV cache from the config (log axis, since
+    the growth can be far above the cache).
+
+    ``sweep`` is ``generation.sweep_table`` (only rows with a resolved decode are drawn), ``ratios``
+    ``generation.batch_ratios``, ``guide`` ``{batch: {"throughput": x, ...}}`` (the guide's claims).
+    """
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    ok = sweep[sweep["status"] == "ok"].sort_values("point")
+    if "decode_resolved" in ok:
+        ok = ok[ok["decode_resolved"].astype(bool)]
+    ratios = pd.DataFrame(list(ratios))
+    fig, axes = plt.subplots(2, 2, figsize=figsize)
+    speed, latency, gain, memory = axes.flat
+    speed.plot(ok["point"], ok["tokens_per_s_aggregate"], marker="o", label="aggregate")
+    speed.plot(ok["point"], ok["tokens_per_s_per_user"], marker="o", label="per user")
+    speed.set(ylabel="tokens/s", title="throughput vs batch")
+    below = ok["decode_ms_per_token"] - ok["decode_p10_ms"]
+    above = ok["decode_p90_ms"] - ok["decode_ms_per_token"]
+    latency.errorbar(ok["point"], ok["decode_ms_per_token"], yerr=[below, above], marker="o", capsize=3,
+                     label="decode per step")
+    latency.plot(ok["point"], ok["ttft_ms"], marker="s", label="TTFT")
+    latency.set(ylabel="ms (median, p10-p90)", title="latency vs batch")
+    if len(ratios):
+        spread = [ratios["throughput_ratio"] - ratios["throughput_low"],
+                  ratios["throughput_high"] - ratios["throughput_ratio"]]
+        gain.errorbar(ratios["batch"], ratios["throughput_ratio"], yerr=spread, marker="o", capsize=3,
+                      label="measured (p10-p90)")
+        gain.plot(ratios["batch"], ratios["batch"], ls="--", color="grey", label="ideal = batch")
+    claimed = sorted((b, c["throughput"]) for b, c in guide.items())
+    gain.plot([1] + [b for b, _ in claimed], [1.0] + [x for _, x in claimed], marker="x", ls="none",
+              color="tab:red", label="guide's claim (Llama-2-7B)")
+    gain.set(ylabel="aggregate throughput / batch 1 (x)", title="throughput gain")
+    memory.plot(ok["point"], ok["memory_growth_bytes"] / 2 ** 20, marker="o", label="growth over the region")
+    memory.plot(ok["point"], ok["kv_cache_bytes"] / 2 ** 20, marker="s", ls="--", label="KV cache (config)")
+    memory.set(yscale="log", ylabel="MiB (log scale)", title="memory the request adds")
+    ticks = sorted({1, *ok["point"].astype(int), *guide})
+    for ax in axes.flat:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])  # batch sizes as plain numbers, not powers of two
+        ax.minorticks_off()
+        ax.set_xlabel("batch size")
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

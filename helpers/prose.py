@@ -1,0 +1,303 @@
+"""Sentences from recorded results: every data-driven paragraph of a chapter is a Jinja2 template.
+
+Taught in every chapter (its summary cell is ``chapter.summary()``); the templates live in
+``helpers/templates/<chapter>.<lang>.md.j2``, one ``{% block %}`` per paragraph. A template sees
+only what the chapter recorded (``results.json``: figures ``m``, tables ``t``, parameters ``p``, the
+environment ``env``, and other chapters of the run as ``run``), never the notebook's variables, so
+the same text renders from a fixture of any device in the tests.
+
+Three rules make a rendered sentence hold on every device, and ``tests/test_prose.py`` checks them
+over recorded runs of a float32 CPU, a bf16 CPU, an NPU and a CUDA GPU:
+
+* **Numbers are recorded figures.** Every value in the context is a ``Fig`` that remembers where it
+  came from; the ``num`` / ``fig`` filters format one. A template cannot compute a number (a
+  ``Fig`` refuses arithmetic); a derived figure is recorded by the chapter or computed by a named,
+  tested function here.
+* **Direction words come from decisions.** "faster", "slower", "best", "same effect", "at the
+  bandwidth", "grows" are never literal template text: they are what ``helpers.decide`` returns for
+  the spreads it is given (``direction``, ``rank``, ``met``, ``effect``, ...).
+* **Dtype words come from the run.** No template spells a dtype; ``{{ dtype }}`` and the recorded
+  figures' own ``dtype`` fields do.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+WORDS = TEMPLATES  # the phrase tables (words.<lang>.yaml) stay with the package's templates
+LANGUAGES = ("en", "zh")
+AUDIT_OPEN, AUDIT_CLOSE = "\u27e6", "\u27e7"  # ⟦source=text⟧ around each figure in audit mode
+
+
+class Fig:
+    """A recorded value and where it came from (``03_end_to_end.ttft_ms``, ``decode_gap[0].step_ms``).
+
+    Comparisons work (templates choose between sentences on recorded facts); arithmetic does not.
+    """
+
+    __slots__ = ("value", "source", "unit")
+
+    def __init__(self, value: Any, source: str, unit: str = ""):
+        self.value, self.source, self.unit = value, source, unit or ""
+
+    def _v(self, other):
+        return other.value if isinstance(other, Fig) else other
+
+    def __eq__(self, other):
+        return self.value == self._v(other)
+
+    def __hash__(self):
+        return hash((self.source, repr(self.value)))
+
+    def __lt__(self, other):
+        return self.value < self._v(other)
+
+    def __le__(self, other):
+        return self.value <= self._v(other)
+
+    def __gt__(self, other):
+        return self.value > self._v(other)
+
+    def __ge__(self, other):
+        return self.value >= self._v(other)
+
+    def __bool__(self):
+        return bool(self.value) and not (isinstance(self.value, float) and math.isnan(self.value))
+
+    def __str__(self):
+        return str(self.value)
+
+    def __repr__(self):
+        return f"Fig({self.value!r}, {self.source!r})"
+
+    def _no_arithmetic(self, *_):
+        raise TypeError(f"templates do not compute numbers: record {self.source}'s derived figure in the "
+                        "chapter, or add a named function to helpers.prose / helpers.decide")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_arithmetic
+    __truediv__ = __rtruediv__ = __floordiv__ = __mod__ = __pow__ = __neg__ = _no_arithmetic
+
+
+class Record(dict):
+    """A recorded entry or table row: keys read as attributes, values wrapped as ``Fig``."""
+
+    def __init__(self, data: dict, source: str, unit: str = ""):
+        super().__init__()
+        for key, value in (data or {}).items():
+            self[key] = _wrap(value, f"{source}.{key}", unit if key == "value" else "")
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _wrap(value: Any, source: str, unit: str = ""):
+    if isinstance(value, dict):
+        return Record(value, source, value.get("unit", "") if isinstance(value.get("unit"), str) else "")
+    if isinstance(value, list):
+        return [_wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
+    return Fig(value, source, unit)
+
+
+def context_of(results: dict, run: Optional[dict] = None) -> dict:
+    """The template context for one chapter's ``results.json`` (and, optionally, its run's others)."""
+    chapter = results.get("chapter", "chapter")
+    metrics = {key: Record(entry, f"{chapter}.{key}", entry.get("unit", ""))
+               for key, entry in (results.get("metrics") or {}).items()}
+    tables = {name: _wrap(rows, f"{chapter}.{name}") for name, rows in (results.get("tables") or {}).items()}
+    return {"m": metrics, "t": tables, "p": Record(results.get("parameters") or {}, f"{chapter}.parameters"),
+            "env": Record(results.get("environment") or {}, f"{chapter}.environment"),
+            "chapter": chapter,
+            "run": {name: context_of(data) for name, data in (run or {}).items() if name != chapter}}
+
+
+# --- formatting ------------------------------------------------------------------------------------
+
+def _plain(value: Any) -> Any:
+    """The recorded value behind a ``Fig`` or a figure's ``Record`` (its ``value``)."""
+    if isinstance(value, Record):
+        value = value.get("value")
+    return value.value if isinstance(value, Fig) else value
+
+
+def format_number(value: Any, digits: int = 3) -> str:
+    """A figure at the precision a measurement supports: ``digits`` significant digits."""
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "no", None: "–"}[value]
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "–"
+        magnitude = abs(value)
+        if magnitude >= 10 ** digits:
+            return f"{value:,.0f}"
+        if magnitude == 0:
+            return "0"
+        decimals = max(digits - 1 - int(math.floor(math.log10(magnitude))), 0)
+        return f"{value:.{decimals}f}"
+    return str(value)
+
+
+UNIT_JOIN = {"x": "x", "%": " %", "": ""}
+
+
+class Renderer:
+    """Formats ``Fig`` values; in audit mode each one is wrapped as ``⟦source=text⟧`` for the tests."""
+
+    def __init__(self, audit: bool = False):
+        self.audit = audit
+
+    def mark(self, fig: Any, text: str) -> str:
+        if self.audit and isinstance(fig, Fig):
+            return f"{AUDIT_OPEN}{fig.source}={text}{AUDIT_CLOSE}"
+        return text
+
+    def num(self, fig: Any, digits: int = 3) -> str:
+        """The value alone: ``{{ m.ttft_ms | num }}`` -> ``12.3``."""
+        fig = fig.value if isinstance(fig, Record) and "value" in fig else fig
+        return self.mark(fig, format_number(_plain(fig), digits))
+
+    def fig(self, entry: Any, digits: int = 3) -> str:
+        """A recorded figure with its unit: ``{{ m.ttft_ms | fig }}`` -> ``12.3 ms``."""
+        value = entry.value if isinstance(entry, Record) and "value" in entry else entry
+        unit = getattr(value, "unit", "") if isinstance(value, Fig) else ""
+        text = format_number(_plain(value), digits)
+        text = text + UNIT_JOIN.get(unit, f" {unit}")
+        return self.mark(value, text)
+
+    def size(self, value: Any) -> str:
+        """A byte count in decimal units (``269 MB``): a change of unit, the figure is the same."""
+        v = _plain(value)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            return self.mark(value, str(v))
+        unit, scale = next((u, s) for u, s in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("bytes", 1))
+                           if abs(v) >= s or s == 1)
+        return self.mark(value, f"{format_number(v / scale if scale > 1 else int(v))} {unit}")
+
+    def count(self, rows: Any) -> str:
+        """How many rows a recorded table (or a selection of it) has: a count, not a computation."""
+        rows = list(rows)
+        return self.mark(Fig(len(rows), "count"), format_number(len(rows)))
+
+    def text(self, value: Any) -> str:
+        """A recorded word (a dtype, a device, a kernel name) as it was recorded."""
+        return self.mark(value, str(_plain(value)))
+
+
+def pct(part: Any, whole: Any) -> Fig:
+    """``part`` as a percentage of ``whole``: the one derived number a template may state, named by
+    both sources (``100 * a / b``)."""
+    a, b = _plain(part), _plain(whole)
+    value = 100.0 * a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else math.nan
+    return Fig(value, f"100*{getattr(part, 'source', a)}/{getattr(whole, 'source', b)}", "%")
+
+
+def other_dtype(dtype: Any, device: Any) -> str:
+    """The dtype an exercise compares with: float32 for a 16-bit run; for a float32 run the 16-bit
+    dtype of the device (bfloat16 on a CPU, float16 on NPU / CUDA)."""
+    if str(_plain(dtype)) != "float32":
+        return "float32"
+    return "bfloat16" if str(_plain(device)).startswith("cpu") else "float16"
+
+
+def words(lang: str = "en") -> dict:
+    """The phrase table of a language: what each ``helpers.decide`` decision says."""
+    import yaml
+
+    path = WORDS / f"words.{lang}.yaml"
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = "p90_ms",
+            higher_is_better: bool = False) -> dict:
+    """``decide.rank`` over table rows: ``names`` (the best, or every option tied with it, as one
+    text) and ``decision`` (a key of the phrase table: ``least time, clear`` / ``least time, tied`` or,
+    for ``higher_is_better``, ``most, clear`` / ``most, tied``)."""
+    from . import decide
+
+    found = decide.rank([(str(_plain(r[name])), _plain(r[value]), _plain(r.get(low)), _plain(r.get(high)))
+                         for r in rows], higher_is_better)
+    if found is None:
+        return {"names": "", "decision": "not measured", "clear": False}
+    kind = "most" if higher_is_better else "least time"
+    return {"names": ", ".join(f"`{n}`" for n in found.tied), "clear": found.clear,
+            "decision": f"{kind}, {'clear' if found.clear else 'tied'}"}
+
+
+def environment(renderer: Renderer, lang: str = "en"):
+    """The Jinja2 environment: strict about missing names, filters for figures, ``decide`` as globals."""
+    import jinja2
+
+    from . import decide
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
+                             autoescape=False)
+    env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size,
+                       count=renderer.count)
+    plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
+                                                      "bandwidth_regime", "changed")}
+
+    def deep(value):
+        return [deep(v) for v in value] if isinstance(value, (list, tuple)) else _plain(value)
+
+    def unwrap(fn):
+        def call(*args, **kwargs):
+            return fn(*[deep(a) for a in args], **{k: deep(v) for k, v in kwargs.items()})
+        call.__name__ = fn.__name__
+        return call
+
+    env.globals.update({name: unwrap(fn) for name, fn in plain.items()})
+    env.globals.update(pct=pct, ranking=ranking,
+                       column=lambda rows, name: [r[name] for r in rows],
+                       spreads=lambda rows, low, high: [(r[low], r[high]) for r in rows],
+                       rows_where=lambda rows, name, value: [r for r in rows if r.get(name) == value])
+    # a dtype word an exercise proposes is the run's own word too: marked like a figure when auditing
+    env.globals["other_dtype"] = lambda dtype, device: renderer.mark(
+        Fig(other_dtype(dtype, device), "other_dtype"), other_dtype(dtype, device))
+    table = words(lang)
+
+    def say(decision: Any) -> str:
+        key = decision["decision"] if isinstance(decision, dict) else str(_plain(decision))
+        if key not in table:
+            raise KeyError(f"words.{lang}.yaml has no phrase for the decision {key!r}")
+        return table[key]
+
+    env.filters["say"] = say
+    env.tests["startswith"] = lambda value, prefix: str(_plain(value)).startswith(prefix)
+    return env
+
+
+def template_name(chapter: str, lang: str = "en") -> str:
+    if lang not in LANGUAGES:
+        raise ValueError(f"lang={lang!r} is not valid; choose one of {', '.join(LANGUAGES)}")
+    return f"{chapter}.{lang}.md.j2"
+
+
+def blocks(chapter: str, lang: str = "en") -> list[str]:
+    """The paragraph names a chapter's template defines."""
+    return list(environment(Renderer()).get_template(template_name(chapter, lang)).blocks)
+
+
+def render(chapter: str, block: str, results: dict, run: Optional[dict] = None, *, lang: str = "en",
+           audit: bool = False, **extra) -> str:
+    """One paragraph (``block``) of a chapter's template, from its recorded ``results``.
+
+    ``extra`` may only hold words (a dtype name, a device), never numbers: numbers come from the
+    results.
+    """
+    for key, value in extra.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise TypeError(f"{key}={value!r}: numbers reach a template only as recorded figures")
+    renderer = Renderer(audit)
+    name = template_name(chapter, lang)  # checks lang first
+    template = environment(renderer, lang).get_template(name)
+    if block not in template.blocks:
+        raise KeyError(f"{template_name(chapter, lang)} has no block {block!r}; it has {list(template.blocks)}")
+    context = template.new_context({**context_of(results, run), **extra})
+    return "".join(template.blocks[block](context)).strip()
