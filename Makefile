@@ -61,7 +61,7 @@ test: setup setup-vllm
 ## torch, then run the unit tests (the pin check runs once, in make test) and chapters 00 and 03
 ## (quick profile) under transformers 4.57.x.
 test-legacy:
-	@WORKBOOK_PIN_SET=legacy USE_SYSTEM_TORCH=0 VENV=$(LEGACY_VENV) bash scripts/setup.sh
+	@WORKBOOK_PIN_SET=legacy USE_SYSTEM_TORCH=0 WORKBOOK_LLAMACPP=0 VENV=$(LEGACY_VENV) bash scripts/setup.sh
 	$(LEGACY_VENV)/bin/python -c "import transformers, numpy, torch; print('legacy venv: transformers', transformers.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
 	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m pytest -m "not notebooks and not pins" -q $(ARGS)
 	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m helpers.run --profile quick --only 00 03 --run-id $(LEGACY_RUN_ID)

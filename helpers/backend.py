@@ -317,21 +317,336 @@ def is_out_of_memory(exc: BaseException) -> bool:
             or "failed to allocate memory" in text or "defaultcpuallocator: can't allocate" in text)
 
 
-def working_dtype(device) -> tuple[torch.dtype, str]:
-    """The dtype a chapter should use on this device, with the reason shown to readers."""
+# --- the working dtype: fp16 on NPU/CUDA, measured on a CPU ---------------------------------
+
+# The embedded SmolLM2-135M's widths (its config.json), used to time GEMVs when no model is named
+# and none can be read without a download.
+EMBEDDED_WIDTHS = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
+                   "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+                   "num_hidden_layers": 30}
+CPU_CANDIDATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Weights allocated per dtype for the decode probe; a larger model is timed on a subset of its
+# layers and the time scaled to all of them (every layer has the same shapes).
+PROBE_BYTES = 768 * 2**20
+PROBE_PREFILL_TOKENS = 128
+RUN_DIR_ENV = "WORKBOOK_RUN_DIR"  # set by the runner for every chapter of a run
+DTYPE_CHOICE_KEY = "dtype_choice"  # chapter 00's recorded figure
+DTYPE_DECISIONS = ("16bit_faster", "float32_not_slower", "no_16bit_usable")
+LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def linear_shapes(config) -> dict:
+    """``{kind: (out_features, in_features)}`` of one decoder layer of a Llama-style config, plus
+    ``lm_head``, and ``layers``. ``config`` is a transformers config, a model or a dict of widths."""
+    if hasattr(config, "config") and not isinstance(config, dict):
+        config = config.config
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    try:
+        hidden, inter = int(get("hidden_size")), int(get("intermediate_size"))
+        heads = int(get("num_attention_heads"))
+        kv = int(get("num_key_value_heads") or heads)
+        head_dim = int(get("head_dim") or hidden // heads)
+        vocab, layers = int(get("vocab_size")), int(get("num_hidden_layers"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"config {config!r} lacks a Llama-style width ({exc}); give hidden_size, "
+                         "intermediate_size, num_attention_heads, vocab_size and num_hidden_layers") from exc
+    return {"q_proj": (heads * head_dim, hidden), "k_proj": (kv * head_dim, hidden),
+            "v_proj": (kv * head_dim, hidden), "o_proj": (hidden, heads * head_dim),
+            "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter),
+            "lm_head": (vocab, hidden), "layers": layers}
+
+
+def widths_of(model=None):
+    """The widths to time for ``model`` without loading its weights: a config / model / dict as it
+    is; ``tiny-random``'s config; a local folder's or the embedded cache's ``config.json``; a hub
+    id's config only if it is in the local cache (no download just to pick a dtype); else the
+    embedded model's widths. Returns ``(widths, source)``."""
+    import json
+
+    if model is not None and not isinstance(model, str):
+        return model, "the model's config"
+    from . import models
+
+    name = (model or "").strip()
+    if name == models.TINY_MODEL:
+        return models.tiny_llama()[0].config, "tiny-random's config"
+    folder = Path(name).expanduser() if name and name != models.EMBEDDED_MODEL else models.embedded_cache_path()
+    try:
+        return json.loads((folder / "config.json").read_text()), f"{folder.name}/config.json"
+    except (OSError, ValueError):
+        pass
+    if "/" in name and not folder.exists():
+        try:
+            from transformers import AutoConfig
+
+            return AutoConfig.from_pretrained(name, local_files_only=True), f"{name} (cached config)"
+        except Exception:  # noqa: BLE001  (not cached: fall back, never download here)
+            pass
+    return dict(EMBEDDED_WIDTHS), "the embedded SmolLM2-135M's widths"
+
+
+def dtype_problem(dtype: torch.dtype) -> Optional[str]:
+    """None when a small linear + RMSNorm in ``dtype`` runs here and matches float32; else why not."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 256, generator=gen)
+    w = torch.randn(128, 256, generator=gen) / 16
+    try:
+        y = torch.nn.functional.linear(x.to(dtype), w.to(dtype))
+        y = y * torch.rsqrt(y.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(dtype)
+    except Exception as exc:  # noqa: BLE001  (an unimplemented kernel is an answer, not a crash)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    ref = torch.nn.functional.linear(x, w)
+    ref = ref * torch.rsqrt(ref.pow(2).mean(-1, keepdim=True) + 1e-5)
+    err = float((y.float() - ref).abs().max())
+    if not err < 0.05:  # bf16 keeps about 3 significant digits; NaN fails too
+        return f"a linear + RMSNorm in {dtype_name(dtype)} differs from float32 by {err:.3g}"
+    return None
+
+
+def _probe_weights(shapes: dict, dtype: torch.dtype, budget: int):
+    """One (layers', out, in) tensor per linear kind, filled (not lazily zero-mapped, which would
+    read one shared page) so that a pass reads every byte; ``layers'`` fits ``budget`` bytes."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    per_layer = sum(shapes[k][0] * shapes[k][1] for k in LAYER_LINEARS) * size
+    head_o, head_i = shapes["lm_head"]
+    head_rows = max(1, min(head_o, budget // 3 // (head_i * size)))
+    used = max(1, min(shapes["layers"], (budget - head_rows * head_i * size) // max(per_layer, 1)))
+    weights = {k: torch.full((used, *shapes[k]), 0.01, dtype=dtype) for k in LAYER_LINEARS}
+    head = torch.full((head_rows, head_i), 0.01, dtype=dtype)
+    return weights, head, used, head_rows
+
+
+class _GemvProbe:
+    """One dtype's weights at the model's shapes and the three timed parts of a step; samples from
+    several calls of ``sample`` are pooled, so dtypes timed in turn share the machine's drift."""
+
+    def __init__(self, shapes: dict, dtype: torch.dtype, prefill_tokens: int, budget: int):
+        self.weights, self.head, self.used, head_rows = _probe_weights(shapes, dtype, budget)
+        self.dtype, self.layers, self.prefill_tokens = dtype, shapes["layers"], prefill_tokens
+        self.head_scale = shapes["lm_head"][0] / head_rows
+        self.x1 = {k: torch.full((1, w.shape[2]), 0.5, dtype=dtype) for k, w in self.weights.items()}
+        self.xp = {k: torch.full((prefill_tokens, w.shape[2]), 0.5, dtype=dtype) for k, w in self.weights.items()}
+        self.h1 = torch.full((1, self.head.shape[1]), 0.5, dtype=dtype)
+        self.samples: dict = {"layers": [], "head": [], "prefill": []}
+        self.nbytes = (sum(w.numel() * w.element_size() for w in self.weights.values()) * self.layers / self.used
+                       + self.head.numel() * self.head.element_size() * self.head_scale)
+
+    def _decode_layers(self):
+        linear = torch.nn.functional.linear
+        for kind, w in self.weights.items():
+            for i in range(self.used):
+                linear(self.x1[kind], w[i])
+
+    def _prefill_layer(self):
+        linear = torch.nn.functional.linear
+        for kind, w in self.weights.items():
+            linear(self.xp[kind], w[0])
+
+    def sample(self, min_iters: int, min_seconds: float) -> None:
+        from .bench import measure
+
+        parts = {"layers": self._decode_layers, "head": lambda: torch.nn.functional.linear(self.h1, self.head),
+                 "prefill": self._prefill_layer}
+        with torch.inference_mode():
+            for part, fn in parts.items():
+                self.samples[part] += measure(fn, "cpu", name=part, warmup=1, min_iters=min_iters,
+                                              min_seconds=min_seconds).samples
+
+    def row(self) -> dict:
+        from .bench import Timing
+
+        t = {part: Timing(part, samples) for part, samples in self.samples.items()}
+
+        def step(q: str, phase: str) -> float:
+            layer = getattr(t["layers" if phase == "decode" else "prefill"], q)
+            scale = self.layers / self.used if phase == "decode" else self.layers
+            return 1e3 * (layer * scale + getattr(t["head"], q) * self.head_scale)
+
+        decode_ms = step("median", "decode")
+        return {"dtype": dtype_name(self.dtype), "decode_ms": decode_ms,
+                "decode_p10_ms": step("p10", "decode"), "decode_p90_ms": step("p90", "decode"),
+                "prefill_ms": step("median", "prefill"), "prefill_p10_ms": step("p10", "prefill"),
+                "prefill_p90_ms": step("p90", "prefill"), "decode_weight_mb": self.nbytes / 1e6,
+                "decode_gbps": self.nbytes / (decode_ms / 1e3) / 1e9, "timed_layers": self.used,
+                "layers": self.layers, "prefill_tokens": self.prefill_tokens,
+                "samples": len(self.samples["layers"])}
+
+
+def time_cpu_gemvs(shapes: dict, dtype: torch.dtype, *, prefill_tokens: int = PROBE_PREFILL_TOKENS,
+                   budget: int = PROBE_BYTES, min_iters: int = 5, min_seconds: float = 0.1) -> dict:
+    """The linears of one batch-1 decode step and of one prefill, at the model's shapes, in ``dtype``.
+
+    Decode: a (1, in) activation through every layer's weights of each kind, then the lm_head
+    (timed on the layers that fit ``budget`` and scaled to all layers). Prefill: one layer's
+    weights at (``prefill_tokens``, in) times the number of layers, plus the lm_head for the last
+    token (generate keeps only its logits). Returns medians and p10/p90 in ms of the whole step.
+    """
+    probe = _GemvProbe(shapes, dtype, prefill_tokens, budget)
+    probe.sample(min_iters, min_seconds)
+    return probe.row()
+
+
+def faster_beyond_spread(candidate: dict, baseline: dict, phase: str = "decode") -> bool:
+    """Whether ``candidate``'s whole p10-p90 spread of ``phase`` lies below ``baseline``'s."""
+    return candidate[f"{phase}_p90_ms"] < baseline[f"{phase}_p10_ms"]
+
+
+def pick_cpu_dtype(rows: list[dict]) -> tuple[str, str]:
+    """The decision from the probe rows (``time_cpu_gemvs`` rows; a row with ``problem`` set is a
+    dtype that does not run correctly here): ``(dtype name, decision)``.
+
+    float32 unless a usable 16-bit dtype decodes faster beyond both spreads (16 bits cost
+    precision, so they have to pay for it); bfloat16 before float16 (float32's range, so no
+    overflow) unless float16 is faster beyond the spreads too. ``decision`` is one of
+    ``DTYPE_DECISIONS``.
+    """
+    by = {r["dtype"]: r for r in rows}
+    if "float32" not in by or by["float32"].get("problem"):
+        raise ValueError("rows must include a usable float32 row (the baseline)")
+    usable = [by[d] for d in ("bfloat16", "float16") if d in by and not by[d].get("problem")]
+    if not usable:
+        return "float32", "no_16bit_usable"
+    best = usable[0]
+    if len(usable) > 1 and faster_beyond_spread(usable[1], usable[0]):
+        best = usable[1]
+    if faster_beyond_spread(best, by["float32"]):
+        return best["dtype"], "16bit_faster"
+    return "float32", "float32_not_slower"
+
+
+def faster_at_prefill(rows: list[dict], chosen: str) -> Optional[str]:
+    """The usable dtype whose prefill beats the chosen one's beyond both spreads (the fastest such),
+    or None: a decode-driven choice can lose at prefill, where arithmetic, not bytes, sets the time."""
+    by = {r["dtype"]: r for r in rows if "prefill_ms" in r and not r.get("problem")}
+    better = [r for d, r in by.items() if d != chosen and faster_beyond_spread(r, by[chosen], "prefill")]
+    return min(better, key=lambda r: r["prefill_ms"])["dtype"] if better else None
+
+
+def loses_at_prefill(rows: list[dict], chosen: str) -> bool:
+    """Whether another usable dtype prefills faster than the chosen one beyond both spreads."""
+    return faster_at_prefill(rows, chosen) is not None
+
+
+def _reason(decision: str, rows: list[dict], chosen: str, prefill_slower: bool) -> str:
+    by = {r["dtype"]: r for r in rows}
+    f32 = by["float32"]
+    if decision == "no_16bit_usable":
+        why = "; ".join(f"{r['dtype']}: {r['problem']}" for r in rows if r.get("problem"))
+        text = f"float32: no 16-bit dtype runs correctly here ({why})"
+    elif decision == "16bit_faster":
+        c = by[chosen]
+        text = (f"{chosen}: the model's decode GEMVs took {c['decode_ms']:.1f} ms per step in {chosen} "
+                f"against {f32['decode_ms']:.1f} ms in float32 on this CPU, spreads apart")
+    else:
+        alt = min((r for r in rows if r["dtype"] != "float32" and not r.get("problem")),
+                  key=lambda r: r["decode_ms"])
+        text = (f"float32: no 16-bit dtype decodes faster beyond the spread here ({alt['dtype']} "
+                f"{alt['decode_ms']:.1f} ms vs float32 {f32['decode_ms']:.1f} ms per step)")
+    other = faster_at_prefill(rows, chosen) if prefill_slower else None
+    if other:
+        c, o = by[chosen], by[other]
+        text += (f"; at prefill ({c['prefill_tokens']} tokens) {chosen} is slower: {c['prefill_ms']:.0f} ms "
+                 f"against {other}'s {o['prefill_ms']:.0f} ms")
+    return text
+
+
+@dataclass
+class DtypeChoice:
+    """The working dtype of a run, with the figures that decided it."""
+
+    dtype: torch.dtype
+    reason: str
+    source: str  # "measured now", "recorded by chapter 00 of this run" or "fixed for <device>"
+    rows: list = field(default_factory=list)
+    decision: str = ""
+    prefill_slower: bool = False
+    shapes_source: str = ""
+    cpu_capability: str = ""
+    threads: int = 0
+
+    def record(self) -> dict:
+        """The context chapter 00 stores with the ``dtype_choice`` figure (later chapters read it)."""
+        return {"reason": self.reason, "decision": self.decision, "rows": self.rows,
+                "prefill_slower": self.prefill_slower, "shapes_source": self.shapes_source,
+                "cpu_capability": self.cpu_capability, "threads": self.threads, "source": self.source}
+
+
+def cpu_capability() -> str:
+    """ATen's CPU kernel level here (``AVX512``, ``AVX2``, ...; ``ATEN_CPU_CAPABILITY`` lowers it)."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # noqa: BLE001  (older torch has no such query)
+        return "unknown"
+
+
+_MEASURED: dict = {}
+
+
+def measure_cpu_dtype(model=None, *, prefill_tokens: int = PROBE_PREFILL_TOKENS, budget: int = PROBE_BYTES,
+                      rounds: int = 3, min_iters: int = 3, min_seconds: float = 0.05) -> DtypeChoice:
+    """Time the model's decode and prefill linears in float32, bfloat16 and float16 (``rounds``
+    alternating rounds, samples pooled per dtype); pick one with ``pick_cpu_dtype``."""
+    widths, source = widths_of(model)
+    shapes = linear_shapes(widths)
+    problems = {d: None if d == torch.float32 else dtype_problem(d) for d in CPU_CANDIDATE_DTYPES}
+    probes = {d: _GemvProbe(shapes, d, prefill_tokens, budget) for d, p in problems.items() if not p}
+    for _ in range(rounds):  # dtypes in turn, samples pooled: a load change hits all of them alike
+        for probe in probes.values():
+            probe.sample(min_iters, min_seconds)
+    rows = [{**probes[d].row(), "problem": None} if d in probes else {"dtype": dtype_name(d), "problem": p}
+            for d, p in problems.items()]
+    del probes
+    chosen, decision = pick_cpu_dtype(rows)
+    timed = [r for r in rows if "decode_ms" in r]
+    slower = loses_at_prefill(timed, chosen)
+    return DtypeChoice(DTYPES[chosen], _reason(decision, rows, chosen, slower), "measured now", rows,
+                       decision, slower, source, cpu_capability(), torch.get_num_threads())
+
+
+def recorded_dtype_choice(run_dir=None) -> Optional[DtypeChoice]:
+    """Chapter 00's recorded choice in this run's folder (``run_dir``, else ``$WORKBOOK_RUN_DIR``),
+    when it was made at this CPU kernel level and thread count; else None."""
+    from .results import load_results
+
+    folder = run_dir or os.environ.get(RUN_DIR_ENV)
+    if not folder:
+        return None
+    metrics = (load_results(folder, "00_environment_check") or {}).get("metrics") or {}
+    entry = metrics.get(DTYPE_CHOICE_KEY)
+    if not entry or entry.get("value") not in DTYPES:
+        return None
+    if entry.get("cpu_capability") != cpu_capability() or entry.get("threads") != torch.get_num_threads():
+        return None
+    return DtypeChoice(DTYPES[entry["value"]], entry.get("reason", ""), "recorded by chapter 00 of this run",
+                       entry.get("rows", []), entry.get("decision", ""), bool(entry.get("prefill_slower")),
+                       entry.get("shapes_source", ""), entry["cpu_capability"], entry["threads"])
+
+
+def choose_dtype(device, model=None, *, run_dir=None, reuse: bool = True) -> DtypeChoice:
+    """The working dtype with its reason: fp16 on NPU/CUDA; on a CPU, chapter 00's recorded choice
+    of this run when ``reuse`` (and it was made on this CPU), else measured now, once per process.
+
+    Chapter 00 passes ``reuse=False``: it is the chapter that measures and records the choice.
+    """
     kind = as_device(device).type
     if kind in ("npu", "cuda"):
-        return torch.float16, f"float16: the guides' inference dtype and native on {kind}"
-    bf16 = False
-    try:
-        bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:
-        pass
-    if bf16:
-        return torch.bfloat16, (
-            "bfloat16: this CPU has native bf16 instructions; float16 on CPU is emulated and slow"
-        )
-    return torch.float32, "float32: this CPU has no native bf16/fp16 arithmetic"
+        return DtypeChoice(torch.float16, f"float16: the guides' inference dtype and native on {kind}",
+                           f"fixed for {kind}")
+    if reuse:
+        recorded = recorded_dtype_choice(run_dir)
+        if recorded is not None:
+            return recorded
+    widths, _ = widths_of(model)
+    key = (repr(linear_shapes(widths)), cpu_capability(), torch.get_num_threads())
+    if key not in _MEASURED or not reuse:
+        _MEASURED[key] = measure_cpu_dtype(model)
+    return _MEASURED[key]
+
+
+def working_dtype(device, model=None, run_dir=None) -> tuple[torch.dtype, str]:
+    """The dtype a chapter should use on this device, with the reason shown to readers."""
+    choice = choose_dtype(device, model, run_dir=run_dir)
+    return choice.dtype, choice.reason
 
 
 DTYPES = {
@@ -341,14 +656,18 @@ DTYPES = {
 }
 
 
-def parse_dtype(value, device=None, parameter: str = "dtype") -> torch.dtype:
-    """Turn ``"auto"``/``"bf16"``/``torch.float16`` into a dtype the device supports, or raise."""
+def parse_dtype(value, device=None, parameter: str = "dtype", *, model=None, run_dir=None) -> torch.dtype:
+    """Turn ``"auto"``/``"bf16"``/``torch.float16`` into a dtype the device supports, or raise.
+
+    ``"auto"`` is ``choose_dtype``: fp16 on NPU/CUDA; on a CPU chapter 00's choice of this run, or
+    measured at ``model``'s shapes (the embedded model's when none is named).
+    """
     if isinstance(value, torch.dtype):
         dtype = value
     else:
         text = str(value).strip().lower()
         if text == "auto":
-            return working_dtype(device or "cpu")[0]
+            return working_dtype(device or "cpu", model, run_dir)[0]
         if text not in DTYPES:
             raise ValueError(
                 f"{parameter}={value!r} is not valid; choose one of auto, float32, float16, bfloat16."
@@ -375,6 +694,8 @@ REPORTED_ENV_VARS = (
     "ASCEND_HOME_PATH", "ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES",
     "CUDA_VISIBLE_DEVICES", "TORCH_DEVICE_BACKEND_AUTOLOAD", "OMP_NUM_THREADS",
     "HF_ENDPOINT", "HF_HUB_OFFLINE", "WORKBOOK_CACHE", "WORKBOOK_PROFILE",
+    # lower the CPU kernel level (an AVX2-only CPU approximated on a newer one); dtype=auto depends on it
+    "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
 )
 
 

@@ -6,7 +6,8 @@ Taught in ``00_environment_check.ipynb`` and used as the first code cell of ever
 
 It checks every parameter by its name (``helpers.params.CHECKS``, so the same name means the same
 rule in every chapter) before any heavy work, picks the device (``backend.pick_device``) and the
-working dtype with the reason, opens the chapter's ``results.json`` with the parameters and the
+working dtype with the reason (``dtype=auto``: chapter 00's measured choice of this run, see
+``resolve_dtype``), opens the chapter's ``results.json`` with the parameters and the
 environment, quiets the known noise of executed notebooks, notes CPU contention, and shows one line
 saying what it picked and why. ``ch.summary(block)`` renders a paragraph of the chapter's template
 (``helpers.prose``) from what the chapter recorded.
@@ -117,6 +118,20 @@ def edition_language(lang: str = "auto") -> str:
     return "zh" if Path.cwd().name == "zh" else "en"
 
 
+def resolve_dtype(parameters: dict, device) -> tuple[Any, str, str]:
+    """``(dtype, reason, source)`` of a chapter. ``dtype=auto`` is ``backend.choose_dtype``: on a CPU
+    the choice chapter 00 measured and recorded in this run (``run_dir``, else the runner's
+    ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level and thread count, else measured
+    now at the ``model`` parameter's shapes; so every chapter of a run works in the same dtype, the
+    one chapters 05 and 06 get from ``backend.parse_dtype`` too."""
+    requested = parameters.get("dtype", "auto")
+    if isinstance(requested, str) and requested.strip().lower() == "auto":
+        picked = backend.choose_dtype(device, parameters.get("model") or None,
+                                      run_dir=parameters.get("run_dir") or None)
+        return picked.dtype, picked.reason, picked.source
+    return backend.parse_dtype(requested, device), "set by the dtype parameter", "the dtype parameter"
+
+
 def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,
                  lang: str = "auto", **parameters) -> Chapter:
     """Check the parameters, pick device and dtype, open ``Results``; see the module docstring.
@@ -130,16 +145,15 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     parameters = params.check_all(parameters, checks)
     lang = edition_language(parameters.get("lang", lang))
     choice = backend.pick_device(parameters.get("device", "auto"))
-    dtype = backend.parse_dtype(parameters.get("dtype", "auto"), choice.device)
-    dtype_reason = (backend.working_dtype(choice.device)[1] if parameters.get("dtype", "auto") == "auto"
-                    else "set by the dtype parameter")
+    dtype, dtype_reason, dtype_source = resolve_dtype(parameters, choice.device)
     kept = {k: v for k, v in parameters.items() if k not in RUNNER_PARAMETERS}
     kept["lang"] = lang
     kept["profile"] = parameters.get("profile", "interactive")
     results = Results(name, parameters.get("run_dir") or None, parameters=kept,
                       environment=backend.environment_report(choice.device))
     results.set("device_choice", {"device": str(choice.device), "reason": choice.reason,
-                                  "dtype": backend.dtype_name(dtype), "dtype_reason": dtype_reason})
+                                  "dtype": backend.dtype_name(dtype), "dtype_reason": dtype_reason,
+                                  "dtype_source": dtype_source})
     quiet_known_noise()
     from .generation import cpu_contention
 

@@ -188,47 +188,417 @@ def batch_throughput_ratio(table) -> Optional[dict]:
             "batch_size": int(row["batch_size"])}
 
 
+# --- beside the ladder: a float32 eager run and llama.cpp, never in the ladder's own ratios ------
+
+GOAL_FRACTION_OF_LLAMACPP = 0.5  # the best batch-1 rung should reach half of llama.cpp's decode
+
+
+def decode_ratio(row, reference) -> Optional[dict]:
+    """Decode speed of ``row`` over ``reference`` (above 1: the row decodes faster), from their
+    ms per token, with the spread of both p10-p90 ranges; None when either lacks a decode figure."""
+    try:
+        ms, ref = float(row["decode_ms_per_token"]), float(reference["decode_ms_per_token"])
+        p10, p90 = float(row.get("decode_p10_ms", ms)), float(row.get("decode_p90_ms", ms))
+        r10, r90 = float(reference.get("decode_p10_ms", ref)), float(reference.get("decode_p90_ms", ref))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(v > 0 for v in (ms, ref, p10, p90, r10, r90)):
+        return None
+    return {"ratio": ref / ms, "low": r10 / p90, "high": r90 / p10}
+
+
+def reference_columns(table, reference: Optional[dict], name: str):
+    """``vs_<name>`` (with ``_low`` / ``_high``): each ok batch-1 rung's decode speed over the
+    reference's. Rungs at another batch size get none: the reference decodes one sequence."""
+    table = table.copy()
+    for suffix in ("", "_low", "_high"):
+        table[f"vs_{name}{suffix}"] = None
+    if not reference:
+        return table
+    for i, row in table.iterrows():
+        batch = row.get("batch_size")
+        if row["status"] != "ok" or (batch is not None and batch == batch and int(batch) != 1):
+            continue
+        found = decode_ratio(row, reference)
+        if found:
+            table.at[i, f"vs_{name}"], table.at[i, f"vs_{name}_low"], table.at[i, f"vs_{name}_high"] = (
+                found["ratio"], found["low"], found["high"])
+    return table
+
+
+def fraction_verdict(ratio: Optional[dict], fraction: float = GOAL_FRACTION_OF_LLAMACPP) -> str:
+    """``reached`` when the whole spread is at or above ``fraction``, ``missed`` when it is all below,
+    ``within_noise`` when the spread straddles it, ``not_measured`` without a ratio."""
+    if not ratio:
+        return "not_measured"
+    if ratio["low"] >= fraction:
+        return "reached"
+    if ratio["high"] < fraction:
+        return "missed"
+    return "within_noise"
+
+
+def best_batch1_row(table):
+    """The ok batch-1 rung with the most decode tokens/s (a row), or None."""
+    ok = table[table["status"] == "ok"]
+    if "batch_size" in ok:
+        ok = ok[ok["batch_size"].fillna(1).astype(int) == 1]
+    if not len(ok):
+        return None
+    return ok.iloc[ok["tokens_per_s"].astype(float).values.argmax()]
+
+
+def rung_effect(table, rung: str) -> Optional[dict]:
+    """``rung`` against the ok batch-1 rung before it: ``{"verdict": faster / slower / no_difference,
+    "ratio", "low", "high", "previous"}`` from the decode spreads (None if either did not run)."""
+    ok = table[table["status"] == "ok"].reset_index(drop=True)
+    if "batch_size" in ok:
+        ok = ok[ok["batch_size"].fillna(1).astype(int) == 1].reset_index(drop=True)
+    where = ok.index[ok["rung"] == rung]
+    if not len(where) or where[0] == 0:
+        return None
+    row, before = ok.loc[where[0]], ok.loc[where[0] - 1]
+    found = decode_ratio(row, before)
+    if found is None:
+        return None
+    verdict = "faster" if found["low"] > 1 else "slower" if found["high"] < 1 else "no_difference"
+    return {**found, "verdict": verdict, "previous": before["rung"]}
+
+
+# --- where a decode step's time goes ---------------------------------------------------------------
+
+STEP_PARTS = ("matmul kernels", "attention", "other kernels", "framework and Python")
+_STEP_PART_OF_KIND = {"weight matmul": "matmul kernels", "attention": "attention"}
+
+
+def step_part(name: str) -> Optional[str]:
+    """Which part of a decode step a profiler event's self time belongs to (None: not a kernel,
+    i.e. Python, dispatch and compiled-graph wrappers, counted as the rest of the step).
+
+    Matmul and attention kernels are named by ``profiling.kernel_kind`` (chapter 03's split), plus
+    inductor's C++ GEMM template kernels, which max-autotune names ``graph_N_kernel``."""
+    from .profiling import kernel_kind
+
+    if name.startswith("graph_") and name.endswith("_kernel") and "cpp_fused" not in name:
+        return "matmul kernels"
+    part = _STEP_PART_OF_KIND.get(kernel_kind(name))
+    if part:
+        return part
+    if "cpp_fused" in name or name.startswith(("aten::", "mkldnn::", "quantized::")):
+        return "other kernels"
+    return None
+
+
+def decode_step_parts(model, tokenizer, prompts: Sequence[str], *, decode_ms: float, steps: int = 8,
+                      static_cache: bool = False, cache_tokens: Optional[int] = None, device="cpu") -> dict:
+    """ms per decode step in each of ``STEP_PARTS``, from ``torch.profiler``.
+
+    Profiles a greedy generation of ``steps + 1`` tokens and one of 1 token through ``model.generate``
+    (whatever it is: transformers' or ``GreedyLoop``), so the difference is ``steps`` decode steps.
+    Each kernel part's share of the profiled step (its self time over the profiled wall time) is
+    applied to the rung's measured ``decode_ms``; ``framework and Python`` is the remaining share
+    (Python, dispatch, graph wrappers, and the profiler's own cost). The parts add up to ``decode_ms``
+    and none is negative; on a machine shared with other work the split is as noisy as the step.
+    A static cache is sized for ``cache_tokens`` new tokens (the measurement's), so a compiled forward
+    sees the shapes it was compiled for and builds no graph here.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from . import static_decode
+    from .generation import generate_tokens
+    from .models import chat_inputs
+    from .profiling import _quiet_native_stderr
+
+    inputs = chat_inputs(tokenizer, list(prompts), device, chat=False)
+    kwargs: dict = {}
+    cache = None
+    if static_cache:
+        cache, kwargs = static_decode.static_generate_kwargs(model, inputs, max(cache_tokens or 0, steps + 1))
+
+    def parts_of(n_tokens: int) -> dict:
+        if cache is not None:
+            cache.reset()
+        generate_tokens(model, tokenizer, inputs, n_tokens, **kwargs)  # warm (a new shape compiles here)
+        if cache is not None:
+            cache.reset()
+        with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            generate_tokens(model, tokenizer, inputs, n_tokens, **kwargs)
+            wall = (time.perf_counter() - start) * 1e3
+        found = dict.fromkeys(STEP_PARTS[:3], 0.0)
+        for event in prof.key_averages():
+            part = step_part(event.key)
+            if part:
+                found[part] += event.self_cpu_time_total / 1e3  # us -> ms
+        return {**found, "wall": wall}
+
+    with torch.inference_mode():
+        one, many = parts_of(1), parts_of(steps + 1)
+    wall = max(many["wall"] - one["wall"], 1e-9)
+    shares = {k: max(many[k] - one[k], 0.0) / wall for k in STEP_PARTS[:3]}
+    total = sum(shares.values())
+    if total > 1:  # noise made the kernels longer than the step: keep their proportions
+        shares = {k: v / total for k, v in shares.items()}
+    shares["framework and Python"] = max(1.0 - sum(shares.values()), 0.0)
+    return {**{k: v * decode_ms for k, v in shares.items()}, "decode_ms": decode_ms, "steps_profiled": steps,
+            "profiled_step_ms": wall / steps}
+
+
+def largest_part(parts: dict) -> str:
+    """The part of ``STEP_PARTS`` that takes the most of the step."""
+    return max(STEP_PARTS, key=lambda k: parts.get(k, 0.0))
+
+
+def what_stands_in_the_way(parts: dict, reference_ms: float,
+                           fraction: float = GOAL_FRACTION_OF_LLAMACPP) -> dict:
+    """Why a step misses ``fraction`` of a reference's speed: the target step is
+    ``reference_ms / fraction``; ``"matmul kernels"`` when they alone exceed it (no cut of the rest
+    reaches the goal), else ``"the rest of the step"`` (the kernels fit; attention, other kernels,
+    Python and dispatch push the step over). ``over_ms`` is how far the step is above the target."""
+    if not reference_ms > 0 or not 0 < fraction <= 1:
+        raise ValueError(f"reference_ms={reference_ms!r} and fraction={fraction!r} must be > 0 (fraction <= 1)")
+    target = reference_ms / fraction
+    step = sum(parts.get(k, 0.0) for k in STEP_PARTS)
+    matmul = parts.get("matmul kernels", 0.0)
+    return {"target_ms": target, "step_ms": step, "over_ms": step - target, "matmul_ms": matmul,
+            "blocker": "matmul kernels" if matmul > target else "the rest of the step"}
+
+
+def int8_skip_reason(kernel_rows: list) -> str:
+    """Why the INT8 rung did not run: the kernel timings, dense against the fastest int8 kernel."""
+    from .quant import pick_w8a16_kernel
+
+    pick = pick_w8a16_kernel(kernel_rows)
+    dense = next(r for r in kernel_rows if r["kernel"].startswith("dense"))
+    best = next(r for r in kernel_rows if r["kernel"] == pick["kernel"])
+    return (f"the {dense['kernel']} linears were faster than every int8 kernel beyond the spread at this "
+            f"model's shapes (fastest {best['kernel']} {best['decode_ms']:.2f} ms, p10-p90 {best['decode_p10_ms']:.2f}-"
+            f"{best['decode_p90_ms']:.2f}, against {dense['decode_ms']:.2f} ms, p10-p90 "
+            f"{dense['decode_p10_ms']:.2f}-{dense['decode_p90_ms']:.2f}, per decode step), so INT8 "
+            "would make this rung slower")
+
+
+def weight_format_check(before, after, tokenizer, tokens: int = 128) -> dict:
+    """Top-1 agreement and perplexity of ``after`` against ``before`` on held-out text (eager forwards):
+    what a rung that changes the weights' format (INT4) costs in quality, measured where it runs."""
+    from .quality import encode, evaluate, load_heldout_text
+
+    ids = encode(tokenizer, load_heldout_text(), tokens).to(next(before.parameters()).device)
+    ref = evaluate(before, ids, return_logits=True)
+    out = evaluate(after, ids, ref["logits"])
+    return {"tokens": int(ids.shape[1]), "top1_agreement": out["top1_agreement"],
+            "perplexity_before": ref["perplexity"], "perplexity_after": out["perplexity"]}
+
+
+def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens: int, repeats: int) -> dict:
+    """llama.cpp's figures for the ladder's request, or ``{"status": ..., "reason"}`` saying why not."""
+    from . import llamacpp
+    from .backend import as_device
+    from .models import EMBEDDED_MODEL, locate_embedded_gguf
+
+    if not enabled:
+        return {"status": "skipped", "reason": "the llamacpp parameter is off"}
+    kind = as_device(device).type
+    if kind != "cpu":
+        return {"status": "skipped", "reason": f"llama.cpp is the CPU reference; this ladder ran on {kind}"}
+    if model != EMBEDDED_MODEL:
+        return {"status": "skipped", "reason": f"llama.cpp runs the embedded GGUF ({EMBEDDED_MODEL}); "
+                                               f"this ladder ran {model}"}
+    return llamacpp.measure(locate_embedded_gguf(), prompt_ids, new_tokens, repeats=repeats)
+
+
+VERDICT_WORDS = {"reached": "reaches", "missed": "misses", "within_noise": "is within the noise of",
+                 "not_measured": "cannot be compared with"}
+
+
+def int8_kernel_saving(kernel_rows: Optional[list]) -> Optional[dict]:
+    """From ``quant.time_w8a16_kernels`` rows: the dense and the fastest int8 step (ms) and the saving."""
+    if not kernel_rows:
+        return None
+    dense = next((r for r in kernel_rows if r["kernel"].startswith("dense") and not r.get("problem")), None)
+    usable = [r for r in kernel_rows if not r["kernel"].startswith("dense") and not r.get("problem")]
+    if dense is None or not usable:
+        return None
+    best = min(usable, key=lambda r: r["decode_ms"])
+    return {"dense": dense["kernel"], "dense_ms": dense["decode_ms"], "kernel": best["kernel"],
+            "kernel_ms": best["decode_ms"], "saving_ms": dense["decode_ms"] - best["decode_ms"]}
+
+
+def reference_facts(table, llama: dict, fp32: Optional[dict],
+                    fraction: float = GOAL_FRACTION_OF_LLAMACPP, int8_kernels: Optional[list] = None) -> dict:
+    """Everything the references paragraph states, each decided by a named function above.
+    ``int8_kernels``: the INT8 rung's kernel timings, which explain an INT8 rung that is not faster."""
+    best = best_batch1_row(table)
+    facts: dict = {"llama": llama, "fraction": fraction, "best": None, "fp32": None, "blocker": None,
+                   "int8": rung_effect(table, "+ INT8"), "int8_kernels": int8_kernel_saving(int8_kernels)}
+    if facts["int8"]:
+        row = table[table["rung"] == "+ INT8"].iloc[0]
+        facts["int8"]["spread_ms"] = float(row["decode_p90_ms"] - row["decode_p10_ms"])
+        facts["int8"]["decode_ms"] = float(row["decode_ms_per_token"])
+    if best is not None:
+        ratio = decode_ratio(best, llama) if llama.get("status") == "ok" else None
+        facts["best"] = {"rung": best["rung"], "tok_s": float(best["tokens_per_s"]),
+                         "decode_ms": float(best["decode_ms_per_token"]), "ratio": ratio,
+                         "verdict": fraction_verdict(ratio, fraction)}
+        parts = {k: best.get(f"{k.split()[0]}_ms") for k in STEP_PARTS}
+        if ratio and facts["best"]["verdict"] != "reached" and all(v is not None and v == v for v in parts.values()):
+            facts["blocker"] = {**what_stands_in_the_way(parts, float(llama["decode_ms_per_token"]), fraction),
+                                "parts": parts}
+    if fp32 and best is not None:
+        first = table[table["status"] == "ok"].iloc[0]
+        facts["fp32"] = {"tok_s": 1e3 / float(fp32["decode_ms_per_token"]),
+                         "native": decode_ratio(first, fp32), "best": decode_ratio(best, fp32),
+                         "native_rung": first["rung"], "dtype": first.get("dtype")}
+    return facts
+
+
+REFERENCES_TEMPLATE = """\
+{% set l = facts.llama %}{% set b = facts.best %}
+{% if l.status == "ok" %}
+- llama.cpp {{ l.version }} on this CPU ({{ l.quantization }} weights from the GGUF, {{ l.threads }} threads, \
+{{ l.prompt_tokens }}-token prompt, {{ l.new_tokens }} new tokens): **{{ "%.1f"|format(l.tokens_per_s) }} tok/s** decode \
+({{ "%.2f"|format(l.decode_ms_per_token) }} ms per token, p10-p90 {{ "%.2f"|format(l.decode_p10_ms) }}-\
+{{ "%.2f"|format(l.decode_p90_ms) }}), TTFT {{ "%.1f"|format(l.ttft_ms) }} ms.{% if l.note %} Note: {{ l.note }}.{% endif %}
+{% if b %}
+- The fastest batch-1 rung, **{{ b.rung }}**, decodes at {{ "%.1f"|format(b.tok_s) }} tok/s: \
+**{{ "%.2f"|format(b.ratio.ratio) }}x llama.cpp** (spread {{ "%.2f"|format(b.ratio.low) }}-\
+{{ "%.2f"|format(b.ratio.high) }}), so it {{ words[b.verdict] }} the {{ "%.1f"|format(facts.fraction) }}x goal.
+{% endif %}
+{% if facts.blocker %}{% set x = facts.blocker %}
+- What stands in the way: **{{ x.blocker }}**. Its step takes {{ "%.2f"|format(x.step_ms) }} ms against the \
+{{ "%.2f"|format(x.target_ms) }} ms that {{ "%.1f"|format(facts.fraction) }}x llama.cpp needs; profiled per step, \
+matmul kernels {{ "%.2f"|format(x.parts["matmul kernels"]) }} ms, attention {{ "%.2f"|format(x.parts["attention"]) }} ms, \
+other kernels {{ "%.2f"|format(x.parts["other kernels"]) }} ms, and the rest (Python, dispatch, graph wrappers) \
+{{ "%.2f"|format(x.parts["framework and Python"]) }} ms.
+{% endif %}
+{% else %}
+- llama.cpp was not measured: {{ l.reason }}.
+{% endif %}
+{% if facts.fp32 and facts.fp32.dtype == "float32" %}{% set f = facts.fp32 %}
+- The working dtype is float32, so {{ f.native_rung }} is the float32 eager run ({{ "%.1f"|format(f.tok_s) }} tok/s) \
+and each rung's `vs_float32_eager` is its own speedup; the fastest rung is at {{ "%.2f"|format(f.best.ratio) }}x.
+{% elif facts.fp32 %}{% set f = facts.fp32 %}
+- Against float32 eager ({{ "%.1f"|format(f.tok_s) }} tok/s): {{ f.native_rung }} in {{ f.dtype }} decodes at \
+{{ "%.2f"|format(f.native.ratio) }}x (spread {{ "%.2f"|format(f.native.low) }}-{{ "%.2f"|format(f.native.high) }}): \
+that is the working dtype's own share; the fastest rung at {{ "%.2f"|format(f.best.ratio) }}x.
+{% endif %}
+{% if facts.int8 %}{% set i = facts.int8 %}
+- The INT8 rung against {{ i.previous }}: {{ "%.2f"|format(i.ratio) }}x (spread {{ "%.2f"|format(i.low) }}-\
+{{ "%.2f"|format(i.high) }}), {{ {"faster": "faster beyond the spread", "slower": "slower beyond the spread", \
+"no_difference": "no difference beyond the noise"}[i.verdict] }}.\
+{% if i.verdict != "faster" and facts.int8_kernels %}{% set k = facts.int8_kernels %} Why: timed alone at this \
+model's shapes, the {{ k.kernel }} kernels take {{ "%.2f"|format(k.kernel_ms) }} ms per step against \
+{{ "%.2f"|format(k.dense_ms) }} ms for the {{ k.dense }} linears, a saving of {{ "%.2f"|format(k.saving_ms) }} ms \
+in a {{ "%.2f"|format(i.decode_ms) }} ms step whose p10-p90 spread is {{ "%.2f"|format(i.spread_ms) }} ms; \
+the rest of the step is not made smaller by INT8.{% endif %}
+{% endif %}
+"""
+
+
+def render_references(facts: dict) -> str:
+    """The references paragraph (Markdown) from ``reference_facts``."""
+    import jinja2
+
+    # Block tags on their own lines leave blank lines, which are dropped; an inline {% if %} at the
+    # end of a bullet keeps the bullet's newline (trim_blocks would join it to the next bullet).
+    template = jinja2.Environment(lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    text = template.from_string(REFERENCES_TEMPLATE).render(facts=facts, words=VERDICT_WORDS)
+    return "\n".join(line for line in text.splitlines() if line.strip())
+
+
+def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[dict], device: str,
+                             dtype: str, new_tokens: int) -> None:
+    """llama.cpp's decode and TTFT (key figures), the best rung's ratio to it, and the float32 run."""
+    shape = f"batch 1, {llama.get('prompt_tokens', '?')}-token prompt, {new_tokens} new tokens"
+    if llama.get("status") == "ok":
+        ctx = dict(device=device, dtype=f"{llama['quantization']} weights (GGUF)", shape=shape,
+                   code_path=llama["code_path"])
+        results.record("llamacpp_decode_tok_s", llama["tokens_per_s"], "tok/s", key_figure=True,
+                       p10_ms=llama["decode_p10_ms"], p90_ms=llama["decode_p90_ms"], note=llama.get("note", ""),
+                       system_info=llama.get("system_info", ""), **ctx)
+        results.record("llamacpp_ttft_ms", llama["ttft_ms"], "ms", p10=llama["ttft_p10_ms"],
+                       p90=llama["ttft_p90_ms"], **ctx)
+    else:
+        results.record("llamacpp_decode_tok_s", None, "tok/s", device=device, status=llama.get("status"),
+                       reason=llama.get("reason", ""))
+    best = facts.get("best")
+    if best and best["ratio"]:
+        results.record("ladder_best_batch1_vs_llamacpp", best["ratio"]["ratio"], "x", key_figure=True,
+                       device=device, dtype=dtype, shape=shape, rung=best["rung"], low=best["ratio"]["low"],
+                       high=best["ratio"]["high"], verdict=best["verdict"], goal=facts["fraction"],
+                       code_path="decode tok/s of the fastest batch-1 rung over llama.cpp's, same run "
+                                 "(not part of the ladder's own ratios)",
+                       blocker=(facts.get("blocker") or {}).get("blocker"))
+    if fp32:
+        results.record("float32_eager_decode_tok_s", 1e3 / float(fp32["decode_ms_per_token"]), "tok/s",
+                       device=device, dtype="float32", shape=shape,
+                       code_path=fp32.get("code_path") or "native eager protocol in float32")
+
+
 # --- building blocks for chapter 06's rungs ------------------------------------------------------
 
 @dataclass
 class Variant:
-    """What a rung measures: a model, the batch of prompts (None: the ladder's) and the cache kind."""
+    """What a rung measures: a model, the batch of prompts (None: the ladder's), the cache kind and
+    whether ``generate`` is replaced by the hand-written greedy loop (``static_decode.GreedyLoop``)."""
     model: Any
     prompts: Optional[Sequence[str]] = None
     static_cache: bool = False
+    greedy_loop: bool = False
 
 
 def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, device, *,
-                       bandwidth_gbps: Optional[float] = None, repeats: int = 3) -> Callable[[Any], dict]:
+                       bandwidth_gbps: Optional[float] = None, repeats: int = 3,
+                       profile_steps: int = 0) -> Callable[[Any], dict]:
     """A ``measure`` for ``run_ladder`` built on ``helpers.generation.measure_generation``.
 
     A variant is a ``Variant``, a model, or ``(model, prompts)`` for a rung that changes the batch.
     ``latency_ms`` is one full ``generate`` of ``max_new_tokens``; ``tokens_per_s`` is the aggregate
     over the batch; the roofline is ``batch x bandwidth / weight bytes`` of that variant (memory-bound
     decode, KV cache ignored), so an INT8 rung gets its own, higher ceiling. A variant whose forward
-    is compiled (``helpers.static_decode``) adds ``compiled_graphs`` and ``compile_s``.
+    is compiled (``helpers.static_decode``) adds ``compiled_graphs`` and ``compile_s``. With
+    ``profile_steps``, a batch-1 rung also gets ``decode_step_parts`` (ms per step in each of
+    ``STEP_PARTS``), profiled on the same shapes after the timed runs.
     """
+    from . import static_decode
     from .generation import measure_generation
     from .models import weight_bytes
 
     def measure(variant) -> dict:
+        loop = False
         if isinstance(variant, Variant):
             model, batch, static = variant.model, variant.prompts or prompts, variant.static_cache
+            loop = variant.greedy_loop
         else:
             model, batch = variant if isinstance(variant, tuple) else (variant, prompts)
             static = False
+        if loop:
+            if static_decode.greedy_loop_of(model) is None:
+                static_decode.use_greedy_loop(model)
+        else:
+            static_decode.restore_generate(model)
         out = measure_generation(model, tokenizer, list(batch), max_new_tokens, device, repeats=repeats,
                                  static_cache=static)
+        if loop:  # same protocol, but the tokens come from the loop, not from generate
+            out["code_path"] = out["code_path"].replace(
+                "transformers generate", "hand-written greedy loop (helpers.static_decode.GreedyLoop)", 1)
         row = {"latency_ms": out["total_ms"], "tokens_per_s": out["tokens_per_s_aggregate"],
                "peak_memory_bytes": out.get("peak_memory_bytes"), "batch_size": out.get("batch_size"),
                "ttft_ms": out.get("ttft_ms"), "decode_ms_per_token": out.get("decode_ms_per_token"),
                "decode_p10_ms": out.get("decode_p10_ms"), "decode_p90_ms": out.get("decode_p90_ms"),
-               "dtype": out.get("dtype"), "code_path": out.get("code_path"),
+               "ttft_p10_ms": out.get("ttft_p10_ms"), "ttft_p90_ms": out.get("ttft_p90_ms"),
+               "dtype": out.get("dtype"), "code_path": out.get("code_path"), "greedy_loop": loop,
                "prompt_tokens": out.get("prompt_tokens"), "new_tokens": out.get("new_tokens"),
                "weight_bytes": weight_bytes(model),
                "compiled_graphs": out.get("compiled_graphs"), "compile_s": out.get("compile_s")}
         if bandwidth_gbps:
             row["roofline_tok_s"] = (out.get("batch_size") or len(batch)) * bandwidth_gbps * 1e9 / row["weight_bytes"]
+        if profile_steps and row["batch_size"] == 1 and out.get("decode_resolved"):
+            parts = decode_step_parts(model, tokenizer, list(batch), decode_ms=out["decode_ms_per_token"],
+                                      steps=min(profile_steps, max_new_tokens - 1), static_cache=static,
+                                      cache_tokens=max_new_tokens, device=device)
+            row.update({f"{k.split()[0]}_ms": parts[k] for k in STEP_PARTS})
         return row
 
     return measure

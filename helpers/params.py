@@ -135,6 +135,8 @@ CHECKS = {
     "reference": text(allow_empty=False), "variants": names,
     "eval_tokens": at_least(16), "calibration_counts": ints_at_least(1, allow_empty=True),
     "calibration_tokens": at_least(4), "int8": FLAG, "batch_size": at_least(1), "endpoint": text(),
+    # chapter 06's references and INT4 rung (its profile_steps may be 0: open it with checks= to say so)
+    "int4": FLAG, "llamacpp": FLAG, "float32_reference": FLAG,
     "mindspeed_script": text(), "claims_file": file_or_empty, "specs_file": file_or_empty,
     "other_runs": run_folders,
     "write_html": FLAG,

@@ -11,11 +11,17 @@ per-output-channel int8 weight and picks a kernel per backend:
   activations, so float32 never reaches them, and each is used only where this torch_npu has it
   (``npu_int8_choice``);
 * ``int8pack``: ``torch._weight_int8pack_mm`` (CPU, and CUDA where torch has it) with 16-bit
-  activations; fed float32 activations with more than one row it is pathologically slow, so
-  ``auto`` never picks it for float32;
+  activations. Fed float32 activations it is several times slower (pathologically so for more
+  than one row), so W8A16 on a CPU always runs with 16-bit activations: a float32 model's
+  activations are cast to bfloat16 at each int8 linear and the output cast back (``act_dtype``);
 * ``dequant``: cast the int8 weight to the activation dtype inside ``forward`` (any device;
-  the fallback when ``_weight_int8pack_mm`` is missing);
+  the fallback when ``_weight_int8pack_mm`` is missing; torchao's weight-only eager math);
 * ``emulate``: W8A8 with exact integer arithmetic on CPU, for quality only (not a speed path).
+
+On a CPU ``quantize_model_int8(impl="auto")`` picks the W8A16 kernel by timing, at the model's own
+shapes, ``_weight_int8pack_mm``, the dequant math and torchao's weight-only path
+(``time_w8a16_kernels``, ``pick_w8a16_kernel``); chapter 06 compiles the result, where inductor's
+max-autotune times its own C++ int8 GEMM against ATen's ``_weight_int8pack_mm`` per shape.
 """
 from __future__ import annotations
 
@@ -116,9 +122,29 @@ def resolve_impl(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -
         return npu_int8_choice("auto", dtype, scheme)[0]
     if scheme == "w8a8":
         return "emulate"
+    if kind == "cpu" and versions.has_feature("torch._weight_int8pack_mm"):
+        return "int8pack"  # float32 models included: their activations are cast (act_dtype_for)
     if dtype in (torch.bfloat16, torch.float16) and versions.has_feature("torch._weight_int8pack_mm"):
         return "int8pack"
     return "dequant"
+
+
+def act_dtype_for(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -> torch.dtype:
+    """The activation dtype an ``Int8Linear`` computes in: the model's, except W8A16 on a CPU in a
+    float32 model, which casts to bfloat16 (float32's range) at the linear: the int8 kernels are
+    several times slower with float32 activations, and W8A16 means 16-bit activations."""
+    if scheme == "w8a16" and impl in ("int8pack", "dequant") and dtype == torch.float32 and \
+            backend.as_device(device).type == "cpu":
+        return torch.bfloat16
+    return dtype
+
+
+def activations_label(act_dtype: torch.dtype, model_dtype: torch.dtype) -> str:
+    """What ``quantize_model_int8`` returns as ``activations``: the dtype, and the cast if any."""
+    name = backend.dtype_name(act_dtype)
+    if act_dtype == model_dtype:
+        return name
+    return f"{name} (cast from {backend.dtype_name(model_dtype)} at each quantized linear, output cast back)"
 
 
 # The torch_npu ops each NPU scheme needs: checked with hasattr on the installed torch_npu (the INT8
@@ -174,13 +200,15 @@ class Int8Linear(nn.Module):
         self.impl_reason = f"impl={impl!r} on {weight.device.type}"
         if impl in ("auto", "npu") and (self.impl == "npu" or backend.as_device(weight.device).type == "npu"):
             self.impl, self.impl_reason = npu_int8_choice(impl, weight.dtype, scheme, static=act_scale is not None)
+        self.model_dtype = weight.dtype
+        self.act_dtype = act_dtype_for(self.impl, weight.device, weight.dtype, scheme)
         self.act_scale = act_scale
         q, scale = quantize_weight(weight)
         layout = _npu_weight_layout(q, scheme) if self.impl == "npu" else q
         self.register_buffer("qweight", layout.to(weight.device))
         self.register_buffer("scale", scale.to(weight.device))
         # int8pack and the NPU's W8A16 want the scale in the activation dtype; cast once, here.
-        self.register_buffer("scale_act", scale.to(device=weight.device, dtype=weight.dtype),
+        self.register_buffer("scale_act", scale.to(device=weight.device, dtype=self.act_dtype),
                              persistent=False)
         if self.impl == "npu" and scheme == "w8a8":
             self.register_buffer("npu_scale", _npu_w8a8_scale(self.scale, weight.dtype, act_scale), persistent=False)
@@ -190,6 +218,8 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         act = "" if self.scheme == "w8a16" else (
             ", act=dynamic per-token" if self.act_scale is None else f", act=static {self.act_scale:.3g}")
+        if self.scheme == "w8a16" and self.act_dtype != self.model_dtype:
+            act = f", activations={backend.dtype_name(self.act_dtype)}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"scheme={self.scheme}, impl={self.impl}{act}")
 
@@ -209,10 +239,13 @@ class Int8Linear(nn.Module):
             _check_npu_activation(x, self.scale_act.dtype)
             # the (N, K) weight viewed as (K, N): the per-channel layout the docs recommend
             return _torch_npu().npu_weight_quant_batchmatmul(x, self.qweight.t(), antiquant_scale=self.scale_act)
+        work = x if x.dtype == self.act_dtype else x.to(self.act_dtype)
         if self.impl == "int8pack":
-            scale = self.scale_act if self.scale_act.dtype == x.dtype else self.scale.to(x.dtype)
-            return torch._weight_int8pack_mm(x, self.qweight, scale)
-        return F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
+            scale = self.scale_act if self.scale_act.dtype == work.dtype else self.scale.to(work.dtype)
+            y = torch._weight_int8pack_mm(work, self.qweight, scale)
+        else:
+            y = F.linear(work, self.qweight.to(work.dtype)) * self.scale.to(work.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def _w8a8(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == "npu":
@@ -317,20 +350,276 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
             raise ValueError(f"act_scales has no scale for {len(missing)} layers, e.g. {missing[0]!r}; "
                              "calibrate the same model before quantizing")
     before = weight_bytes(model)
-    impls, reasons = set(), set()
+    first = model.get_submodule(names[0]).weight
+    timed: dict = {}
+    if impl == "auto" and scheme == "w8a16" and backend.as_device(first.device).type == "cpu":
+        # On a CPU the kernel is chosen by timing the candidates on this model's own int8 weights.
+        timed = choose_cpu_w8a16_kernel(model, skip)
+        if timed["kernel"] == "torchao":
+            info = torchao_int8_weight_only(model)
+            return {**info, "kernel_timings": timed["rows"], "kernel_choice": timed["decision"]}
+        impl = timed["kernel"]
+    impls, acts, reasons = set(), set(), set()
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         scale = None if act_scales is None else float(act_scales[name]) / 127.0
         new = Int8Linear(getattr(parent, child), impl=impl, scheme=scheme, act_scale=scale)
         impls.add(new.impl)
+        acts.add(activations_label(new.act_dtype, new.model_dtype))
         reasons.add(new.impl_reason)
         setattr(parent, child, new)
     gc.collect()
-    return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
-            "impl": ",".join(sorted(impls)), "impl_reason": "; ".join(sorted(reasons)), "scheme": scheme,
-            "activations": "16-bit" if scheme == "w8a16" else (
-                "dynamic per-token int8" if act_scales is None else "static per-tensor int8 (calibrated)")}
+    out = {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
+           "impl": ",".join(sorted(impls)), "impl_reason": "; ".join(sorted(reasons)), "scheme": scheme,
+           "activations": ", ".join(sorted(acts)) if scheme == "w8a16" else (
+               "dynamic per-token int8" if act_scales is None else "static per-tensor int8 (calibrated)")}
+    if timed:
+        out.update(kernel_timings=timed["rows"], kernel_choice=timed["decision"])
+    return out
+
+
+# --- INT4 weights in groups (CPU): the grid of the embedded GGUF's Q4_1 --------------------------
+
+INT4_GROUP = 32  # Q4_1's block: 32 weights share one scale and one minimum
+
+
+def quantize_weight_int4(weight: torch.Tensor, group_size: int = INT4_GROUP):
+    """(N, K) float weight -> (q int32 (N, K) in 0..15, scale (N, K/g), zero (N, K/g)), asymmetric per group.
+
+    torch's int4 kernels compute ``w = (q - 8) * scale + zero``; with ``scale = (max - min) / 15``
+    and ``zero = min + 8 * scale`` that is ``q * scale + min``, which is exactly llama.cpp's Q4_1
+    (``q * d + m`` over blocks of 32). Weights that came from a Q4_1 GGUF are therefore represented
+    up to the rounding of scale and zero to bfloat16.
+    """
+    if weight.dim() != 2 or weight.shape[1] % group_size:
+        raise ValueError(f"weight must be 2-D with in_features divisible by group_size={group_size}, "
+                         f"got {tuple(weight.shape)}")
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group_size, group_size)
+    low, high = w.amin(-1), w.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-8)
+    q = torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+    return q, scale, low + 8 * scale
+
+
+def dequantize_weight_int4(q, scale, zero, group_size: int = INT4_GROUP, dtype=torch.float32):
+    n, k = q.shape
+    qg = q.reshape(n, k // group_size, group_size).float()
+    return ((qg - 8) * scale[..., None] + zero[..., None]).reshape(n, k).to(dtype)
+
+
+def int4_problem(device) -> Optional[str]:
+    """None where the grouped INT4 kernel runs, else why not (it is torch's CPU kernel)."""
+    if backend.as_device(device).type != "cpu":
+        return "INT4 here is torch's CPU kernel (_weight_int4pack_mm_for_cpu)"
+    if not hasattr(torch, "_weight_int4pack_mm_for_cpu") or not hasattr(torch, "_convert_weight_to_int4pack_for_cpu"):
+        return "this torch has no _weight_int4pack_mm_for_cpu"
+    return None
+
+
+class Int4Linear(nn.Module):
+    """Weight-only INT4, ``group_size`` weights per scale and zero, ``torch._weight_int4pack_mm_for_cpu``.
+
+    Activations are bfloat16 (a float32 model's are cast at the linear, the output cast back).
+    """
+
+    def __init__(self, linear: nn.Linear, group_size: int = INT4_GROUP):
+        super().__init__()
+        problem = int4_problem(linear.weight.device)
+        if problem:
+            raise ValueError(problem)
+        self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
+        self.model_dtype = linear.weight.dtype
+        self.act_dtype = torch.bfloat16
+        q, scale, zero = quantize_weight_int4(linear.weight, group_size)
+        self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 8))
+        # (K / group, N, 2): scale and zero per group and output channel, the kernel's layout
+        self.register_buffer("scales_and_zeros",
+                             torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(self.act_dtype))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"group_size={self.group_size}, activations={backend.dtype_name(self.act_dtype)}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        work = x.reshape(-1, shape[-1])
+        work = work if work.dtype == self.act_dtype else work.to(self.act_dtype)
+        y = torch._weight_int4pack_mm_for_cpu(work, self.qweight, self.group_size, self.scales_and_zeros)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        y = y.reshape(*shape[:-1], self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def quantize_model_int4(model: nn.Module, group_size: int = INT4_GROUP, skip: Iterable[str] = ()) -> dict:
+    """Replace every ``nn.Linear`` (in place) by an ``Int4Linear``; returns what ``quantize_model_int8`` does."""
+    names = _check_model(model, skip)
+    problem = int4_problem(model.get_submodule(names[0]).weight.device)
+    if problem:
+        raise ValueError(problem)
+    # The packing needs in_features in whole groups and out_features in multiples of 16; a linear
+    # that is not stays as it is (named in the result).
+    kept = [n for n in names if model.get_submodule(n).in_features % group_size
+            or model.get_submodule(n).out_features % 16]
+    if len(kept) == len(names):
+        raise ValueError(f"no linear has in_features divisible by group_size={group_size} and "
+                         "out_features divisible by 16")
+    before = weight_bytes(model)
+    dtype = model.get_submodule(names[0]).weight.dtype
+    for name in names:
+        if name in kept:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, Int4Linear(getattr(parent, child), group_size))
+    gc.collect()
+    return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names) - len(kept),
+            "kept_unquantized": kept,
+            "impl": f"_weight_int4pack_mm_for_cpu, groups of {group_size}", "scheme": "w4a16",
+            "activations": activations_label(torch.bfloat16, dtype)}
+
+
+# --- the CPU W8A16 kernel, chosen by timing at the model's shapes -----------------------------
+
+W8A16_CPU_KERNELS = ("int8pack", "dequant", "torchao")
+KERNEL_BUDGET_BYTES = 512 * 2**20  # int8 weights timed per candidate; a bigger model is sampled
+_KERNEL_CHOICES: dict = {}
+
+
+def _shape_groups(model: nn.Module, skip: Iterable[str] = ()) -> dict:
+    """``{(out, in): [weight, ...]}`` of the model's linears: one decode step reads each once."""
+    groups: dict = {}
+    for name in linear_names(model, skip):
+        w = model.get_submodule(name).weight.detach()
+        groups.setdefault(tuple(w.shape), []).append(w)
+    return groups
+
+
+def _torchao_linear(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+    """An ``nn.Linear`` holding ``q * scale`` quantized by torchao's ``Int8WeightOnlyConfig``."""
+    with _quiet_imports():
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        lin = nn.Linear(q.shape[1], q.shape[0], bias=False, dtype=dtype)
+        with torch.no_grad():
+            lin.weight.copy_(dequantize_weight(q, scale, dtype))
+        quantize_(lin, Int8WeightOnlyConfig())
+    return lin
+
+
+def torchao_usable() -> Optional[str]:
+    """None when torchao's weight-only config imports here, else why not."""
+    try:
+        with _quiet_imports():
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_  # noqa: F401
+    except Exception as exc:  # noqa: BLE001  (not installed on the legacy set and older images)
+        return f"torchao is not usable here ({type(exc).__name__})"
+    return None
+
+
+def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, act_dtype: Optional[torch.dtype] = None,
+                       kernels=W8A16_CPU_KERNELS, budget: int = KERNEL_BUDGET_BYTES, min_iters: int = 5,
+                       min_seconds: float = 0.1) -> list[dict]:
+    """One batch-1 decode step's linears, every candidate kernel on the model's own int8 weights.
+
+    Rows: ``dense`` (the model's 16-bit or float32 linears as they are, the baseline INT8 builds on)
+    and each of ``kernels``, with the step's ms (median, p10, p90), the weight bytes read and the
+    GB/s. Activations are 16-bit (``act_dtype_for``). A shape with more weights than ``budget``
+    allows is timed on its first ones and scaled by the count.
+    """
+    groups = _shape_groups(model, skip)
+    model_dtype = next(iter(groups.values()))[0].dtype
+    act = act_dtype or act_dtype_for("int8pack", "cpu", model_dtype)
+    total_bytes = sum(w.numel() for ws in groups.values() for w in ws)
+    keep = max(1e-9, min(1.0, budget / max(total_bytes, 1)))
+    sampled = {shape: ws[:max(1, int(round(len(ws) * keep)))] for shape, ws in groups.items()}
+    counts = {shape: len(ws) for shape, ws in groups.items()}
+    xs = {shape: torch.full((1, shape[1]), 0.5, dtype=act) for shape in groups}
+    x_model = {shape: torch.full((1, shape[1]), 0.5, dtype=model_dtype) for shape in groups}
+    quantized = {shape: [quantize_weight(w) for w in ws] for shape, ws in sampled.items()}
+    linear = F.linear
+    rows = []
+
+    def timed(name, fn, nbytes_per_weight, problem=None):
+        if problem:
+            rows.append({"kernel": name, "problem": problem})
+            return
+        from . import bench
+
+        with torch.inference_mode():
+            t = bench.measure(fn, "cpu", name=name, warmup=2, min_iters=min_iters, min_seconds=min_seconds)
+        # each sampled group stands for its whole count of layers
+        scale = sum(counts[s] for s in groups) / max(sum(len(v) for v in sampled.values()), 1)
+        nbytes = sum(counts[s] * s[0] * s[1] for s in groups) * nbytes_per_weight
+        ms = t.median * 1e3 * scale
+        rows.append({"kernel": name, "decode_ms": ms, "decode_p10_ms": t.p10 * 1e3 * scale,
+                     "decode_p90_ms": t.p90 * 1e3 * scale, "weight_mb": nbytes / 1e6,
+                     "gbps": nbytes / (ms / 1e3) / 1e9, "problem": None})
+
+    dense = {s: [w for w in ws] for s, ws in sampled.items()}
+    timed(f"dense {backend.dtype_name(model_dtype)}",
+          lambda: [linear(x_model[s], w) for s, ws in dense.items() for w in ws],
+          torch.tensor([], dtype=model_dtype).element_size())
+    rows[-1]["activations"] = backend.dtype_name(model_dtype)
+    for kernel in kernels:
+        label = backend.dtype_name(act) + ("" if act == model_dtype else f" (cast from {backend.dtype_name(model_dtype)})")
+        if kernel == "int8pack":
+            problem = None if versions.has_feature("torch._weight_int8pack_mm") else \
+                "torch._weight_int8pack_mm is missing in this torch"
+            packs = {s: [(q, sc.to(act)) for q, sc in qs] for s, qs in quantized.items()}
+            timed("int8pack", lambda: [torch._weight_int8pack_mm(xs[s], q, sc) for s, qs in packs.items()
+                                       for q, sc in qs], 1, problem)
+        elif kernel == "dequant":
+            deq = {s: [(q, sc.to(act)) for q, sc in qs] for s, qs in quantized.items()}
+            timed("dequant", lambda: [linear(xs[s], q.to(act)) * sc for s, qs in deq.items() for q, sc in qs], 1)
+        elif kernel == "torchao":
+            problem = torchao_usable()
+            if problem is None and act != model_dtype:
+                problem = "torchao's weight-only path keeps the model's float32 activations (W8A32), not W8A16"
+            mods = {} if problem else {s: [_torchao_linear(q, sc, act) for q, sc in qs]
+                                       for s, qs in quantized.items()}
+            timed("torchao", lambda: [m(xs[s]) for s, ms in mods.items() for m in ms], 1, problem)
+        else:
+            raise ValueError(f"kernels contains {kernel!r}; choose from {', '.join(W8A16_CPU_KERNELS)}")
+        rows[-1]["activations"] = label
+    return rows
+
+
+def pick_w8a16_kernel(rows: list[dict]) -> dict:
+    """The decision from ``time_w8a16_kernels`` rows: the fastest int8 kernel by median, and
+    whether it is faster than the dense baseline beyond both spreads.
+
+    Returns ``{"kernel", "beats_dense", "loses_to_dense", "margin"}`` (``margin`` = dense median /
+    kernel median; ``loses_to_dense``: the dense step is faster beyond both spreads).
+    """
+    dense = next((r for r in rows if r["kernel"].startswith("dense") and not r.get("problem")), None)
+    usable = [r for r in rows if not r["kernel"].startswith("dense") and not r.get("problem")]
+    if not usable:
+        raise ValueError("no usable int8 kernel among the rows: " +
+                         "; ".join(f"{r['kernel']}: {r.get('problem')}" for r in rows))
+    best = min(usable, key=lambda r: r["decode_ms"])
+    beats = dense is not None and best["decode_p90_ms"] < dense["decode_p10_ms"]
+    loses = dense is not None and dense["decode_p90_ms"] < best["decode_p10_ms"]
+    margin = dense["decode_ms"] / best["decode_ms"] if dense else None
+    return {"kernel": best["kernel"], "beats_dense": bool(beats), "loses_to_dense": bool(loses), "margin": margin}
+
+
+def choose_cpu_w8a16_kernel(model: nn.Module, skip: Iterable[str] = ()) -> dict:
+    """``time_w8a16_kernels`` + ``pick_w8a16_kernel``, once per process per model shape and dtype.
+
+    Returns ``{"kernel", "rows", "decision"}``.
+    """
+    groups = _shape_groups(model, skip)
+    key = (tuple(sorted((s, len(ws)) for s, ws in groups.items())),
+           next(iter(groups.values()))[0].dtype, backend.cpu_capability(), torch.get_num_threads())
+    if key not in _KERNEL_CHOICES:
+        rows = time_w8a16_kernels(model, skip)
+        decision = pick_w8a16_kernel(rows)
+        _KERNEL_CHOICES[key] = {"kernel": decision["kernel"], "rows": rows, "decision": decision}
+    return _KERNEL_CHOICES[key]
 
 
 @torch.inference_mode()
@@ -391,9 +680,12 @@ def torchao_int8_weight_only(model: nn.Module) -> dict:
                                      "it is installed by make setup on the pinned CPU stack") from exc
 
         before = weight_bytes(model)
+        dtype = next(model.parameters()).dtype
         quantize_(model, Int8WeightOnlyConfig())
+    # torchao computes in the activations' own dtype: W8A16 only when the model is 16-bit
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": None,
-            "impl": "torchao Int8WeightOnlyConfig", "scheme": "w8a16", "activations": "16-bit"}
+            "impl": "torchao Int8WeightOnlyConfig", "scheme": "w8a16" if dtype != torch.float32 else "w8a32",
+            "activations": backend.dtype_name(dtype)}
 
 
 def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
@@ -506,7 +798,8 @@ def _direction(speedup, faster: str, slower: str, same: str) -> str:
 
 
 def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_bytes: float,
-                             bandwidth_gbps: float, bandwidth_source: str, device: str) -> list[str]:
+                             bandwidth_gbps: float, bandwidth_source: str, device: str,
+                             base_dtype: str = "16-bit") -> list[str]:
     """Sentences that explain W8A16's measured speed from the run's own figures.
 
     ``per_batch`` maps batch size -> ``speedup`` (decode, 16-bit over int8: >1 means INT8 is faster),
@@ -514,6 +807,7 @@ def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_b
     ``base_ttft_ms`` and ``int8_ttft_ms``. Every direction is read from the spreads, never assumed:
     weight-only INT8 cuts the bytes read, so on a step bound by reading weights it can gain at
     most ``1 / weight_ratio``; more than that is a kernel effect, not a bandwidth one.
+    ``base_dtype`` names the dense baseline in the sentences (float32 where ``dtype=auto`` picked it).
     """
     for name, value in (("weight_ratio", weight_ratio), ("base_weight_bytes", base_weight_bytes),
                         ("bandwidth_gbps", bandwidth_gbps)):
@@ -526,14 +820,14 @@ def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_b
         s = one["speedup"]
         gbps = base_weight_bytes / (one["base_ms"] / 1e3) / 1e9
         pct = 100 * gbps / bandwidth_gbps
-        read = (f"the 16-bit step read its {base_weight_bytes / 1e6:.0f} MB of weights at {gbps:.1f} GB/s, "
+        read = (f"the {base_dtype} step read its {base_weight_bytes / 1e6:.0f} MB of weights at {gbps:.1f} GB/s, "
                 f"{pct:.0f}% of the {bandwidth_gbps:.1f} GB/s bandwidth ({bandwidth_source})")
         if s.low > bound:
             lines.append(
                 f"Batch-1 decode: INT8 is {s.ratio:.2f}x as fast (spread {s.low:.2f}-{s.high:.2f}), more than the "
                 f"{bound:.2f}x that cutting the weight bytes to {weight_ratio:.2f}x allows for a step bound by "
                 f"reading weights. So on {device} this is not a bandwidth effect: {read}, and the int8 kernel "
-                "computes the batch-1 matrix-vector products faster than the 16-bit path.")
+                f"computes the batch-1 matrix-vector products faster than the {base_dtype} path.")
         elif s.low > 1:
             lines.append(
                 f"Batch-1 decode: INT8 is {s.ratio:.2f}x as fast (spread {s.low:.2f}-{s.high:.2f}); the spread "
@@ -552,7 +846,7 @@ def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_b
             for b, r in sorted(per_batch.items())]
     if ttft:
         slower = [b for b, r in per_batch.items() if r["ttft"].low > 1]
-        lines.append("Time to first token, 16-bit -> INT8: " + "; ".join(ttft) + ". " + (
+        lines.append(f"Time to first token, {base_dtype} -> INT8: " + "; ".join(ttft) + ". " + (
             f"INT8 made the prefill slower at batch {', '.join(map(str, sorted(slower)))}: a prefill multiplies each "
             "weight with every prompt token, so its time goes to arithmetic, which weight-only INT8 does not cut "
             "(the activations stay 16-bit and the int8 weights must be converted or unpacked)."

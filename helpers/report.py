@@ -238,6 +238,7 @@ FIGURE_DIRECTIONS = {
     "ladder_best_batch1_speedup": "higher", "ladder_batch_throughput_ratio": "higher",
     "ladder_speedup_total": "higher", "ladder_tok_s_": "higher", "vllm_server_start_s": "lower", "serving_output_tok_s_c": "higher", "serving_ttft_p50_ms_c": "lower",
     "engine_batch1_decode_ratio": "higher", "users_served_ratio": "higher",
+    "ladder_best_batch1_vs_llamacpp": "higher", "llamacpp_decode_tok_s": "higher",
 }
 UNIT_WORDS = {"x": "×", "ratio": "×"}
 

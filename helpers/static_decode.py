@@ -25,11 +25,12 @@ The path here keeps every shape fixed for a request:
 
 A prefill shape and a decode shape give two graphs per (batch, prompt length, cache length).
 
-On a CPU the graphs are built with inductor's ``freezing`` and, for decode steps, ``max_autotune``
-(``decode_inductor_config``): the weights become constants of the graph, so inductor can offer its
-own C++ GEMM kernels (also for the int8 weights of ``_weight_int8pack_mm``) and keeps, per shape,
-whichever of them and ATen's kernel times faster. (On an NPU, torchair's ``max-autotune`` mode hands
-the whole graph to the graph engine instead.) Dynamo's per-call guards on module attributes are
+On a CPU the graphs are built with inductor's ``freezing`` and, for decode steps of a model with
+int8 / int4 weights, ``max_autotune`` (``decode_inductor_config``): the weights become constants of
+the graph, so inductor can offer its own C++ GEMM kernels (for the int8 weights of
+``_weight_int8pack_mm`` and the int4 ones of ``_weight_int4pack_mm_for_cpu``) and keeps, per shape,
+whichever of them and ATen's kernel times faster. Dense float weights keep ATen's BLAS GEMMs.
+(On an NPU, torchair's ``max-autotune`` mode hands the whole graph to the graph engine instead.) Dynamo's per-call guards on module attributes are
 skipped where this torch can (``skip_guard_on_all_nn_modules_unsafe``): a compiled forward therefore
 never notices a changed model, and ``compile_model`` must run again after any change (the ladder of
 chapter 06 does: restore the eager forward, change the model, compile).
@@ -94,8 +95,19 @@ def strict_recompile_options(limit: int = DEFAULT_RECOMPILE_LIMIT) -> dict:
     return options
 
 
-def decode_inductor_config(device, backend: str) -> dict:
-    """``CPU_DECODE_INDUCTOR`` for inductor on a CPU (the settings this torch knows), else ``{}``."""
+def has_quantized_linears(model) -> bool:
+    """Whether ``model`` holds int8 / int4 linears (modules with a ``qweight``, as helpers.quant's)."""
+    return any(hasattr(m, "qweight") for m in model.modules()) if hasattr(model, "modules") else False
+
+
+def decode_inductor_config(device, backend: str, quantized: bool = True) -> dict:
+    """``CPU_DECODE_INDUCTOR`` for inductor on a CPU (the settings this torch knows), else ``{}``.
+
+    Without quantized weights (``quantized=False``) max-autotune is left out: measured here on the
+    ladder's float32 graph, ATen's BLAS GEMVs were faster than the autotuned choice (33.5 against
+    30.7 tok/s) and autotuning cost about 45 s of compile time; for int8 / int4 weights inductor's
+    C++ GEMM template is what fuses the dequantization into the matmul.
+    """
     from .ops import _device_kind
 
     if backend != "inductor" or _device_kind(device) != "cpu":
@@ -110,7 +122,10 @@ def decode_inductor_config(device, backend: str) -> dict:
             owner = getattr(owner, part)
         return True
 
-    return {k: v for k, v in CPU_DECODE_INDUCTOR.items() if known(k)}
+    found = {k: v for k, v in CPU_DECODE_INDUCTOR.items() if known(k)}
+    if not quantized:
+        found = {k: v for k, v in found.items() if not k.startswith("max_autotune")}
+    return found
 
 
 def module_guard_filter() -> dict:
@@ -276,12 +291,15 @@ class CompiledForward:
             extra["options"] = dict(guards)  # torch.compile pops guard_filter_fn out of the dict it gets
         self.compiled, self.backend = graph_mode(self.eager, device, dynamic=False, fullgraph=fullgraph,
                                                  compiler_backend=backend_override, **extra)
-        self.inductor_config = (decode_inductor_config(device, self.backend) if inductor_config is None
-                                else dict(inductor_config))
+        self.inductor_config = (decode_inductor_config(device, self.backend, has_quantized_linears(model))
+                                if inductor_config is None else dict(inductor_config))
         # The prefill graph runs once per request: autotuning its GEMM shapes too would about double
         # the compile time for a few milliseconds of first-token latency.
         self.autotune_prefill = autotune_prefill
         self._released = weakref.WeakSet()
+        self._rebuild = lambda: graph_mode(self.eager, device, dynamic=False, fullgraph=fullgraph,
+                                           compiler_backend=backend_override, **extra)[0]
+        self.autotune_fallback = ""  # why max-autotune was dropped, when it was
         self.module_guards_skipped = bool(guards)
         self.npu_mode = npu_mode
         self.graphs = 0
@@ -317,8 +335,12 @@ class CompiledForward:
         if self.inductor_config.get("max_autotune"):
             parts.append(f"max-autotune GEMM ({self.inductor_config.get('max_autotune_gemm_backends', 'ATEN')})"
                          + ("" if self.autotune_prefill else " for decode steps"))
+        elif self.inductor_config.get("freezing") and not self.autotune_fallback:
+            parts.append("ATen GEMMs (no quantized weights: no max-autotune)")
         if self.module_guards_skipped:
             parts.append("module guards skipped")
+        if self.autotune_fallback:
+            parts.append(self.autotune_fallback)
         return ", ".join(parts)
 
     def _inductor_patch(self, args, kwargs):
@@ -332,6 +354,13 @@ class CompiledForward:
         quiet = {k: v for k, v in QUIET_AUTOTUNE.items() if hasattr(config, k)}
         return config.patch(**settings, **quiet)
 
+    def _call_compiled(self, args, kwargs):
+        with torch._dynamo.config.patch(**self.options), self._inductor_patch(args, kwargs), \
+                warnings.catch_warnings():
+            # inductor's autotuner still calls Tensor.storage(); the warning is torch's, not the reader's
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+            return self.compiled(*args, **kwargs)
+
     def __call__(self, *args, **kwargs):
         if self.inductor_config.get("freezing"):
             for value in kwargs.values():
@@ -341,11 +370,21 @@ class CompiledForward:
         before = graphs_built()
         start = time.perf_counter()
         try:
-            with torch._dynamo.config.patch(**self.options), self._inductor_patch(args, kwargs), \
-                    warnings.catch_warnings():
-                # inductor's autotuner still calls Tensor.storage(); the warning is torch's, not the reader's
-                warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
-                out = self.compiled(*args, **kwargs)
+            try:
+                out = self._call_compiled(args, kwargs)
+            except _cpp_compile_errors() as exc:
+                if not self.inductor_config.get("max_autotune"):
+                    raise
+                # A C++ GEMM template that does not compile for this CPU (seen with ATEN_CPU_CAPABILITY
+                # set below the hardware's level) would lose the whole graph: build it with ATen's
+                # kernels instead, and say so in describe().
+                self.inductor_config = {k: v for k, v in self.inductor_config.items()
+                                        if not k.startswith("max_autotune")}
+                self.autotune_fallback = (f"max-autotune dropped: its C++ GEMM failed to compile here "
+                                          f"({_first_line(exc)})")
+                torch._dynamo.reset()
+                self.compiled = self._rebuild()
+                out = self._call_compiled(args, kwargs)
         except _recompile_limit_errors() as exc:
             self.graphs += graphs_built() - before
             raise GraphRecompileError(
@@ -360,6 +399,26 @@ class CompiledForward:
             self.compile_s += time.perf_counter() - start
         self.calls += 1
         return out
+
+
+def _cpp_compile_errors() -> tuple:
+    """The errors a failed inductor C++ compile reaches the caller as (dynamo wraps the backend's)."""
+    import torch._dynamo.exc as dynamo_exc
+
+    found = [getattr(dynamo_exc, "BackendCompilerFailed", None)]
+    try:
+        from torch._inductor.exc import CppCompileError
+
+        found.append(CppCompileError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(e for e in found if e is not None)
+
+
+def _first_line(exc: BaseException) -> str:
+    inner = getattr(exc, "inner_exception", None) or exc.__cause__ or exc
+    text = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {text[0][:120] if text else ''}"
 
 
 def compile_model(model, device, **options) -> CompiledForward:
@@ -442,3 +501,101 @@ def graph_count_demo(new_tokens: int = 12, recompile_limit: int = 4):
         rows.append({"path": path, "new tokens": new_tokens, "graphs built": compiled.graphs, "outcome": outcome})
         restore_eager(model)
     return pd.DataFrame(rows), errors
+
+# --- a hand-written greedy loop in place of generate ------------------------------------------
+
+class GreedyLoop:
+    """``model.generate`` replaced by a greedy loop over ``model.forward`` and a ``StaticCache``.
+
+    ``generate`` runs, for every new token, logits processors, stopping criteria, the update of its
+    keyword arguments and ``prepare_inputs_for_generation``: a few milliseconds of Python per token,
+    which a 135M-parameter model on a CPU notices. This loop does only what greedy decoding with a
+    static cache needs (one forward, an argmax, the next position) and takes the same arguments,
+    so ``helpers.generation.measure_generation`` times it with the same protocol as ``generate``.
+    It always produces ``max_new_tokens`` tokens (the workbook's protocol sets ``min_new_tokens``
+    equal to it) and needs the static cache of ``static_generate_kwargs`` (one prefill shape, one
+    decode shape: two graphs per request size, as with ``generate``).
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.cache_argument = versions.cache_argument(model)
+        params = inspect.signature(type(model).forward).parameters
+        self.keep_last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.steps = 0
+
+    def __call__(self, input_ids, attention_mask=None, *, max_new_tokens: int, min_new_tokens=None,
+                 do_sample: bool = False, pad_token_id=None, **kwargs):
+        from transformers import StaticCache
+
+        if do_sample:
+            raise ValueError("do_sample=True is not valid for GreedyLoop; it decodes greedily")
+        if min_new_tokens not in (None, max_new_tokens):
+            raise ValueError(f"min_new_tokens={min_new_tokens!r}: GreedyLoop always produces "
+                             f"max_new_tokens={max_new_tokens} tokens")
+        cache = kwargs.pop(self.cache_argument, None)
+        kwargs.pop("disable_compile", None)
+        if kwargs:
+            raise ValueError(f"GreedyLoop does not take {sorted(kwargs)}; it runs greedy decoding only")
+        if not isinstance(cache, StaticCache):
+            raise ValueError("GreedyLoop needs a StaticCache: pass static_generate_kwargs(...) "
+                             "(measure_generation(static_cache=True))")
+        batch, prompt = input_ids.shape
+        length = cache_length(cache)
+        if prompt + max_new_tokens > length:
+            raise ValueError(f"max_new_tokens={max_new_tokens} does not fit the cache ({length} positions "
+                             f"for a {prompt}-token prompt)")
+        mask = positions = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            # Left padding: a mask of the cache's full length keeps one shape for every step.
+            mask = attention_mask.new_ones(batch, length)
+            mask[:, :prompt] = attention_mask
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        forward = self.model.forward
+        common = {"use_cache": True, self.cache_argument: cache, **self.keep_last_logits}
+        out = forward(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                      cache_position=torch.arange(prompt, device=input_ids.device), **common)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens = [token]
+        last = positions[:, -1:] if positions is not None else None
+        for step in range(max_new_tokens - 1):
+            position = None if last is None else last + 1 + step
+            out = forward(input_ids=token, attention_mask=mask, position_ids=position,
+                          cache_position=torch.tensor([prompt + step], device=input_ids.device), **common)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(token)
+        self.steps += max_new_tokens
+        return torch.cat([input_ids, *tokens], dim=1)
+
+
+def cache_length(cache) -> int:
+    """The number of positions a ``StaticCache`` holds (the method's name differs between lines)."""
+    for name in ("get_max_length", "get_max_cache_shape"):
+        method = getattr(cache, name, None)
+        if callable(method):
+            value = method()
+            if isinstance(value, int) and value > 0:
+                return value
+    layers = getattr(cache, "layers", None) or [cache]
+    value = getattr(layers[0], "max_cache_len", None)
+    if isinstance(value, int) and value > 0:
+        return value
+    raise ValueError(f"cannot tell how many positions {type(cache).__name__} holds")
+
+
+def use_greedy_loop(model) -> GreedyLoop:
+    """Replace ``model.generate`` by a ``GreedyLoop`` (undo with ``restore_generate``)."""
+    restore_generate(model)
+    loop = GreedyLoop(model)
+    model.generate = loop
+    return loop
+
+
+def restore_generate(model) -> None:
+    if isinstance(getattr(model, "generate", None), GreedyLoop):
+        del model.generate  # the instance attribute: the class's generate shows again
+
+
+def greedy_loop_of(model) -> Optional[GreedyLoop]:
+    found = getattr(model, "generate", None)
+    return found if isinstance(found, GreedyLoop) else None

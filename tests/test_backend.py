@@ -208,7 +208,8 @@ def test_parse_dtype(text, dtype):
     assert backend.parse_dtype(text, "cpu") == dtype
 
 
-def test_parse_dtype_auto_on_cpu_matches_working_dtype():
+def test_parse_dtype_auto_on_cpu_matches_working_dtype(monkeypatch):
+    monkeypatch.delenv(backend.RUN_DIR_ENV, raising=False)
     assert backend.parse_dtype("auto", "cpu") == backend.working_dtype("cpu")[0]
 
 
@@ -228,3 +229,105 @@ def test_bf16_where_the_device_lacks_it(fake_torch_npu, monkeypatch):
 def test_base_version():
     assert backend.base_version("2.1.0.post10") == (2, 1, 0)
     assert backend.base_version("2.13.0+cpu") == (2, 13, 0)
+
+
+# --- the CPU working dtype, chosen by timing -------------------------------------------------
+
+def _row(dtype, decode, spread=0.5, prefill=100.0, pspread=5.0, problem=None):
+    return {"dtype": dtype, "decode_ms": decode, "decode_p10_ms": decode - spread,
+            "decode_p90_ms": decode + spread, "prefill_ms": prefill, "prefill_p10_ms": prefill - pspread,
+            "prefill_p90_ms": prefill + pspread, "prefill_tokens": 128, "problem": problem}
+
+
+def test_a_16bit_dtype_is_picked_only_when_faster_beyond_the_spread():
+    faster = [_row("float32", 52.0), _row("bfloat16", 20.0), _row("float16", 20.5)]
+    assert backend.pick_cpu_dtype(faster) == ("bfloat16", "16bit_faster")
+    overlapping = [_row("float32", 20.0, spread=2), _row("bfloat16", 19.0, spread=2), _row("float16", 19.5)]
+    assert backend.pick_cpu_dtype(overlapping) == ("float32", "float32_not_slower")
+    slower = [_row("float32", 18.0), _row("bfloat16", 30.0), _row("float16", 29.0)]
+    assert backend.pick_cpu_dtype(slower) == ("float32", "float32_not_slower")
+
+
+def test_float16_wins_over_bfloat16_only_beyond_the_spread():
+    rows = [_row("float32", 52.0), _row("bfloat16", 20.0), _row("float16", 19.8)]
+    assert backend.pick_cpu_dtype(rows)[0] == "bfloat16"  # within the noise: bf16 keeps float32's range
+    rows = [_row("float32", 52.0), _row("bfloat16", 30.0), _row("float16", 20.0)]
+    assert backend.pick_cpu_dtype(rows)[0] == "float16"
+
+
+def test_a_dtype_that_does_not_run_is_never_picked():
+    rows = [_row("float32", 52.0), _row("bfloat16", 1.0, problem="RuntimeError: not implemented"),
+            _row("float16", 1.0, problem="differs from float32 by 3")]
+    assert backend.pick_cpu_dtype(rows) == ("float32", "no_16bit_usable")
+    with pytest.raises(ValueError, match="float32 row"):
+        backend.pick_cpu_dtype([_row("bfloat16", 1.0)])
+
+
+def test_prefill_loss_is_reported_both_ways():
+    rows = [_row("float32", 52.0, prefill=100.0), _row("bfloat16", 20.0, prefill=740.0)]  # bf16 emulated
+    assert backend.loses_at_prefill(rows, "bfloat16") and backend.faster_at_prefill(rows, "bfloat16") == "float32"
+    assert not backend.loses_at_prefill(rows, "float32")
+    rows = [_row("float32", 52.0, prefill=100.0), _row("bfloat16", 20.0, prefill=102.0)]
+    assert not backend.loses_at_prefill(rows, "bfloat16") and not backend.loses_at_prefill(rows, "float32")
+    rows = [_row("float32", 20.0, prefill=83.0), _row("bfloat16", 22.0, prefill=28.0),
+            _row("float16", 1.0, problem="differs")]  # a CPU whose bf16 matmul units win only at prefill
+    assert backend.faster_at_prefill(rows, "float32") == "bfloat16"
+    text = backend._reason("float32_not_slower", rows, "float32", True)
+    assert "at prefill (128 tokens) float32 is slower: 83 ms against bfloat16's 28 ms" in text
+
+
+def test_linear_shapes_follow_the_config():
+    shapes = backend.linear_shapes(backend.EMBEDDED_WIDTHS)
+    assert shapes["q_proj"] == (576, 576) and shapes["k_proj"] == (192, 576)
+    assert shapes["down_proj"] == (576, 1536) and shapes["lm_head"] == (49152, 576)
+    assert shapes["layers"] == 30
+    with pytest.raises(ValueError, match="hidden_size"):
+        backend.linear_shapes({"hidden_size": 8})
+
+
+def test_measured_choice_times_real_gemvs_and_records_its_figures(monkeypatch):
+    widths = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 256, "num_hidden_layers": 3}
+    choice = backend.measure_cpu_dtype(widths)
+    assert choice.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    assert choice.decision in backend.DTYPE_DECISIONS and choice.source == "measured now"
+    names = [r["dtype"] for r in choice.rows]
+    assert names == ["float32", "bfloat16", "float16"]
+    for row in choice.rows:
+        if not row["problem"]:
+            assert row["decode_p10_ms"] <= row["decode_ms"] <= row["decode_p90_ms"]
+            assert row["timed_layers"] == 3 and row["prefill_tokens"] == backend.PROBE_PREFILL_TOKENS
+    assert backend.dtype_name(choice.dtype) in choice.reason
+
+
+def test_a_model_too_big_for_the_budget_is_timed_on_a_subset_of_its_layers():
+    widths = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+              "vocab_size": 1024, "num_hidden_layers": 40}
+    shapes = backend.linear_shapes(widths)
+    row = backend.time_cpu_gemvs(shapes, torch.float32, budget=8 * 2**20, min_iters=2, min_seconds=0.0)
+    assert 1 <= row["timed_layers"] < 40 and row["layers"] == 40
+    per_layer = sum(shapes[k][0] * shapes[k][1] for k in backend.LAYER_LINEARS) * 4
+    expected = per_layer * 40 + 1024 * 256 * 4  # every layer and the lm_head, scaled from the subset
+    assert abs(row["decode_weight_mb"] * 1e6 - expected) < 0.01 * expected
+
+
+def test_recorded_choice_is_reused_only_from_the_same_cpu_level(tmp_path, monkeypatch):
+    from helpers.results import Results
+
+    monkeypatch.delenv(backend.RUN_DIR_ENV, raising=False)
+    res = Results("00_environment_check", tmp_path)
+    res.record(backend.DTYPE_CHOICE_KEY, "bfloat16", reason="bfloat16: measured", decision="16bit_faster",
+               rows=[], cpu_capability=backend.cpu_capability(), threads=torch.get_num_threads())
+    got = backend.recorded_dtype_choice(tmp_path)
+    assert got.dtype == torch.bfloat16 and got.source == "recorded by chapter 00 of this run"
+    monkeypatch.setenv(backend.RUN_DIR_ENV, str(tmp_path))
+    assert backend.parse_dtype("auto", "cpu") == torch.bfloat16  # the runner's run folder, no measuring
+    res.record(backend.DTYPE_CHOICE_KEY, "bfloat16", cpu_capability="SOME_OTHER_LEVEL",
+               threads=torch.get_num_threads())
+    assert backend.recorded_dtype_choice(tmp_path) is None
+
+
+def test_npu_and_cuda_keep_float16_without_measuring(monkeypatch):
+    monkeypatch.setattr(backend, "measure_cpu_dtype", lambda *a, **k: pytest.fail("measured"))
+    monkeypatch.setattr(backend, "as_device", lambda d: _FakeDevice("cuda"))
+    assert backend.choose_dtype("cuda").dtype == torch.float16

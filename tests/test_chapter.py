@@ -29,3 +29,24 @@ def test_open_chapter_checks_by_name_and_records_the_choice(tmp_path):
         chapter.open_chapter("01_operator_verification", {**namespace, "min_iters": 0})
     with pytest.raises(ValueError, match=r"no check for parameter\(s\) \['speed'\]"):
         chapter.open_chapter("01_operator_verification", namespace, speed=3)
+
+
+def test_dtype_auto_takes_chapter_00s_recorded_choice(tmp_path, monkeypatch):
+    import torch
+
+    from helpers import backend
+    from helpers.results import Results
+
+    monkeypatch.delenv(backend.RUN_DIR_ENV, raising=False)
+    # a recorded choice no probe on this machine would make for a float32-only reason text
+    Results("00_environment_check", tmp_path).record(
+        backend.DTYPE_CHOICE_KEY, "bfloat16", reason="bfloat16: recorded here", decision="16bit_faster", rows=[],
+        cpu_capability=backend.cpu_capability(), threads=torch.get_num_threads())
+    namespace = {"device": "cpu", "model": "tiny-random", "dtype": "auto", "rms_shape": [1, 8, 16],
+                 "prefill_tokens": 4, "compile_ops": False, "llama7b_edge_ops": False, "min_iters": 2,
+                 "min_seconds": 0.0, "run_dir": str(tmp_path), "profile": "test"}
+    ch = chapter.open_chapter("01_operator_verification", namespace)
+    assert ch.DT == "bfloat16" and ch.dtype_reason == "bfloat16: recorded here"
+    saved = json.loads(ch.results.path.read_text())["device_choice"]
+    assert saved["dtype"] == "bfloat16" and saved["dtype_source"] == "recorded by chapter 00 of this run"
+    assert backend.parse_dtype("auto", "cpu", run_dir=tmp_path) == ch.dtype  # chapters 05 and 06's path

@@ -209,3 +209,159 @@ def test_graph_rungs_above_two_graphs_are_reported():
     table = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in metrics], lambda v: metrics[v])
     assert ladder.graph_count_problems(table) == ["recompiling: 9 graphs built, more than 2 for one shape"]
     assert ladder.graph_count_problems(table[table["rung"] != "recompiling"]) == []
+
+
+# --- beside the ladder: llama.cpp and float32 eager ------------------------------------------------
+
+def _row(rung, ms, spread=0.5, batch=1, status="ok", **extra):
+    return {"rung": rung, "status": status, "batch_size": batch, "tokens_per_s": batch * 1e3 / ms,
+            "decode_ms_per_token": ms, "decode_p10_ms": ms - spread, "decode_p90_ms": ms + spread, **extra}
+
+
+def _table(*rows):
+    return pd.DataFrame(list(rows))
+
+
+def test_decode_ratio_keeps_the_spread_of_both():
+    r = ladder.decode_ratio(_row("a", 20.0, 1.0), {"decode_ms_per_token": 10.0, "decode_p10_ms": 9.0,
+                                                  "decode_p90_ms": 11.0})
+    assert r["ratio"] == pytest.approx(0.5) and r["low"] == pytest.approx(9 / 21) and r["high"] == pytest.approx(11 / 19)
+    assert ladder.decode_ratio({"rung": "x"}, {"decode_ms_per_token": 10.0}) is None
+
+
+def test_the_goal_verdict_goes_three_ways():
+    assert ladder.fraction_verdict({"ratio": 0.6, "low": 0.52, "high": 0.7}) == "reached"
+    assert ladder.fraction_verdict({"ratio": 0.4, "low": 0.35, "high": 0.48}) == "missed"
+    assert ladder.fraction_verdict({"ratio": 0.5, "low": 0.45, "high": 0.55}) == "within_noise"
+    assert ladder.fraction_verdict(None) == "not_measured"
+
+
+def test_reference_columns_skip_rungs_at_another_batch_and_failed_rungs():
+    table = _table(_row("eager", 40.0), _row("fast", 10.0), _row("broken", 1.0, status="failed"),
+                   _row("batch 8", 20.0, batch=8))
+    ref = {"decode_ms_per_token": 10.0, "decode_p10_ms": 9.5, "decode_p90_ms": 10.5}
+    out = ladder.reference_columns(table, ref, "llamacpp")
+    assert out.loc[0, "vs_llamacpp"] == pytest.approx(0.25) and out.loc[1, "vs_llamacpp"] == pytest.approx(1.0)
+    assert out.loc[2, "vs_llamacpp"] is None and out.loc[3, "vs_llamacpp"] is None
+    assert "vs_llamacpp" not in table  # the ladder's own table is not changed
+    assert ladder.reference_columns(table, None, "llamacpp")["vs_llamacpp"].isna().all()
+
+
+def test_rung_effect_reads_the_spreads():
+    table = _table(_row("eager", 40.0), _row("+ graph mode", 20.0), _row("+ INT8", 15.0),
+                   _row("+ same", 15.1, spread=1.0))
+    assert ladder.rung_effect(table, "+ INT8")["verdict"] == "faster"
+    assert ladder.rung_effect(table, "+ same")["verdict"] == "no_difference"
+    slower = _table(_row("eager", 40.0), _row("+ INT8", 45.0))
+    assert ladder.rung_effect(slower, "+ INT8")["verdict"] == "slower"
+    assert ladder.rung_effect(slower, "missing") is None and ladder.rung_effect(slower, "eager") is None
+
+
+def test_step_parts_are_named_from_profiler_events():
+    assert ladder.step_part("aten::_weight_int8pack_mm") == "matmul kernels"
+    assert ladder.step_part("graph_1_gemm_m1n1536k576_kernel") == "matmul kernels"
+    assert ladder.step_part("graph_1_kernel") == "matmul kernels"
+    assert ladder.step_part("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert ladder.step_part("graph_1_cpp_fused_mul_silu_view_7") == "other kernels"
+    assert ladder.step_part("## Call CompiledFxGraph abc") is None
+    assert ladder.step_part("TorchDynamo Cache Lookup") is None
+
+
+def test_what_stands_in_the_way_goes_both_ways():
+    parts = {"matmul kernels": 25.0, "attention": 2.0, "other kernels": 1.0, "framework and Python": 2.0}
+    assert ladder.what_stands_in_the_way(parts, 10.0)["blocker"] == "matmul kernels"  # 25 > 20 ms target
+    parts = {"matmul kernels": 12.0, "attention": 3.0, "other kernels": 2.0, "framework and Python": 6.0}
+    found = ladder.what_stands_in_the_way(parts, 10.0)
+    assert found["blocker"] == "the rest of the step" and found["over_ms"] == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="reference_ms"):
+        ladder.what_stands_in_the_way(parts, 0.0)
+
+
+def _llama(ms=10.0):
+    return {"status": "ok", "version": "0.3.36", "quantization": "Q4_1", "threads": 2, "prompt_tokens": 7,
+            "new_tokens": 16, "tokens_per_s": 1e3 / ms, "decode_ms_per_token": ms, "decode_p10_ms": ms - 0.2,
+            "decode_p90_ms": ms + 0.2, "ttft_ms": 30.0, "ttft_p10_ms": 29.0, "ttft_p90_ms": 31.0, "note": "",
+            "code_path": "llama-cpp-python 0.3.36"}
+
+
+def test_references_paragraph_from_the_facts_both_ways():
+    parts = dict(matmul_ms=25.0, attention_ms=2.0, other_ms=1.0, framework_ms=2.0)
+    table = _table(_row("native eager", 40.0, dtype="bfloat16", **parts), _row("+ INT8", 30.0, **parts))
+    fp32 = {"decode_ms_per_token": 60.0, "decode_p10_ms": 59.0, "decode_p90_ms": 61.0}
+    facts = ladder.reference_facts(table, _llama(10.0), fp32)
+    assert facts["best"]["verdict"] == "missed" and facts["blocker"]["blocker"] == "matmul kernels"
+    text = ladder.render_references(facts)
+    assert "**100.0 tok/s** decode" in text and "**0.33x llama.cpp**" in text and "misses the 0.5x goal" in text
+    assert "What stands in the way: **matmul kernels**" in text and "1.50x" in text  # 60 / 40 ms: the dtype's share
+    assert "faster beyond the spread" in text
+    assert all(line.startswith("- ") for line in text.splitlines())  # one bullet per line, none run together
+    facts = ladder.reference_facts(_table(_row("native eager", 40.0, dtype="float32"), _row("+ INT8", 30.0)),
+                                   dict(_llama(10.0), note="crashed with extra buffers"),
+                                   _row("native eager", 40.0, dtype="float32"))
+    text = ladder.render_references(facts)
+    assert "The working dtype is float32" in text and "Note: crashed with extra buffers." in text
+    assert len(text.splitlines()) == 4 and all(line.startswith("- ") for line in text.splitlines())
+    fast = _table(_row("native eager", 40.0), _row("+ INT4 g32", 8.0))
+    facts = ladder.reference_facts(fast, _llama(10.0), None)
+    text = ladder.render_references(facts)
+    assert facts["best"]["verdict"] == "reached" and "reaches the 0.5x goal" in text
+    assert "stands in the way" not in text and "float32 eager" not in text
+    missing = ladder.render_references(ladder.reference_facts(fast, {"status": "unavailable",
+                                                                     "reason": "no C++ compiler"}, None))
+    assert missing == "- llama.cpp was not measured: no C++ compiler."
+
+
+def test_llamacpp_reference_says_why_it_did_not_run():
+    assert ladder.llamacpp_reference(False, "cpu", "smollm2-135m", [1], 4, 1)["reason"] == "the llamacpp parameter is off"
+    assert "CPU reference" in ladder.llamacpp_reference(True, "cuda", "smollm2-135m", [1], 4, 1)["reason"]
+    assert "embedded GGUF" in ladder.llamacpp_reference(True, "cpu", "tiny-random", [1], 4, 1)["reason"]
+
+
+def test_int8_skip_reason_quotes_the_kernel_figures():
+    rows = [{"kernel": "dense bfloat16", "decode_ms": 10.0, "decode_p10_ms": 9.8, "decode_p90_ms": 10.2, "problem": None},
+            {"kernel": "int8pack", "decode_ms": 10.5, "decode_p10_ms": 10.0, "decode_p90_ms": 11.0, "problem": None}]
+    text = ladder.int8_skip_reason(rows)
+    assert "int8pack 10.50 ms" in text and "against 10.00 ms" in text and "dense bfloat16" in text
+
+
+def test_weight_format_check_measures_agreement(tiny_model):
+    import copy
+
+    from helpers import quant
+
+    model, tok = tiny_model
+    before = copy.deepcopy(model)
+    after = copy.deepcopy(model)
+    quant.quantize_model_int8(after, impl="dequant")
+    out = ladder.weight_format_check(before, after, tok, tokens=32)
+    assert out["tokens"] == 32 and 0.5 < out["top1_agreement"] <= 1.0
+    assert ladder.weight_format_check(before, before, tok, tokens=32)["top1_agreement"] == 1.0
+
+
+def test_a_measured_rung_gets_its_step_split_and_the_loop_names_itself():
+    from helpers.models import tiny_llama
+
+    model, tok = tiny_llama(seed=2)
+    measure = ladder.generation_measure(tok, ["a short prompt"], 6, "cpu", repeats=1, profile_steps=3)
+    row = measure(ladder.Variant(model, static_cache=True, greedy_loop=True))
+    assert row["greedy_loop"] and "hand-written greedy loop" in row["code_path"]
+    parts = [row[f"{k.split()[0]}_ms"] for k in ladder.STEP_PARTS]
+    assert row["matmul_ms"] > 0 and sum(parts) == pytest.approx(row["decode_ms_per_token"])
+    plain = measure(ladder.Variant(model))  # the loop is taken off again for a rung without it
+    assert not plain["greedy_loop"] and plain["code_path"].startswith("transformers generate")
+
+
+def test_an_int8_rung_that_is_not_faster_is_explained_from_the_kernel_figures():
+    table = _table(_row("native eager", 40.0), _row("+ graph mode", 20.0, spread=2.0),
+                   _row("+ INT8", 19.8, spread=2.0))
+    kernels = [{"kernel": "dense bfloat16", "decode_ms": 9.0, "decode_p10_ms": 8.9, "decode_p90_ms": 9.2},
+               {"kernel": "int8pack", "decode_ms": 8.6, "decode_p10_ms": 8.5, "decode_p90_ms": 8.8},
+               {"kernel": "dequant", "decode_ms": 30.0, "decode_p10_ms": 29.0, "decode_p90_ms": 31.0}]
+    facts = ladder.reference_facts(table, _llama(10.0), None, int8_kernels=kernels)
+    assert facts["int8"]["verdict"] == "no_difference"
+    text = ladder.render_references(facts)
+    assert "no difference beyond the noise. Why:" in text and "int8pack kernels take 8.60 ms" in text
+    assert "saving of 0.40 ms" in text and "spread is 4.00 ms" in text
+    fast = ladder.reference_facts(_table(_row("native eager", 40.0), _row("+ INT8", 10.0)), _llama(10.0), None,
+                                  int8_kernels=kernels)
+    assert "Why:" not in ladder.render_references(fast)

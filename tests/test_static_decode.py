@@ -184,10 +184,16 @@ def test_cpu_inductor_settings_are_chosen_for_cpu_inductor_only(model):
     assert static_decode.decode_inductor_config("cpu", "inductor") == full
     assert static_decode.decode_inductor_config("cuda", "inductor") == {}
     assert static_decode.decode_inductor_config("cpu", "counting-eager") == {}
+    dense = static_decode.decode_inductor_config("cpu", "inductor", quantized=False)
+    assert dense == {k: v for k, v in full.items() if not k.startswith("max_autotune")} and dense["freezing"]
     m, _ = model
     compiled = static_decode.compile_model(m, "cpu")  # builds nothing until called
-    assert compiled.backend == "inductor" and compiled.inductor_config == full
-    assert "freezing" in compiled.describe() and "max-autotune" in compiled.describe()
+    assert compiled.backend == "inductor" and compiled.inductor_config == dense  # dense weights: ATen GEMMs
+    assert "freezing" in compiled.describe() and "no max-autotune" in compiled.describe()
+    quant.quantize_model_int8(m, impl="dequant")
+    compiled = static_decode.compile_model(m, "cpu")
+    assert static_decode.has_quantized_linears(m) and compiled.inductor_config == full
+    assert "max-autotune GEMM (CPP,ATEN) for decode steps" in compiled.describe()
 
 
 class ConfigRecorder(CountingEager):
@@ -297,3 +303,86 @@ def test_compiling_the_module_leaves_generate_eager(monkeypatch):
     assert static_decode.compiled_module_runs_generate_compiled() is False
     monkeypatch.setattr(torch, "compile", lambda module, **kw: module)  # a compile that wrapped everything
     assert static_decode.compiled_module_runs_generate_compiled() is True
+
+
+# --- the hand-written greedy loop ---------------------------------------------------------------
+
+@pytest.mark.parametrize("prompts", [(PROMPT,), ("a", PROMPT)])  # the second is left-padded
+def test_greedy_loop_gives_generates_tokens_with_two_graphs(model, prompts):
+    m, tok = model
+    inputs = _inputs(tok, prompts)
+    reference = _generate(m, tok, inputs, 10)
+    counter = CountingEager()
+    compiled = static_decode.compile_model(m, "cpu", backend_override=counter)
+    cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 10)
+    loop = static_decode.use_greedy_loop(m)
+    assert static_decode.greedy_loop_of(m) is loop
+    for n in (10, 1, 10):
+        cache.reset()
+        out = _generate(m, tok, inputs, n, **kwargs)
+        assert torch.equal(out, reference[:, :inputs["input_ids"].shape[1] + n])
+    assert counter.graphs == compiled.graphs == 2
+    static_decode.restore_generate(m)
+    assert static_decode.greedy_loop_of(m) is None and not isinstance(m.generate, static_decode.GreedyLoop)
+
+
+def test_measure_generation_times_the_loop_with_the_same_protocol(model):
+    m, tok = model
+    static_decode.use_greedy_loop(m)
+    out = generation.measure_generation(m, tok, [PROMPT], 6, "cpu", repeats=2, static_cache=True)
+    assert out["new_tokens"] == 6 and out["decode_ms_per_token"] > 0 and out["static_cache"]
+
+
+def test_greedy_loop_refuses_what_it_does_not_do(model):
+    m, tok = model
+    inputs = _inputs(tok)
+    loop = static_decode.use_greedy_loop(m)
+    with pytest.raises(ValueError, match="StaticCache"):
+        loop(**inputs, max_new_tokens=4)
+    cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 4)
+    with pytest.raises(ValueError, match="do_sample"):
+        loop(**inputs, max_new_tokens=4, do_sample=True, **kwargs)
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        loop(**inputs, max_new_tokens=4, min_new_tokens=2, **kwargs)
+    with pytest.raises(ValueError, match="does not fit the cache"):
+        loop(**inputs, max_new_tokens=40, **kwargs)
+    with pytest.raises(ValueError, match="temperature"):
+        loop(**inputs, max_new_tokens=4, temperature=0.5, **kwargs)
+
+
+def test_a_cpp_gemm_that_does_not_compile_falls_back_to_aten_and_says_so(model):
+    from torch._inductor.exc import CppCompileError
+
+    class FailsWhileAutotuning:
+        __name__ = "fails-while-autotuning"
+
+        def __call__(self, gm, example_inputs):
+            import torch._inductor.config as config
+
+            if config.max_autotune:
+                raise CppCompileError(["g++"], "error: no matching function for call to 'cvtbf16_fp32'")
+            return gm.forward
+
+    m, tok = model
+    inputs = _inputs(tok)
+    reference = _generate(m, tok, inputs, 6)
+    compiled = static_decode.compile_model(m, "cpu", backend_override=FailsWhileAutotuning(),
+                                           inductor_config={"max_autotune": True})
+    cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 6)
+    assert torch.equal(_generate(m, tok, inputs, 6, **kwargs), reference)
+    assert "max-autotune dropped" in compiled.describe() and "CppCompileError" in compiled.autotune_fallback
+    assert not compiled.inductor_config.get("max_autotune")
+
+
+def test_other_compile_failures_are_not_hidden(model):
+    class Broken:
+        __name__ = "broken"
+
+        def __call__(self, gm, example_inputs):
+            raise RuntimeError("lowering failed")
+
+    m, tok = model
+    static_decode.compile_model(m, "cpu", backend_override=Broken(), inductor_config={})
+    cache, kwargs = static_decode.static_generate_kwargs(m, _inputs(tok), 4)
+    with pytest.raises(Exception, match="lowering failed"):
+        _generate(m, tok, _inputs(tok), 4, **kwargs)

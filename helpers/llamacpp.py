@@ -1,0 +1,217 @@
+"""llama.cpp as the CPU reference of the ladder: the embedded GGUF, measured in the same run.
+
+Taught in ``06_optimization_ladder.ipynb``. ``scripts/setup_llamacpp.sh`` (called by
+``scripts/setup.sh``) builds ``llama-cpp-python`` into the venv where a C++ compiler is present and
+writes what happened to ``<venv>/llamacpp-status.json``; ``availability()`` reads it, so a build that
+failed (or was skipped) gives the reason instead of a figure, and the rest of the workbook runs.
+
+``measure()`` runs llama.cpp on the same token ids, lengths and threads as the ladder, with the
+workbook's protocol: greedy, a fixed number of new tokens (end-of-sequence never stops it), one
+untimed warm-up, several repeats; TTFT is a 1-token generation and decode per token is
+``(t(N) - t(1)) / (N - 1)``, medians with p10/p90 (the definitions of
+``helpers.generation.measure_generation``). It runs in a child process: a wheel built for another
+CPU (``-march=native``) dies with an illegal instruction there, and that becomes the row's reason
+instead of a dead notebook kernel.
+
+llama.cpp reads the GGUF's own Q4_1 blocks (about 4.5 bits per weight); the ladder's model is the
+same weights dequantized to 16 or 32 bits. Its figures stand beside the ladder and are never part
+of the ladder's own ratios.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+VERSION = "0.3.36"  # the llama-cpp-python release scripts/setup_llamacpp.sh builds
+STATUS_FILE = "llamacpp-status.json"  # in the venv, written by scripts/setup_llamacpp.sh
+DEFAULT_TIMEOUT_S = 600
+
+
+def status_path() -> Path:
+    """``<venv>/llamacpp-status.json`` of the interpreter running this code."""
+    return Path(sys.prefix) / STATUS_FILE
+
+
+def read_setup_status() -> dict:
+    """What the setup step recorded (``status``: installed / failed / skipped, ``reason``,
+    ``build_s``), or ``{}`` when it never ran for this venv."""
+    try:
+        return json.loads(status_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def installed_version() -> Optional[str]:
+    from importlib import metadata
+
+    try:
+        return metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def availability() -> dict:
+    """``{"available": bool, "version", "reason", "setup"}`` without importing llama_cpp here."""
+    setup = read_setup_status()
+    version = installed_version()
+    if version is None:
+        if setup.get("status") in ("failed", "skipped"):
+            reason = f"llama-cpp-python was not installed by setup ({setup['status']}: {setup.get('reason', '')})"
+        else:
+            reason = ("llama-cpp-python is not installed in this environment; `make setup` builds it "
+                      "where a C++ compiler is present (scripts/setup_llamacpp.sh)")
+        return {"available": False, "version": None, "reason": reason, "setup": setup}
+    return {"available": True, "version": version, "reason": "", "setup": setup}
+
+
+def _quantization(gguf: Path) -> str:
+    """The weight type named in the GGUF file name (``...Q4_1.gguf`` -> ``Q4_1``)."""
+    stem = gguf.stem
+    return stem.rsplit(".", 1)[-1] if "." in stem else "unknown"
+
+
+def measure(gguf, prompt_ids, new_tokens: int, *, threads: Optional[int] = None, repeats: int = 3,
+            timeout: float = DEFAULT_TIMEOUT_S) -> dict:
+    """Decode tok/s and TTFT of llama.cpp on ``prompt_ids``, in a child process.
+
+    Returns ``{"status": "ok", "ttft_ms", "decode_ms_per_token", "tokens_per_s", p10/p90 of both,
+    "samples", "tokens", "system_info", ...}``, or ``{"status": "unavailable" | "failed", "reason"}``.
+    """
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
+        raise ValueError(f"new_tokens={new_tokens!r} is not valid; it must be an integer >= 2")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} is not valid; it must be an integer >= 1")
+    ids = [int(t) for t in prompt_ids]
+    if not ids:
+        raise ValueError("prompt_ids is empty; give the ladder's prompt token ids")
+    found = availability()
+    if not found["available"]:
+        return {"status": "unavailable", "reason": found["reason"]}
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    gguf = Path(gguf)
+    request = {"gguf": str(gguf), "prompt_ids": ids, "new_tokens": new_tokens, "threads": int(threads),
+               "repeats": repeats, "extra_buffers": True}
+    out, failure = _run_child(request, timeout)
+    note = ""
+    if failure and failure[0] == -11:
+        # llama.cpp's extra buffer types (AMX tiles, repacked weights) crash on some CPUs and VMs;
+        # without them it runs its AVX/VNNI kernels. The row says which one ran.
+        first = failure[1]
+        out, failure = _run_child({**request, "extra_buffers": False}, timeout)
+        note = (f"with llama.cpp's extra buffer types (AMX / repacked weights) it crashed ({first}); "
+                "measured without them (use_extra_bufts=False)")
+    if failure:
+        return {"status": "failed", "reason": failure[1]}
+    buffers = "" if request["extra_buffers"] and not note else ", use_extra_bufts=False"
+    return {**summarize(out, new_tokens), "version": found["version"], "quantization": _quantization(gguf),
+            "gguf": gguf.name, "threads": int(threads), "prompt_tokens": len(ids), "new_tokens": new_tokens,
+            "repeats": repeats, "note": note, "extra_buffers": not note,
+            "code_path": (f"llama-cpp-python {found['version']} (llama.cpp), Llama.eval + argmax, greedy, "
+                          f"{new_tokens} new tokens, {threads} threads, weights {_quantization(gguf)} "
+                          f"from the GGUF{buffers}")}
+
+
+def _run_child(request: dict, timeout: float):
+    """``(result, None)`` or ``(None, (returncode, reason))`` of one child run of ``_bench``."""
+    threads = str(request["threads"])
+    try:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--bench"],
+                              input=json.dumps(request), capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": threads})
+    except subprocess.TimeoutExpired:
+        return None, (None, f"llama.cpp did not finish within {timeout:.0f} s")
+    if proc.returncode == 0:
+        return json.loads(proc.stdout.strip().splitlines()[-1]), None
+    tail = " / ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])[:400]
+    why = f"exit code {proc.returncode}"
+    if proc.returncode in (-4, 132):
+        why = ("illegal instruction (signal 4): the llama.cpp build was made for another CPU "
+               "(-march=native); rebuild it here with `make setup` after `pip cache remove llama_cpp_python`")
+    elif proc.returncode < 0:
+        why = f"killed by signal {-proc.returncode}"
+    return None, (proc.returncode, f"llama.cpp {why}" + (f": {tail}" if tail else ""))
+
+
+def _percentile(values, q: float) -> float:
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(raw: dict, new_tokens: int) -> dict:
+    """The child's per-repeat wall times -> TTFT and decode per token (ms), with p10 / p90."""
+    first, full = raw["first_s"], raw["full_s"]
+    if not first or len(first) != len(full):
+        raise ValueError("raw must hold as many 1-token as full timings (first_s, full_s)")
+    decode = [(f - p) / (new_tokens - 1) for f, p in zip(full, first)]
+    ms = statistics.median(decode) * 1e3
+    return {"status": "ok", "ttft_ms": statistics.median(first) * 1e3,
+            "ttft_p10_ms": _percentile(first, 10) * 1e3, "ttft_p90_ms": _percentile(first, 90) * 1e3,
+            "decode_ms_per_token": ms, "decode_p10_ms": _percentile(decode, 10) * 1e3,
+            "decode_p90_ms": _percentile(decode, 90) * 1e3,
+            "tokens_per_s": 1e3 / ms if ms > 0 else float("nan"),
+            "decode_samples_ms": [d * 1e3 for d in decode], "ttft_samples_ms": [x * 1e3 for x in first],
+            "tokens": raw.get("tokens", []), "system_info": raw.get("system_info", ""),
+            "load_s": raw.get("load_s")}
+
+
+def _bench(request: dict) -> dict:
+    """Runs in the child: load the GGUF, time 1-token and N-token greedy generations."""
+    import llama_cpp.llama_cpp as api
+    import numpy as np
+    from llama_cpp import Llama, llama_print_system_info
+
+    if not request.get("extra_buffers", True):
+        defaults = api.llama_model_default_params
+
+        def without_extra_buffers():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        api.llama_model_default_params = without_extra_buffers  # what Llama() builds its params from
+    ids, n, reps = request["prompt_ids"], request["new_tokens"], request["repeats"]
+    start = time.perf_counter()
+    llm = Llama(model_path=request["gguf"], n_ctx=len(ids) + n + 8, n_batch=max(len(ids), 8),
+                n_threads=request["threads"], n_threads_batch=request["threads"], verbose=False)
+    load_s = time.perf_counter() - start
+    vocab = llm.n_vocab()
+
+    def argmax() -> int:
+        return int(np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(vocab,)).argmax())
+
+    def generate(count: int) -> list:
+        llm.reset()  # the next eval drops the KV cache from position 0: no prefix reuse
+        llm.eval(ids)
+        out = [argmax()]
+        for _ in range(count - 1):
+            llm.eval([out[-1]])
+            out.append(argmax())
+        return out
+
+    tokens = generate(n)  # warm-up, untimed
+    first, full = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        generate(1)
+        first.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        generate(n)
+        full.append(time.perf_counter() - t0)
+    info = llama_print_system_info()
+    return {"first_s": first, "full_s": full, "tokens": tokens, "load_s": load_s,
+            "system_info": info.decode(errors="replace") if isinstance(info, bytes) else str(info)}
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--bench"]:
+    print(json.dumps(_bench(json.loads(sys.stdin.read()))))
