@@ -158,7 +158,7 @@ def _show_choice(chapter: Chapter, contention: Optional[str]) -> None:
     text = (f"**{label['device']}** `{chapter.DEV}` ({chapter.device_reason}) · "
             f"**{label['dtype']}** `{chapter.DT}` ({chapter.dtype_reason})")
     if contention:
-        text += f"\n\n**{label['warning']}:** {contention}"
+        text += f"\n\n**{label['warning']}** {contention}"
     try:
         from IPython.display import Markdown, display
     except ImportError:  # a plain Python session

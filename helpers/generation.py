@@ -669,3 +669,30 @@ def llama2_kv_growth(claims_pct: dict, contexts: Iterable[int] = (512, 2048), dt
             row[f"kv_growth_pct_{n}"] = roofline.kv_memory_growth_pct(config, batch, n, weights, dtype)
         out.append(row)
     return out
+
+
+def logits_of_last_position(model, prompt_tokens: int, device=None, *, min_iters: int = 5,
+                            min_seconds: float = 0.2) -> dict:
+    """How the prefill's logits are computed (chapter 03): ``lm_head(hidden[:, -1:, :])``, the slice
+    transformers takes of the prompt's hidden states, against the same rows as a plain 2-D matrix.
+
+    The slice keeps the prompt's stride. Both give the same logits (checked); this returns each
+    one's timing (``bench.measure``) and the operators it spent its time in, so a chapter
+    can show whether this torch sends the slice down a slower path than the one GEMV it is.
+    """
+    from .profiling import busiest_ops
+
+    device = as_device(device) if device is not None else backend.model_device(model)
+    head = model.get_output_embeddings()
+    hidden = torch.randn(1, int(prompt_tokens), head.in_features, device=device, dtype=head.weight.dtype)
+    sliced, flat = hidden[:, -1:, :], hidden[:, -1, :]
+    with torch.inference_mode():
+        torch.testing.assert_close(head(sliced)[:, 0], head(flat))
+        out = {}
+        for name, x in (("slice", sliced), ("2-D rows", flat)):
+            timing = bench.measure(lambda x=x: head(x), device, name=f"lm_head, {name}", min_iters=min_iters,
+                                   min_seconds=min_seconds)
+            out[name] = {"median_ms": timing.median_ms, "p10_ms": timing.p10 * 1e3, "p90_ms": timing.p90 * 1e3,
+                         "ops": ", ".join(busiest_ops(lambda x=x: head(x), device)), "stride": list(x.stride()),
+                         "timing": timing}
+    return out

@@ -181,6 +181,8 @@ def plot_fusion_savings(share, variants, clip_pct: float = -150.0, figsize_width
     ax.set_xlabel(f"% of unfused FFN median time (saving < 0: median above unfused{clipped})")
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig
 
 
 def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7)):

@@ -171,6 +171,25 @@ def _kernel_ms(fn: Callable[[], object], device) -> dict:
     return {"ms": dict(totals), "matmul_kernels": dict(names)}
 
 
+def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[str]:
+    """The operators one call of ``fn`` spends its self time in, most first (children included:
+    ``aten::bmm`` under ``aten::linear`` is named, where ``count_ops`` counts the caller)."""
+    device = as_device(device)
+    fn()
+    ms = _kernel_ms_by_name(fn, device)
+    return [name for name, _ in sorted(ms.items(), key=lambda kv: -kv[1])[:top]]
+
+
+def _kernel_ms_by_name(fn: Callable[[], object], device) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+        synchronize(device)
+    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages() if e.self_cpu_time_total > 0}
+
+
 def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="cpu") -> dict:
     """Kernel time per decode token by kind, from the same split as the decode timing.
 

@@ -271,6 +271,16 @@ def export_html(notebook: Path) -> Optional[Path]:
         return None
 
 
+def refresh_index(run_dir: Path, run: dict) -> Optional[Path]:
+    """``write_index`` during a run: a page that cannot be written (a missing label file, a bad
+    figure) is reported and the run goes on, so no chapter's result is lost to the index."""
+    try:
+        return write_index(run_dir, run)
+    except Exception as exc:  # noqa: BLE001  (the notebooks' results matter more than the page)
+        print(f"warning: index.html not written ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+        return None
+
+
 def write_index(run_dir: Path, run: dict) -> Path:
     """``index.html``: every chapter of the run folder (``helpers.results.read_run``), as the runner sees it."""
     from . import pages
@@ -367,7 +377,7 @@ def _report_status(entry: dict) -> None:
 def _interrupted(run: dict, run_dir: Path, run_file: Path, run_id: str) -> int:
     run["status"] = "interrupted"
     write_json_atomic(run_file, run)
-    write_index(run_dir, run)
+    refresh_index(run_dir, run)
     print("interrupted: finished chapters are kept; rerun with "
           f"--run-id {run_id} --resume to continue", file=sys.stderr)
     return 130
@@ -516,7 +526,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     sol["status"] = "ok"
                 _report_status(sol)
         write_json_atomic(run_file, run)
-        write_index(run_dir, run)
+        refresh_index(run_dir, run)
 
     failed = [e["notebook"] for e in run["notebooks"] if e["status"] == "failed"]
     failed += [e["solution"]["notebook"] for e in run["notebooks"]
@@ -524,11 +534,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     run["status"] = "failed" if failed else "ok"
     run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     write_json_atomic(run_file, run)
-    index = write_index(run_dir, run)
-    print(f"report: {index}")
-    if failed:
-        print(f"FAILED notebooks: {', '.join(failed)} (their executed copies show the error)",
-              file=sys.stderr)
+    index = refresh_index(run_dir, run)
+    print(f"report: {index}" if index else f"report: {run_dir} (no index.html, see the warning above)")
+    if failed or index is None:
+        if failed:
+            print(f"FAILED notebooks: {', '.join(failed)} (their executed copies show the error)",
+                  file=sys.stderr)
         return 1
     return 0
 

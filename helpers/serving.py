@@ -16,8 +16,13 @@ Taught in ``07_serving.ipynb``. Read top to bottom:
    (``vllm/benchmarks/serve.py::calculate_metrics``): TPOT = (latency - TTFT) / (output tokens - 1),
    ITL = the gaps between streamed chunks, output throughput = output tokens / wall time of the level.
    ``run_bench_serve`` runs vLLM's own benchmark against the same server for the side-by-side.
-5. **Our own path beside it** (``our_path_points``, ``no_ratio_reason``) and **users served**
-   (``users_served``): the largest concurrency whose p95 TTFT and p95 TPOT stay within targets.
+5. **Our own path beside it** (``our_path_points``, ``no_ratio_reason``, ``ratio_spread``: a ratio
+   and its spread, whose direction ``helpers.decide`` reads) and **users served** (``users_served``):
+   the largest concurrency whose p95 TTFT and p95 TPOT stay within targets.
+6. **What the chapter records** (``record_launch``, ``connect``, ``record_sweep``, ``record_bench``,
+   ``record_comparison``, ``record_users``): figures and tables of ``results.json``, from which the
+   chapter's template (``templates/07_serving.<lang>.md.j2``) writes every sentence; no function
+   here builds a sentence about a measurement.
 """
 from __future__ import annotations
 
@@ -203,15 +208,19 @@ def check_tensor_parallel(size: int, devices: int, device_kind: str,
     return size
 
 
-TENSOR_PARALLEL_COMMANDS = """\
-# vLLM with the vllm-ascend plugin (pip install vllm vllm-ascend, versions paired with your CANN)
-python -m vllm.entrypoints.openai.api_server --model NousResearch/Llama-2-7b-hf --dtype float16 --port 8000
-# 13B on 32 GB cards (910B4) and 70B (about 138 GB of fp16 weights) need tensor parallelism:
-python -m vllm.entrypoints.openai.api_server --model meta-llama/Llama-2-13b-hf --dtype float16 --tensor-parallel-size 2
-python -m vllm.entrypoints.openai.api_server --model meta-llama/Llama-2-70b-hf --dtype float16 --tensor-parallel-size 8
-# this chapter starts and measures them itself with -p tensor_parallel_size=2 (or 8) on such a machine,
-# or measures a server someone else runs (vLLM-Ascend, MindIE) with -p endpoint=http://host:8000/v1
-"""
+def check_parameters(ch) -> list[int]:
+    """The rules that relate a chapter's parameters (``open_chapter`` checks each one alone):
+    ``endpoint`` is an http(s) URL or empty, ``bench_concurrency`` one of the levels of
+    ``concurrency``, ``tensor_parallel_size`` at most the devices found. Returns the sweep's levels,
+    sorted, each once; raises naming the parameter."""
+    from . import params
+
+    p = ch.parameters
+    check_endpoint(p.get("endpoint", ""))
+    levels = sorted(set(p["concurrency"]))
+    params.check_choice("bench_concurrency", p["bench_concurrency"], levels)
+    check_tensor_parallel(p.get("tensor_parallel_size", 1), device_count(ch.device.type), ch.device.type)
+    return levels
 
 
 # --- 2. the server's lifecycle --------------------------------------------------------------------
@@ -413,7 +422,12 @@ def start_server(install: VllmInstall, model: str, dtype: str, folder: "str | Pa
 
 @dataclass
 class Launch:
-    """What the chapter measures: a server started here, or an endpoint, or nothing (``skip_reason``)."""
+    """What the chapter measures: a server started here, or an endpoint, or nothing (``skip_reason``).
+
+    ``connect`` fills in what the server answers to (``model_id``), its ``tokenizer`` and ``served``
+    (model, dtype, device, tensor parallel size: what a ratio with our own path checks); then
+    ``sweep`` and ``bench_serve`` measure it.
+    """
 
     url: str = ""
     server: Optional[VllmServer] = None
@@ -423,10 +437,36 @@ class Launch:
     cache_warm: bool = False                # vLLM's compile cache existed before this start
     skip_reason: str = ""
     notes: list = field(default_factory=list)
+    device_kind: str = "cpu"
+    endpoint: str = ""                      # a server someone else runs, when one was given
+    tensor_parallel_size: int = 1
+    no_bench_reason: str = ""               # why ``vllm bench serve`` cannot run beside an endpoint
+    model_id: str = ""
+    tokenizer: Any = None
+    served: dict = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
         return not self.skip_reason
+
+    def sweep(self, specs: Sequence[tuple], rounds: int, request_timeout_s: float):
+        """``measure_sweep`` against this server: (levels, requests) DataFrames."""
+        return measure_sweep(self.url, self.model_id, self.tokenizer, specs, rounds=rounds,
+                             request_timeout_s=request_timeout_s, served=self.served)
+
+    def bench_serve(self, folder: "str | Path", *, input_len: int, output_len: int, concurrency: int,
+                    num_prompts: int, timeout_s: float) -> dict:
+        """``vllm bench serve`` once against this server, its JSON and log kept in ``folder``; the
+        result in the sweep's column names (``bench_row``)."""
+        folder = Path(folder)
+        command = bench_serve_command(self.install.python, self.url, self.model_id, self.served_model,
+                                      input_len=input_len, output_len=output_len, concurrency=concurrency,
+                                      num_prompts=num_prompts, result_dir=folder, result_file=BENCH_FILE)
+        result = run_bench_serve(command, folder / BENCH_FILE, folder / BENCH_LOG, timeout_s)
+        return bench_row(result, input_len, output_len)
+
+
+BENCH_FILE, BENCH_LOG = "vllm_bench_serve.json", "vllm_bench_serve.log"
 
 
 def launch(device_kind: str, model: str, dtype: str, folder: "str | Path", *, endpoint: str = "",
@@ -434,7 +474,7 @@ def launch(device_kind: str, model: str, dtype: str, folder: "str | Path", *, en
            kv_cache_gib: float = 0.0) -> Launch:
     """Start vLLM for ``model`` in ``dtype`` (without waiting for it), or take ``endpoint``; a missing
     vLLM or a model vLLM cannot load gives a ``Launch`` with ``skip_reason`` instead of an error."""
-    out = Launch()
+    out = Launch(device_kind=device_kind, endpoint=endpoint, tensor_parallel_size=tensor_parallel_size)
     try:
         out.served_model, out.local = model_for_server(model)
         try:
@@ -442,6 +482,7 @@ def launch(device_kind: str, model: str, dtype: str, folder: "str | Path", *, en
         except ServingUnavailable as exc:
             if not endpoint:
                 raise
+            out.no_bench_reason = str(exc)
             out.notes.append(f"vllm bench serve is not run: {exc}")
     except ServingUnavailable as exc:
         out.skip_reason = str(exc)
@@ -729,16 +770,17 @@ LEVEL_FIGURES = (("output_tok_s", "tok/s"), ("ttft_p50_ms", "ms"), ("ttft_p99_ms
                  ("tpot_p50_ms", "ms"), ("tpot_p99_ms", "ms"), ("itl_p50_ms", "ms"))
 
 
-def record_levels(results, levels, prefix: str, key_figures: Sequence[str] = (), **context) -> None:
-    """Each level's figures as ``<prefix>_<figure>_c<concurrency>`` with its lengths in the shape;
-    ``key_figures`` names the figures (``"output_tok_s_c8"``...) that go on the index."""
+def record_levels(ch, levels, prefix: str, key_figures: Sequence[str] = (), **context) -> None:
+    """Each level's figures as ``<prefix>_<figure>_c<concurrency>`` with its lengths in the shape
+    (``ch.record``: the chapter's device and dtype); ``key_figures`` names the figures
+    (``"output_tok_s_c8"``...) that go on the index."""
     for row in levels.to_dict(orient="records"):
         c = int(row["concurrency"])
         shape = f"concurrency {c}, prompt {row['input_len']} tokens, {row['output_len']} new tokens"
         for name, unit in LEVEL_FIGURES:
             if row.get(name) is not None:
-                results.record(f"{prefix}_{name}_c{c}", row[name], unit, key_figure=f"{name}_c{c}" in key_figures,
-                               shape=shape, requests=row["requests"], failed=row["failed"], **context)
+                ch.record(f"{prefix}_{name}_c{c}", row[name], unit, key_figure=f"{name}_c{c}" in key_figures,
+                          shape=shape, requests=row["requests"], failed=row["failed"], **context)
 
 
 def served_model_id(url: str, timeout_s: float = 10.0) -> str:
@@ -888,7 +930,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                          "prompt_tokens": prompt, "new_tokens": new, "caveat": contention(ch03),
                          "model": ch03["parameters"].get("model"), "dtype": dec.get("dtype"),
                          "device": dec.get("device"), "ttft_ms": _num(ttft["value"]),
-                         "ttft_p90_ms": _num(ttft.get("high")), "tpot_ms": _num(dec.get("decode_ms_per_token")),
+                         "ttft_p10_ms": _num(ttft.get("low")), "ttft_p90_ms": _num(ttft.get("high")), "tpot_ms": _num(dec.get("decode_ms_per_token")),
                          "tpot_p10_ms": _num(dec.get("decode_p10_ms")), "tpot_p90_ms": _num(dec.get("decode_p90_ms")),
                          "decode_tok_s_per_user": _num(dec["value"]),
                          "decode_tok_s_aggregate": _num(dec["value"]), "code_path": dec.get("code_path")})
@@ -904,7 +946,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                          "new_tokens": _int(r.get("new_tokens")), "caveat": contention(ch04),
                          "model": ch04["parameters"].get("model"),
                          "dtype": r.get("dtype"), "device": r.get("device"), "ttft_ms": _num(r.get("ttft_ms")),
-                         "ttft_p90_ms": _num(r.get("ttft_p90_ms")), "tpot_ms": _num(r.get("decode_ms_per_token")),
+                         "ttft_p10_ms": _num(r.get("ttft_p10_ms")), "ttft_p90_ms": _num(r.get("ttft_p90_ms")), "tpot_ms": _num(r.get("decode_ms_per_token")),
                          "tpot_p10_ms": _num(r.get("decode_p10_ms")), "tpot_p90_ms": _num(r.get("decode_p90_ms")),
                          "decode_tok_s_per_user": _num(r.get("tokens_per_s_per_user")),
                          "decode_tok_s_aggregate": _num(r.get("tokens_per_s_aggregate")),
@@ -928,7 +970,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                          "caveat": contention(ch06),
                          "model": ch06["parameters"].get("model"), "dtype": r.get("dtype"),
                          "device": ch06.get("environment", {}).get("device"), "ttft_ms": _num(r.get("ttft_ms")),
-                         "ttft_p90_ms": None, "tpot_ms": _num(r.get("decode_ms_per_token")),
+                         "ttft_p10_ms": None, "ttft_p90_ms": None, "tpot_ms": _num(r.get("decode_ms_per_token")),
                          "tpot_p10_ms": _num(r.get("decode_p10_ms")), "tpot_p90_ms": _num(r.get("decode_p90_ms")),
                          "decode_tok_s_per_user": per_user,
                          "decode_tok_s_aggregate": per_user * batch if per_user else None,
@@ -955,17 +997,14 @@ def no_ratio_reason(ours: dict, served: dict) -> str:
     return ""
 
 
-def faster(ours: tuple, served: tuple) -> str:
-    """Which side's decode is faster beyond both spreads: each side is (median, low, high) of the
-    time per token (lower is faster). Returns 'vLLM', 'our path' or 'neither beyond the spread'."""
-    (m1, lo1, hi1), (m2, lo2, hi2) = ours, served
-    lo1, hi1 = (m1 if lo1 is None else lo1), (m1 if hi1 is None else hi1)
-    lo2, hi2 = (m2 if lo2 is None else lo2), (m2 if hi2 is None else hi2)
-    if hi2 < lo1:
-        return "vLLM"
-    if hi1 < lo2:
-        return "our path"
-    return "neither beyond the spread"
+def ratio_spread(numerator: tuple, denominator: tuple) -> tuple[Optional[float], Optional[float]]:
+    """The conservative spread of ``numerator / denominator``, each a (median, p10, p90) of a
+    time: p10 / p90 to p90 / p10 (``bench.speedup``'s rule); (None, None) when a side has no
+    recorded spread, so that no direction is read from a ratio without one."""
+    (_, lo1, hi1), (_, lo2, hi2) = numerator, denominator
+    if any(_num(v) is None or _num(v) <= 0 for v in (lo1, hi1, lo2, hi2)):
+        return None, None
+    return lo1 / hi2, hi1 / lo2
 
 
 def users_served(levels: Sequence[dict], ttft_target_ms: float, tpot_target_ms: float, *,
@@ -992,13 +1031,19 @@ def users_served(levels: Sequence[dict], ttft_target_ms: float, tpot_target_ms: 
             "levels": [int(lv["concurrency"]) for lv in measured], "limit": limit}
 
 
+# Why there is no users-served ratio: decision keys, phrased in templates/words.<lang>.yaml.
+NO_USERS_RATIO_BASELINE = "users ratio: baseline serves none"
+NO_USERS_RATIO_BOUND = "users ratio: lower bound"
+NO_USERS_RATIO_MISSING = "users ratio: not both measured"
+
+
 def users_served_ratio(engine: dict, baseline: dict) -> tuple[Optional[float], str]:
-    """engine users / baseline users, or (None, why not): a count bounded only by the sweep's end
-    (``at_least``) or a zero baseline has no ratio."""
+    """engine users / baseline users, or (None, why not, a decision key): a count bounded only by the
+    sweep's end (``at_least``) or a zero baseline has no ratio."""
     if baseline["users"] == 0:
-        return None, "the baseline serves no user within the targets"
+        return None, NO_USERS_RATIO_BASELINE
     if engine["at_least"] or baseline["at_least"]:
-        return None, "a sweep ended while its largest level still met the targets (a lower bound only)"
+        return None, NO_USERS_RATIO_BOUND
     return engine["users"] / baseline["users"], ""
 
 
@@ -1010,17 +1055,22 @@ def matched_specs(points: Sequence[dict]) -> list[tuple]:
     return list(dict.fromkeys(specs))
 
 
-COMPARISON_COLUMNS = ["source", "chapter", "concurrency", "prompt_tokens", "new_tokens", "model", "dtype", "ours_ttft_ms",
-                      "vllm_ttft_ms", "vllm_ttft_p90_ms", "vllm_tpot_p90_ms", "ours_tpot_ms", "vllm_tpot_ms",
-                      "ours_decode_tok_s_per_user", "vllm_decode_tok_s_per_user", "ours_decode_tok_s_aggregate",
-                      "vllm_decode_tok_s_aggregate", "vllm_over_ours_ttft", "vllm_over_ours_decode",
-                      "faster_decode", "no_ratio", "caveat"]
+COMPARISON_COLUMNS = ["source", "chapter", "concurrency", "prompt_tokens", "new_tokens", "model", "dtype",
+                      "ours_ttft_ms", "vllm_ttft_ms", "vllm_ttft_p90_ms", "vllm_tpot_p90_ms", "ours_tpot_ms",
+                      "vllm_tpot_ms", "ours_decode_tok_s_per_user", "vllm_decode_tok_s_per_user",
+                      "ours_decode_tok_s_aggregate", "vllm_decode_tok_s_aggregate", "vllm_over_ours_ttft",
+                      "vllm_over_ours_ttft_low", "vllm_over_ours_ttft_high", "vllm_over_ours_decode",
+                      "vllm_over_ours_decode_low", "vllm_over_ours_decode_high", "no_ratio", "caveat"]
+# What the chapter shows of it: the spreads and their directions are the comparison paragraph's.
+COMPARISON_SHOWN = ["source", "concurrency", "prompt_tokens", "new_tokens", "dtype", "ours_ttft_ms",
+                    "vllm_ttft_ms", "ours_tpot_ms", "vllm_tpot_ms", "ours_decode_tok_s_aggregate",
+                    "vllm_decode_tok_s_aggregate", "vllm_over_ours_ttft", "vllm_over_ours_decode", "no_ratio"]
 
 
 def comparison_table(points: Sequence[dict], matched) -> "Any":
     """Our path's points beside vLLM at the same concurrency and lengths: TTFT, decode per user and in
-    aggregate, the ratios vLLM / ours where both measure the same thing (else ``no_ratio`` says why),
-    and which decode is faster beyond both p10-p90 spreads."""
+    aggregate, and the ratios vLLM / ours with their spreads (``ratio_spread`` of the two sides'
+    p10-p90) where both measure the same thing; otherwise ``no_ratio`` says why."""
     import pandas as pd
 
     served = {(int(r["concurrency"]), int(r["input_len"]), int(r["output_len"])): r
@@ -1032,23 +1082,29 @@ def comparison_table(points: Sequence[dict], matched) -> "Any":
         reason = no_ratio_reason(p, v) if v else "vLLM was not measured at these lengths"
         if not reason and not v.get("completed"):
             reason = f"every vLLM request failed: {v.get('errors', '')}"
-        row = {"source": p["source"], "chapter": p["chapter"], "concurrency": p["concurrency"], "prompt_tokens": p.get("prompt_tokens"),
-               "new_tokens": p.get("new_tokens"), "model": p.get("model"), "dtype": p.get("dtype"),
-               "ours_ttft_ms": p.get("ttft_ms"), "vllm_ttft_ms": v.get("ttft_median_ms"),
-               "vllm_ttft_p90_ms": v.get("ttft_p90_ms"), "vllm_tpot_p90_ms": v.get("tpot_p90_ms"),
-               "ours_tpot_ms": p.get("tpot_ms"), "vllm_tpot_ms": v.get("tpot_median_ms"),
-               "ours_decode_tok_s_per_user": p.get("decode_tok_s_per_user"),
-               "vllm_decode_tok_s_per_user": v.get("decode_tok_s_per_user"),
-               "ours_decode_tok_s_aggregate": p.get("decode_tok_s_aggregate"),
-               "vllm_decode_tok_s_aggregate": v.get("decode_tok_s_aggregate"),
-               "vllm_over_ours_ttft": None, "vllm_over_ours_decode": None, "faster_decode": "", "no_ratio": reason,
-               "caveat": p.get("caveat", "")}
+        row = {name: None for name in COMPARISON_COLUMNS}
+        row.update({"source": p["source"], "chapter": p["chapter"], "concurrency": p["concurrency"],
+                    "prompt_tokens": p.get("prompt_tokens"), "new_tokens": p.get("new_tokens"),
+                    "model": p.get("model"), "dtype": p.get("dtype"), "ours_ttft_ms": p.get("ttft_ms"),
+                    "vllm_ttft_ms": v.get("ttft_median_ms"), "vllm_ttft_p90_ms": v.get("ttft_p90_ms"),
+                    "vllm_tpot_p90_ms": v.get("tpot_p90_ms"), "ours_tpot_ms": p.get("tpot_ms"),
+                    "vllm_tpot_ms": v.get("tpot_median_ms"),
+                    "ours_decode_tok_s_per_user": p.get("decode_tok_s_per_user"),
+                    "vllm_decode_tok_s_per_user": v.get("decode_tok_s_per_user"),
+                    "ours_decode_tok_s_aggregate": p.get("decode_tok_s_aggregate"),
+                    "vllm_decode_tok_s_aggregate": v.get("decode_tok_s_aggregate"),
+                    "no_ratio": reason, "caveat": p.get("caveat", "")})
         if not reason and row["ours_ttft_ms"] and row["vllm_ttft_ms"]:
             row["vllm_over_ours_ttft"] = row["vllm_ttft_ms"] / row["ours_ttft_ms"]
+            row["vllm_over_ours_ttft_low"], row["vllm_over_ours_ttft_high"] = ratio_spread(
+                (v["ttft_median_ms"], v.get("ttft_p10_ms"), v.get("ttft_p90_ms")),
+                (p["ttft_ms"], p.get("ttft_p10_ms"), p.get("ttft_p90_ms")))
         if not reason and row["ours_decode_tok_s_per_user"] and row["vllm_decode_tok_s_per_user"]:
             row["vllm_over_ours_decode"] = row["vllm_decode_tok_s_per_user"] / row["ours_decode_tok_s_per_user"]
-            row["faster_decode"] = faster((p["tpot_ms"], p.get("tpot_p10_ms"), p.get("tpot_p90_ms")),
-                                          (v["tpot_median_ms"], v.get("tpot_p10_ms"), v.get("tpot_p90_ms")))
+            # decode speed vLLM / ours = time per token ours / vLLM
+            row["vllm_over_ours_decode_low"], row["vllm_over_ours_decode_high"] = ratio_spread(
+                (p["tpot_ms"], p.get("tpot_p10_ms"), p.get("tpot_p90_ms")),
+                (v["tpot_median_ms"], v.get("tpot_p10_ms"), v.get("tpot_p90_ms")))
         rows.append(row)
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
@@ -1113,45 +1169,13 @@ def users_entries(sweep, bench: Optional[dict], comparison, points: Sequence[dic
 
 def users_ratio(users) -> tuple[Optional[float], str]:
     """vLLM's users served over our path's at chapter 04's batch sizes and lengths (one percentile for
-    both), the figure the guide's 15 -> 42 is set beside; (None, why) when there is none."""
+    both), the figure the guide's 15 -> 42 is set beside; (None, why: a decision key) when there is
+    none."""
     rows = {r["engine"]: {"users": r["users_served"], "at_least": r["at_least"]}
             for r in (users.to_dict(orient="records") if len(users) else [])}
-    missing = [e for e in (VLLM_AT_04, OURS_04) if e not in rows]
-    if missing:
-        return None, f"not measured: {', '.join(missing)}"
+    if any(e not in rows for e in (VLLM_AT_04, OURS_04)):
+        return None, NO_USERS_RATIO_MISSING
     return users_served_ratio(rows[VLLM_AT_04], rows[OURS_04])
-
-
-def record_comparison(results, comparison, **context) -> None:
-    """Chapter 03's batch-1 point beside vLLM, where both did the same work: the decode and TTFT
-    ratios (vLLM over our path) as figures; the claims of chapter 08 read the decode ratio."""
-    for row in comparison[comparison["no_ratio"] == ""].to_dict(orient="records"):
-        if row["chapter"] != "03_end_to_end":
-            continue
-        shape = f"batch 1, prompt {row['prompt_tokens']} tokens, {row['new_tokens']} new tokens"
-        results.record("engine_batch1_decode_ratio", row["vllm_over_ours_decode"], "x", key_figure=True,
-                       shape=shape, faster=row["faster_decode"], caveat=row["caveat"],
-                       code_path="vLLM 1000 / median TPOT over chapter 03's (t(N) - t(1)) / (N - 1), same run",
-                       **context)
-        results.record("engine_batch1_ttft_ratio", row["vllm_over_ours_ttft"], "x", shape=shape,
-                       code_path="vLLM median TTFT over chapter 03's 1-token generate", **context)
-
-
-def record_users(results, users, ttft_target_ms: float, tpot_target_ms: float, **context) -> tuple:
-    """Each engine's users served as a figure, and vLLM over our path at chapter 04's lengths
-    (``users_ratio``) when there is one; returns that ``(ratio, why)``."""
-    for row in users.to_dict(orient="records"):
-        results.record("users_served_" + figure_name(row["engine"]), row["users_served"], "users",
-                       shape=f"prompt + new tokens: {row['lengths']}", at_least=row["at_least"],
-                       code_path=f"largest concurrency with {row['percentile']} TTFT <= {ttft_target_ms:g} ms "
-                                 f"and TPOT <= {tpot_target_ms:g} ms", **context)
-    ratio, why = users_ratio(users)
-    if ratio is not None:
-        results.record("users_served_ratio", ratio, "x", key_figure=True, shape="chapter 04's batch sizes and lengths",
-                       code_path="users served, vLLM over our path, p90 for both", **context)
-    else:
-        results.note(f"users_served_ratio not recorded: {why}")
-    return ratio, why
 
 
 def figure_name(label: str) -> str:
@@ -1216,3 +1240,146 @@ def as_dict(result: RequestResult) -> dict:
     row["itl_s"] = [round(x, 6) for x in row["itl_s"]]
     row["tpot_s"] = result.tpot_s
     return row
+
+
+# --- 6. what the chapter records (templates/07_serving.<lang>.md.j2 says it) ------------------------
+# Each function takes the chapter (``helpers.chapter.open_chapter``): ``ch.record`` fills in the
+# device and the dtype, ``ch.results`` keeps the tables, notes and files of the run folder.
+
+def record_launch(ch, launch: Launch) -> None:
+    """What the chapter measures (the server started here, an endpoint, or why nothing), and the
+    tensor-parallel size against the devices found."""
+    for note in launch.notes:
+        ch.results.note(note)
+    engine = f"{launch.install.distribution} {launch.install.version}" if launch.install else ""
+    if launch.install is not None and launch.install.ascend:
+        engine += " + vllm-ascend"
+    ch.record("serving_launch", launch.url, code_path="serving.launch", engine=engine,
+              endpoint=bool(launch.endpoint), served_model_local=launch.local,
+              compile_cache_before_start=launch.cache_warm, skip_reason=launch.skip_reason,
+              notes=list(launch.notes), tensor_parallel_size=launch.tensor_parallel_size,
+              devices_found=device_count(launch.device_kind))
+
+
+def connect(ch, launch: Launch, start_timeout_s: float) -> None:
+    """Wait until the server started here answers ``/health`` (``start_timeout_s``), then ask it which
+    model it serves and load that model's tokenizer (the prompts are token ids). Records the start
+    time with the command and the log, the model id, and the CPU load before the sweep (the server
+    shares this machine's cores)."""
+    from transformers import AutoTokenizer
+
+    from .generation import cpu_contention
+
+    if launch.server is not None:
+        start_s = launch.server.wait_healthy(start_timeout_s)
+        ch.results.artifact(launch.server.log_path, "vLLM server log")
+        ch.record("vllm_server_start_s", start_s, "s", key_figure=True,
+                  code_path=" ".join(launch.server.command[1:]), log=launch.server.log_path.name,
+                  compile_cache_before_start=launch.cache_warm, server_pgid=launch.server.process.pid,
+                  port=launch.server.port)
+    launch.model_id = served_model_id(launch.url)
+    launch.tokenizer = AutoTokenizer.from_pretrained(launch.served_model)
+    dtype_known = not launch.endpoint or ch.parameters.get("dtype", "auto") != "auto"
+    launch.served = {"model": ch.parameters.get("model"), "dtype": ch.DT if dtype_known else "",
+                     "device": launch.device_kind, "tensor_parallel_size": launch.tensor_parallel_size}
+    busy = cpu_contention(ch.device)
+    if busy:
+        ch.results.note(busy)
+    ch.record("served_model_id", launch.model_id, code_path=f"GET {launch.url}/v1/models",
+              cpu_contention=busy or "")
+
+
+def record_our_path(ch, points: Sequence[dict], missing: Sequence[str]):
+    """Our path's points (``our_path_points``) as the table ``our_path``; what could not be read as
+    notes and in the figure ``our_path_points``."""
+    import pandas as pd
+
+    for why in missing:
+        ch.results.note(why)
+    ours = pd.DataFrame(list(points))
+    ch.results.table("our_path", ours)
+    ch.record("our_path_points", len(points), "points", missing=list(missing),
+              code_path="serving.our_path_points: chapters 03, 04 and 06 of this run, read back")
+    return ours
+
+
+SWEEP_COLUMNS = ["concurrency", "requests", "failed", "output_tok_s", "decode_tok_s_aggregate",
+                 "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
+                 "e2el_p50_ms", "chunks_per_token"]
+
+
+def record_sweep(ch, launch: Launch, sweep, requests) -> None:
+    """The sweep's levels and requests as tables, each level's figures as ``serving_*_c<n>``
+    (the largest level's throughput and concurrency 1's median TTFT on the index)."""
+    ch.results.table("sweep", sweep)
+    ch.results.table("sweep_requests", requests)
+    top = int(sweep["concurrency"].max())
+    record_levels(ch, sweep, "serving", key_figures=(f"output_tok_s_c{top}", "ttft_p50_ms_c1"),
+                  code_path=f"OpenAI /v1/completions streamed, httpx, {launch.url}")
+
+
+def record_bench(ch, launch: Launch, bench: Optional[dict], sweep):
+    """``vllm bench serve``'s level as ``bench_serve_*_c<n>`` and beside our client's level of the same
+    concurrency (table ``bench_vs_client``, returned); when it did not run, why (``bench_serve_ran``)."""
+    import pandas as pd
+
+    if bench is None:
+        why = (launch.skip_reason or launch.no_bench_reason
+               or ("bench_serve is off" if not ch.parameters.get("bench_serve", True) else "it did not run"))
+        ch.record("bench_serve_ran", False, reason=why, code_path="vllm.benchmarks.serve")
+        return pd.DataFrame()
+    ch.results.artifact(ch.results.folder / BENCH_FILE, "vllm bench serve result")
+    code_path = "vllm.benchmarks.serve add_cli_args + main, random dataset"
+    record_levels(ch, pd.DataFrame([bench]), "bench_serve", code_path=code_path)
+    if bench["failed"]:
+        ch.results.note(f"vllm bench serve: {bench['failed']} of {bench['requests']} requests failed "
+                        f"(its log, {BENCH_LOG}, says why)")
+    level = sweep[sweep["concurrency"] == ch.parameters["bench_concurrency"]].iloc[0].to_dict()
+    side = bench_vs_client(level, bench)
+    ch.results.table("bench_vs_client", side)
+    ch.record("bench_serve_ran", True, reason="", concurrency=bench["concurrency"],
+              requests=bench["requests"], failed=bench["failed"], log=BENCH_LOG, code_path=code_path)
+    return side
+
+
+def record_comparison(ch, points: Sequence[dict], matched):
+    """vLLM at our path's lengths (table ``matched``) beside our path (table ``comparison``,
+    returned), and chapter 03's batch-1 point as figures where both did the same work: the decode
+    and TTFT ratios, vLLM over our path, with their spreads; chapter 08's claims read the decode one."""
+    ch.results.table("matched", matched)
+    comparison = comparison_table(points, matched)
+    ch.results.table("comparison", comparison)
+    for row in comparison[comparison["no_ratio"] == ""].to_dict(orient="records"):
+        if row["chapter"] != "03_end_to_end":
+            continue
+        shape = f"batch 1, prompt {row['prompt_tokens']} tokens, {row['new_tokens']} new tokens"
+        ch.record("engine_batch1_decode_ratio", row["vllm_over_ours_decode"], "x", key_figure=True,
+                  shape=shape, low=row["vllm_over_ours_decode_low"], high=row["vllm_over_ours_decode_high"],
+                  caveat=row["caveat"],
+                  code_path="vLLM 1000 / median TPOT over chapter 03's (t(N) - t(1)) / (N - 1), same run")
+        ch.record("engine_batch1_ttft_ratio", row["vllm_over_ours_ttft"], "x", shape=shape,
+                  low=row["vllm_over_ours_ttft_low"], high=row["vllm_over_ours_ttft_high"],
+                  code_path="vLLM median TTFT over chapter 03's 1-token generate")
+    return comparison
+
+
+def record_users(ch, users) -> tuple[Optional[float], str]:
+    """The users-served table, each engine's count as a figure, and vLLM over our path at chapter
+    04's lengths (``users_ratio``) when there is one, else why not (``users_served_no_ratio``, a
+    decision key); returns ``(ratio, why)``."""
+    ttft, tpot = ch.parameters["ttft_target_ms"], ch.parameters["tpot_target_ms"]
+    ch.results.table("users_served", users)
+    for row in users.to_dict(orient="records"):
+        ch.record("users_served_" + figure_name(row["engine"]), row["users_served"], "users",
+                  shape=f"prompt + new tokens: {row['lengths']}", at_least=row["at_least"],
+                  code_path=f"largest concurrency with {row['percentile']} TTFT <= {ttft:g} ms "
+                            f"and TPOT <= {tpot:g} ms")
+    ratio, why = users_ratio(users)
+    if ratio is not None:
+        ch.record("users_served_ratio", ratio, "x", key_figure=True,
+                  shape="chapter 04's batch sizes and lengths",
+                  code_path="users served, vLLM over our path, p90 for both")
+    else:
+        ch.results.note(f"users_served_ratio not recorded: {why}")
+        ch.record("users_served_no_ratio", why, code_path="serving.users_ratio")
+    return ratio, why

@@ -378,3 +378,12 @@ def test_llama2_kv_growth_inverts_the_claimed_growth():
         assert at_claim == pytest.approx(r["guide_memory_pct"], abs=0.1)
         assert r["kv_growth_pct_512"] == pytest.approx(roofline.kv_memory_growth_pct(cfg, r["batch"], 512, w))
     assert rows[0]["kv_per_token_kib"] == 512  # 2 x 32 layers x 32 heads x 128 x 2 bytes
+
+
+def test_logits_of_last_position_compare_the_slice_with_plain_rows(tiny_model):
+    model, _ = tiny_model
+    out = generation.logits_of_last_position(model, 8, min_iters=2, min_seconds=0.0)
+    assert set(out) == {"slice", "2-D rows"}
+    assert out["slice"]["stride"][0] == 8 * model.config.hidden_size  # the prompt's stride is kept
+    assert out["2-D rows"]["stride"] == [8 * model.config.hidden_size, 1] or out["2-D rows"]["stride"][1] == 1
+    assert all(r["median_ms"] > 0 and r["ops"] for r in out.values())

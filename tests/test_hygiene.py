@@ -17,7 +17,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((REPO / "notebooks").glob("*.ipynb"))
 SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
-NOTEBOOKS = CHAPTERS + SOLUTIONS
+# The Chinese edition (notebooks/zh, solutions/zh; TERMINOLOGY.md) is held to the same rules.
+ZH_CHAPTERS = sorted((REPO / "notebooks" / "zh").glob("*.ipynb"))
+ZH_SOLUTIONS = sorted((REPO / "solutions" / "zh").glob("*.ipynb"))
+NOTEBOOKS = CHAPTERS + SOLUTIONS + ZH_CHAPTERS + ZH_SOLUTIONS
 REQUIRED_PARAMETERS = ("run_dir", "profile")
 # A solution runs with its chapter's parameters (COMMON format), so it declares these too.
 SOLUTION_PARAMETERS = ("device", "model", "dtype", "run_dir", "profile")
@@ -25,7 +28,7 @@ SOLUTION_SUFFIX = "_solutions"
 
 
 def _ids(path):
-    return path.stem
+    return ("zh/" if path.parent.name == "zh" else "") + path.stem
 
 
 def _parameters_cells(nb):
@@ -65,7 +68,7 @@ def test_exactly_one_parameters_cell_declaring_the_runner_parameters(path):
         assert isinstance(node.value, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.UnaryOp)), (
             f"{path.name}: {node.target.id} must be a literal (papermill does not update derived values)")
         declared[node.target.id] = ast.literal_eval(node.value)
-    required = SOLUTION_PARAMETERS if path.parent.name == "solutions" else REQUIRED_PARAMETERS
+    required = SOLUTION_PARAMETERS if "solutions" in path.relative_to(REPO).parts else REQUIRED_PARAMETERS
     for name in required:
         assert name in declared, f"{path.name}: the parameters cell must declare {name}"
     assert declared["run_dir"] == "" and isinstance(declared["profile"], str)
@@ -108,12 +111,18 @@ def numbered_items(text: str) -> list[str]:
     return items
 
 
-def exercises(chapter_nb) -> list[str]:
+# Each edition's headings: a chapter's exercises, and each worked answer in its solutions.
+EXERCISES_HEADING = {"en": "## Exercises", "zh": "## 练习"}
+SOLUTION_HEADING = re.compile(r"^## (?:Exercise|练习) (\d+)\b")
+
+
+def exercises(chapter_nb, lang: str = "en") -> list[str]:
     """The numbered items under a chapter's ``## Exercises`` heading, one string each."""
     items: list[str] = []
+    heading = EXERCISES_HEADING[lang]
     for cell in chapter_nb.cells:
-        if cell.cell_type == "markdown" and "## Exercises" in cell.source:
-            items += numbered_items(cell.source.split("## Exercises", 1)[1])
+        if cell.cell_type == "markdown" and heading in cell.source:
+            items += numbered_items(cell.source.split(heading, 1)[1])
     return items
 
 
@@ -122,30 +131,30 @@ def exercises(chapter_nb) -> list[str]:
 FIXTURE_RUNS = REPO / "tests" / "fixtures" / "runs"
 
 
-def template_exercises(chapter: str) -> "dict[str, list[str]] | None":
+def template_exercises(chapter: str, lang: str = "en") -> "dict[str, list[str]] | None":
     """``{run: items}``: the chapter template's ``exercises`` block rendered from every committed
     run fixture of the chapter; None when the chapter has no template with that block."""
     import json
 
     from helpers import prose
 
-    if not (prose.TEMPLATES / prose.template_name(chapter)).exists() or (
-            "exercises" not in prose.blocks(chapter)):
+    if not (prose.TEMPLATES / prose.template_name(chapter, lang)).exists() or (
+            "exercises" not in prose.blocks(chapter, lang)):
         return None  # its exercises, if any, are markdown in the notebook
     return {path.parent.parent.name: numbered_items(prose.render(
-                chapter, "exercises", json.loads(path.read_text(encoding="utf-8"))))
+                chapter, "exercises", json.loads(path.read_text(encoding="utf-8")), lang=lang))
             for path in sorted(FIXTURE_RUNS.glob(f"*/{chapter}/results.json"))}
 
 
-def chapter_exercises(path) -> "dict[str, list[str]]":
+def chapter_exercises(path, lang: str = "en") -> "dict[str, list[str]]":
     """What a chapter asks, as the reader sees it: its markdown exercises, or its template's
     rendered from each run fixture (``{source: items}``)."""
-    rendered = template_exercises(path.stem)
+    rendered = template_exercises(path.stem, lang)
     if rendered is not None:
         assert rendered, (f"{path.name} renders its exercises from a template; commit a run fixture "
                           f"tests/fixtures/runs/<run>/{path.stem}/results.json to check them")
         return rendered
-    items = exercises(nbformat.read(str(path), as_version=4))
+    items = exercises(nbformat.read(str(path), as_version=4), lang)
     return {"markdown": items} if items else {}
 
 
@@ -157,7 +166,7 @@ def solution_sections(solution_nb) -> dict[int, str]:
         if cell.cell_type != "markdown":
             continue
         for line in cell.source.splitlines():
-            found = re.match(r"^## Exercise (\d+)\b", line)
+            found = SOLUTION_HEADING.match(line)
             if found:
                 current = int(found.group(1))
                 assert current not in sections, f"two '## Exercise {current}' headings"
@@ -168,7 +177,8 @@ def solution_sections(solution_nb) -> dict[int, str]:
 
 
 def _words(text: str) -> list[str]:
-    return re.findall(r"\w+", text.lower())
+    """Words of English, and each Chinese character on its own (Chinese has no spaces)."""
+    return re.findall(r"[\u3400-\u4dbf\u4e00-\u9fff]|[^\W\u3400-\u4dbf\u4e00-\u9fff]+", text.lower())
 
 
 def quotes(section: str, exercise: str, words: int = 8) -> bool:
@@ -177,8 +187,10 @@ def quotes(section: str, exercise: str, words: int = 8) -> bool:
     return f" {wanted} " in f" {' '.join(_words(section))} "
 
 
-CHAPTERS_WITH_EXERCISES = [p for p in CHAPTERS if template_exercises(p.stem) is not None
-                           or exercises(nbformat.read(str(p), as_version=4))]
+CHAPTERS_WITH_EXERCISES = [pytest.param(p, lang, id=_ids(p))
+                           for p, lang in [(p, "en") for p in CHAPTERS] + [(p, "zh") for p in ZH_CHAPTERS]
+                           if template_exercises(p.stem, lang) is not None
+                           or exercises(nbformat.read(str(p), as_version=4), lang)]
 
 
 def test_the_exercise_parser_and_the_quote_check_can_fail():
@@ -192,6 +204,20 @@ def test_the_exercise_parser_and_the_quote_check_can_fail():
     assert sorted(sections) == [1, 2]
     assert quotes(sections[1], exercises(chapter)[0])
     assert not quotes(sections[2], exercises(chapter)[1])
+
+
+def test_the_chinese_headings_and_quote_check_can_fail():
+    chapter = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "## 练习\n\n1. 换一种数据类型比较各个实现：用 `-p x=1`\n   运行。\n2. 第二题。\n\n## 下一节")])
+    items = exercises(chapter, "zh")
+    assert items == ["换一种数据类型比较各个实现：用 `-p x=1` 运行。", "第二题。"]
+    solution = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "## 练习 1\n\n> 换一种数据类型比较各个实现：用 `-p x=...`\n> 运行。\n\n## 练习 2\n\n> 另一题。")])
+    sections = solution_sections(solution)
+    assert sorted(sections) == [1, 2] and quotes(sections[1], items[0])
+    assert not quotes(sections[2], items[1])
+    # each Chinese character counts as a word: one changed character among the first eight fails
+    assert not quotes("> 换一种数据种类比较各个实现", items[0])
 
 
 def test_template_exercises_are_rendered_from_each_run_fixture(tmp_path, monkeypatch):
@@ -220,10 +246,12 @@ def test_template_exercises_are_rendered_from_each_run_fixture(tmp_path, monkeyp
     assert not quotes(section, template_exercises("98_demo")["cpu-b"][0])
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS_WITH_EXERCISES, ids=_ids)
-def test_every_exercise_has_a_worked_answer_that_quotes_it(chapter):
-    solution = REPO / "solutions" / f"{chapter.stem}{SOLUTION_SUFFIX}.ipynb"
-    for source, items in chapter_exercises(chapter).items():
+@pytest.mark.parametrize("chapter, lang", CHAPTERS_WITH_EXERCISES)
+def test_every_exercise_has_a_worked_answer_that_quotes_it(chapter, lang):
+    # notebooks/NAME.ipynb -> solutions/NAME_solutions.ipynb, notebooks/zh/... -> solutions/zh/...
+    solution = REPO / "solutions" / chapter.relative_to(REPO / "notebooks").with_name(
+        f"{chapter.stem}{SOLUTION_SUFFIX}.ipynb")
+    for source, items in chapter_exercises(chapter, lang).items():
         assert solution.exists(), (f"{chapter.name} has {len(items)} exercises but no "
                                    f"solutions/{solution.name}")
         sections = solution_sections(nbformat.read(str(solution), as_version=4))

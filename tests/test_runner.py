@@ -309,3 +309,16 @@ def test_the_fast_parameter_reader_agrees_with_papermill(path):
     for name, info in declared.items():
         assert info["type"] == inspected[name]["inferred_type_name"], name
         assert info["comment"] == inspected[name]["help"], name
+
+
+def test_an_index_that_cannot_be_written_loses_no_notebook(tmp_path, monkeypatch, capsys):
+    """A broken page (here: write_index raising) is reported; every notebook still runs and records."""
+    def broken(*a, **k):
+        raise KeyError("labels")
+    monkeypatch.setattr(runner, "write_index", broken)
+    code = runner.main(["--profile", "quick", "--notebooks-dir", str(FIXTURES), "--reports-dir", str(tmp_path),
+                        "--no-html", "--only", "01", "04", "--run-id", "noindex"])
+    err = capsys.readouterr().err
+    assert code == 1 and "index.html not written (KeyError" in err
+    recorded = json.loads((tmp_path / "noindex" / "run.json").read_text())
+    assert [e["status"] for e in recorded["notebooks"]] == ["ok", "ok"]
