@@ -10,7 +10,9 @@ ratio is given. The guide's 910B-vs-A100 table (from ``data/guide_claims.csv``) 
 runs' measured figures, labelled as the guide's claim, and the claims audit is merged over all runs.
 
 Missing, failed or unfinished chapters and unreadable files (another results.json schema among
-them) are shown with their status and reason on the page, never a crash.
+them) are shown with their status and reason on the page, never a crash. ``--lang zh`` writes the
+page with the Chinese labels (``templates/labels.zh.yaml``): verdicts and classes by their Chinese
+names, and each claim in the guide's own words instead of the English gloss.
 """
 from __future__ import annotations
 
@@ -347,14 +349,15 @@ def guide_table(runs: list[Run], claims_table=None, verdict_table=None, lang: st
     claims = guide_benchmark_claims(claims_table)
     decided = {}
     for v in (verdict_table.to_dict(orient="records") if verdict_table is not None else []):
-        decided[v["id"]] = text["guide_verdict"].format(verdict=v["verdict"]) + (
+        decided[v["id"]] = text["guide_verdict"].format(verdict=pages.say("common.verdicts", v["verdict"], lang)) + (
             text["guide_decided"].format(run=v["decided_by"]) if v.get("decided_by") else "")
     rows = []
     for unit, read in measured.items():
         row = {names["figure"]: rows_named[unit]}
         for claim in (c for c in claims if c["unit"] == unit):
             about = ", ".join(filter(None, (claim["model"], claim["weights"])))
-            row[names["claim"].format(about=claim["about"])] = text["guide_claim"].format(
+            hardware = text["hardware"].get(claim["hardware"], claim["about"])
+            row[names["claim"].format(about=hardware)] = text["guide_claim"].format(
                 value=f"{claim['value']:g}", unit=unit, id=claim["id"], about=f"; {about}" if about else ""
             ) + decided.get(claim["id"], "")
         for run in runs:
@@ -546,14 +549,20 @@ def compare(run_dirs: list, out_dir: "str | Path", reference: int = 0, claims_ta
     wide_table(long).to_csv(csv_path, index=False)
     from . import claims as claims_mod
 
-    columns = ["id", "section", "gloss_en", "verdict", "verdict_class", "decided_by", "device_class", "elsewhere",
+    # The claim as the reader's edition quotes it: the guide's own Chinese on a Chinese page.
+    claim_text = "gloss_en" if lang == "en" else "text_zh"
+    columns = ["id", "section", claim_text, "verdict", "verdict_class", "decided_by", "device_class", "elsewhere",
                "elsewhere_run", "detail"]
+    shown = None
+    if table is not None:
+        shown = table[columns].copy()
+        shown["verdict"] = [pages.say("common.verdicts", v, lang) for v in shown["verdict"]]
+        shown["verdict_class"] = [pages.say("common.verdict_classes", v, lang) for v in shown["verdict_class"]]
     html_path = pages.write(
         out_dir / "index.html", "compare", lang, runs=runs, reference=runs[reference].label, guide=guide,
-        figures=figures_view(runs, long), plots=plots, claims=None if table is None else table[columns],
+        figures=figures_view(runs, long), plots=plots, claims=shown,
         claims_error=claims_error, counts={} if table is None else claims_mod.verdict_counts(table),
-        meanings=claims_mod.VERDICT_CLASSES,
-        widths={"id": 4, "section": 11, "gloss_en": 19, "verdict": 9, "verdict_class": 9, "decided_by": 8,
+        widths={"id": 4, "section": 11, claim_text: 19, "verdict": 9, "verdict_class": 9, "decided_by": 8,
                 "device_class": 5, "elsewhere": 11, "elsewhere_run": 7, "detail": 24})
     return {"html": html_path, "csv": csv_path, "runs": runs, "figures": long, "guide": guide,
             "claims": table, "claims_error": claims_error}

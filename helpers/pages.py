@@ -5,7 +5,10 @@ The runner's ``index.html`` (``helpers.run``), the report chapter's ``claims_rep
 ``templates/<kind>.html.j2``, each extending ``base.html.j2`` with ``workbook.css`` inlined, so a page
 stays a single file that can be mailed or archived; figures are PNG data URIs (``png_data_uri``).
 Every visible word comes from ``templates/labels.<lang>.yaml``, one table per page kind: a second
-language is a second label file, not a second page builder.
+language is a second label file, not a second page builder. The verdicts and verdict classes of
+``helpers.claims`` are English keys; their names and meanings in each language are in the label
+file's ``common`` table, so a Chinese page (``lang="zh"``, ``<html lang="zh-CN">``) names them in
+Chinese while the data keeps one vocabulary.
 """
 from __future__ import annotations
 
@@ -40,6 +43,24 @@ def labels(kind: str, lang: str = "en") -> dict:
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: choose one of {', '.join(KINDS)}")
     return _label_file(lang)[kind]
+
+
+def label_table(path: str, lang: str = "en") -> dict:
+    """A table of the label file by its dotted path (``common.verdict_classes``, ``claims.evidence_kinds``)."""
+    table = _label_file(lang)
+    for part in path.split("."):
+        if not isinstance(table, dict) or part not in table:
+            raise KeyError(f"labels.{lang}.yaml has no table {path!r}")
+        table = table[part]
+    return table
+
+
+def say(path: str, key, lang: str = "en") -> str:
+    """The shown word for a key of a label table (a verdict class, a status); an unknown key as it is."""
+    return str(label_table(path, lang).get(str(key), key))
+
+
+HTML_LANG = {"zh": "zh-CN"}  # the simplified-Chinese glyphs of a CJK font, not the Japanese ones
 
 
 def stylesheet() -> str:
@@ -86,8 +107,8 @@ def render(kind: str, lang: str = "en", **context) -> str:
     """The page ``templates/<kind>.html.j2`` with its labels (``L``), the common ones (``C``) and ``context``."""
     table = labels(kind, lang)
     return environment().get_template(f"{kind}.html.j2").render(
-        kind=kind, lang=lang, L=table, C=_label_file(lang)["common"], css=stylesheet(),
-        generated=time.strftime("%Y-%m-%d %H:%M:%S"), **context)
+        kind=kind, lang=lang, html_lang=HTML_LANG.get(lang, lang), L=table, C=_label_file(lang)["common"],
+        css=stylesheet(), generated=time.strftime("%Y-%m-%d %H:%M:%S"), **context)
 
 
 def write(path: "str | Path", kind: str, lang: str = "en", **context) -> Path:

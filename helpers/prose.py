@@ -269,6 +269,15 @@ def environment(renderer: Renderer, lang: str = "en"):
         return table[key]
 
     env.filters["say"] = say
+
+    def label(key: Any, table: str) -> str:
+        """A recorded key (a verdict class, a status) in the template's language: the pages' word for
+        it (``{{ c.verdict_class | label("common.verdict_classes") }}``, ``helpers.pages``)."""
+        from . import pages
+
+        return pages.say(table, _plain(key), lang)
+
+    env.filters["label"] = label
     env.tests["startswith"] = lambda value, prefix: str(_plain(value)).startswith(prefix)
     return env
 

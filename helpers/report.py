@@ -200,12 +200,40 @@ def plot_verdicts(verdict_table):
     return fig
 
 
+def verdict_legend(lang: str = "en"):
+    """The verdict classes and what each means, in ``lang`` (chapter 08's legend, the pages' words).
+
+    In another language than English the classes' keys (``helpers.claims.VERDICT_CLASSES``, the
+    words the chapter's tables hold in their ``verdict_class`` column) are the index, beside their names.
+    """
+    import pandas as pd
+
+    from .claims import VERDICT_CLASSES
+
+    words = pages.labels("claims", lang)
+    names = [pages.say("common.verdict_classes", c, lang) for c in VERDICT_CLASSES]
+    table = pd.DataFrame({words["class"]: names,
+                          words["meaning"]: [pages.say("common.class_meanings", c, lang) for c in VERDICT_CLASSES]})
+    if names != list(VERDICT_CLASSES):
+        table.index = pd.Index(list(VERDICT_CLASSES), name="verdict_class")
+    return table
+
+
+def without_gloss(text: str) -> str:
+    """A heading of the claims table without its English gloss: ``第二步：RMSNorm 性能验证`` from
+    ``第二步：RMSNorm 性能验证 (step 2: RMSNorm performance)`` (a Chinese page shows the guide's own words)."""
+    import re
+
+    return re.sub(r"\s*\([^()]*[A-Za-z][^()]*\)\s*$", "", str(text)) or str(text)
+
+
 def write_claims_report(path: "str | Path", runs_named: str, audit, runs=None, status=None, sources=(),
                         figures=None, plots=(), lang: str = "en") -> Path:
     """``claims_report.html``: the verdict legend with counts, every claim grouped by guide and section
     (quote, gloss, badge, what decided it), then the runs, chapter statuses, key figures and plots."""
-    from .claims import CLASS_COLOURS, GUIDES, VERDICT_CLASSES, verdict_counts
+    from .claims import CLASS_COLOURS, GUIDES, verdict_counts
 
+    heading = str if lang == "en" else without_gloss
     groups = []
     for seed, by_seed in audit.groupby("seed", sort=False):
         sections = []
@@ -214,10 +242,10 @@ def write_claims_report(path: "str | Path", runs_named: str, audit, runs=None, s
             for r in records:
                 op = parse_args(r.get("args", "")).get("op", "") if r.get("rule") == "threshold" else ""
                 r["shown_value"] = f"{op} {r['claimed_value']} {r.get('unit', '')}".strip()
-            sections.append((section, records))
-        groups.append((GUIDES.get(seed, seed), sections))
+            sections.append((heading(section), records))
+        groups.append((heading(GUIDES.get(seed, seed)), sections))
     return pages.write(path, "claims", lang, runs_named=runs_named, groups=groups, counts=verdict_counts(audit),
-                       meanings=VERDICT_CLASSES, colours=CLASS_COLOURS, runs=runs, status=status,
+                       colours=CLASS_COLOURS, runs=runs, status=status,
                        sources=sources, figures=figures, plots=[f for f in plots if f is not None])
 
 
@@ -251,6 +279,8 @@ def key_figure_label(key: str, lang: str = "en") -> tuple[str, str]:
     for prefix in sorted((k for k in labels if "{}" in labels[k]), key=len, reverse=True):
         if key.startswith(prefix) and len(key) > len(prefix):
             ending = key[len(prefix):].lstrip("_").replace("_", " ")
+            # claims_<class>: the verdict class in the page's language
+            ending = pages.say("common.verdict_classes", ending, lang)
             return labels[prefix].format(ending), FIGURE_DIRECTIONS.get(prefix, "")
     return key.replace("_", " "), ""
 
@@ -282,18 +312,23 @@ def describe_key_figure(key: str, entry: dict, lang: str = "en") -> dict:
     """What the index prints for one figure: label, rounded value with unit, direction, context."""
     label, direction = key_figure_label(key, lang)
     unit = str(entry.get("unit") or "")
-    value = round_figure(entry.get("value"))
-    unit = UNIT_WORDS.get(unit, unit)
-    shown = f"{value}{unit}" if unit in ("×", "%") else f"{value} {unit}".strip()
-    context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape") if entry.get(k))
+    raw = entry.get("value")
+    value = round_figure(raw) if not isinstance(raw, bool) else pages.say(
+        "common", "boolean_yes" if raw else "boolean_no", lang)
     labels = pages.labels("index", lang)
+    unit = UNIT_WORDS.get(unit, unit)
+    shown_unit = labels["units"].get(unit, unit)  # a counted word (claims) in the page's language
+    shown = f"{value}{unit}" if unit in ("×", "%") else f"{value} {shown_unit}".strip()
+    context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape") if entry.get(k))
     spread = ""
     low, high = entry.get("low"), entry.get("high")
     if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not isinstance(low, bool):
-        spread = labels["spread"].format(low=round_figure(float(low)), high=round_figure(float(high)))
+        bounds = {"low": round_figure(float(low)), "high": round_figure(float(high))}
         if unit == "×" and decide.direction(low, high) == decide.SAME:
-            spread += ": " + labels["within_noise"]  # a ratio whose spread holds 1: no direction to read
-        spread = f"({spread})"
+            # a ratio whose spread holds 1: no direction to read
+            spread = labels["spread_noise"].format(**bounds, noise=labels["within_noise"])
+        else:
+            spread = labels["spread"].format(**bounds)
     return {"key": key, "label": label, "value": shown, "context": context, "spread": spread,
             "direction": labels[direction] if direction else ""}
 

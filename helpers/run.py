@@ -284,7 +284,7 @@ def refresh_index(run_dir: Path, run: dict) -> Optional[Path]:
 def write_index(run_dir: Path, run: dict) -> Path:
     """``index.html``: every chapter of the run folder (``helpers.results.read_run``), as the runner sees it."""
     from . import pages
-    from .claims import CLASS_COLOURS, VERDICT_CLASSES
+    from .claims import CLASS_COLOURS
     from .report import describe_key_figure, index_verdict_counts
 
     folder = read_run(run_dir, run=run)
@@ -311,7 +311,7 @@ def write_index(run_dir: Path, run: dict) -> Path:
                          "links": [(text[f"link_{kind}"], solution[k]) for kind, k in
                                    (("notebook", "output"), ("html", "html")) if solution.get(k)]})
     return pages.write(Path(run_dir) / "index.html", "index", lang=lang, folder=folder, run=folder.run, rows=rows,
-                       counts=index_verdict_counts(folder), meanings=VERDICT_CLASSES, colours=CLASS_COLOURS,
+                       counts=index_verdict_counts(folder), colours=CLASS_COLOURS,
                        report_chapter=REPORT_CHAPTER)
 
 

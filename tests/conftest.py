@@ -111,3 +111,42 @@ def quick_run(tmp_path_factory):
     run_dir = reports / "quick"
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
     return {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out}
+
+
+# The Chinese edition's quick run: two chapters that measure something, and the report chapter, whose
+# claims report and verdict counts the browser test reads. One run, without the answers (their code is
+# the English edition's, which the English quick run executes); the model cache is the English run's
+# (WORKBOOK_CACHE or the repository's .cache/, already converted by then), so nothing is converted twice.
+ZH_QUICK_CHAPTERS = ("01_operator_verification", "03_end_to_end", "08_report")
+ZH_EDITION = REPO / "notebooks" / "zh"
+
+
+def zh_quick_chapters() -> list[str]:
+    """The chapters of the Chinese quick run: those of ``ZH_QUICK_CHAPTERS`` whose Chinese edition is in
+    this tree (tests/test_notebooks.py fails when fewer than two measuring chapters are)."""
+    return [name for name in ZH_QUICK_CHAPTERS if (ZH_EDITION / f"{name}.ipynb").exists()]
+
+
+@pytest.fixture(scope="session")
+def zh_quick_run(tmp_path_factory):
+    """The Chinese edition of ``zh_quick_chapters()`` run once with the ``quick`` profile (``--lang zh``)."""
+    chapters = zh_quick_chapters()
+    reports = tmp_path_factory.mktemp("reports-zh")
+    run_dir = reports / "quick-zh"
+    if not chapters:
+        return {"proc": SimpleNamespace(returncode=None, stdout="", stderr="no Chinese chapter in notebooks/zh"),
+                "run_dir": run_dir, "run": None, "timed_out": "", "chapters": chapters}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "helpers.run", "--profile", "quick", "--lang", "zh", "--run-id", "quick-zh",
+             "--reports-dir", str(reports), "--only", *chapters],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        )
+        timed_out = ""
+    except subprocess.TimeoutExpired as exc:
+        timed_out = f" (the run was stopped after {RUN_TIMEOUT_S} s, WORKBOOK_TEST_RUN_TIMEOUT)"
+        proc = SimpleNamespace(returncode=None, stdout=str(exc.stdout or ""), stderr=timed_out)
+    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
+    return {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out, "chapters": chapters}
+

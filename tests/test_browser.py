@@ -4,6 +4,12 @@ Checks that ``index.html`` and the report chapter's ``claims_report.html`` need 
 horizontal scrolling at 1280 px and that every verdict on them carries its class in a
 ``data-verdict-class`` attribute (so colours and filters never depend on the verdict's wording): those
 of a hand-made partial run in the unit tests, those of the quick run with the notebooks.
+The Chinese pages (a hand-made partial run with ``lang="zh"``, and the Chinese edition's quick run)
+are checked the same way, and their Chinese text must be drawn with a font that has the glyphs: the
+probe draws every CJK character of the page on a canvas in the font of its element and compares it
+with a character no font has (a missing-glyph box, "tofu"), pixel by pixel, and checks that it is
+full-width. Without a CJK font (Debian: ``fonts-noto-cjk``, which ``.ci/run`` installs) it fails; a
+test renders a page with the CJK fonts hidden from fontconfig to prove that.
 Outside CI the test skips when Chromium is missing; in CI (``CI`` set) a missing browser fails it.
 """
 from __future__ import annotations
@@ -36,10 +42,35 @@ PROBE = """<script>window.addEventListener("load", function () {
   var countCells = document.querySelectorAll("table.verdicts td:first-child");
   var untaggedCounts = 0;
   countCells.forEach(function (el) { if (!el.hasAttribute("data-verdict-class")) untaggedCounts += 1; });
+  // CJK text: each character drawn in its element's font, compared with a code point no font has.
+  var canvas = document.createElement("canvas"), size = 40;
+  canvas.width = canvas.height = 2 * size;
+  var g = canvas.getContext("2d");
+  function pixels(ch, font) {
+    g.font = size + "px " + font;
+    g.clearRect(0, 0, canvas.width, canvas.height);
+    g.fillText(ch, 4, 1.4 * size);
+    return Array.prototype.join.call(g.getImageData(0, 0, canvas.width, canvas.height).data, "");
+  }
+  var cjk = /[\\u3400-\\u4dbf\\u4e00-\\u9fff]/, seen = {}, missing = {}, chars = 0, tofu = [], narrow = [];
+  var walker = document.createTreeWalker(body || root, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode() && chars < 400) {
+    var node = walker.currentNode, parent = node.parentElement;
+    if (!parent || !cjk.test(node.nodeValue)) continue;
+    var font = getComputedStyle(parent).fontFamily;
+    if (!(font in missing)) missing[font] = pixels("\\uDBFF\\uDFFD", font);  // U+10FFFD: no font has it
+    for (var ch of node.nodeValue) {
+      if (!cjk.test(ch) || seen[ch + font]) continue;
+      seen[ch + font] = true; chars += 1;
+      if (pixels(ch, font) === missing[font]) tofu.push(ch);
+      else if (g.measureText(ch).width < 0.9 * size) narrow.push(ch);  // an ideograph is one em wide
+    }
+  }
   root.setAttribute("data-probe", JSON.stringify({
     scrollWidth: Math.max(root.scrollWidth, body ? body.scrollWidth : 0),
     clientWidth: root.clientWidth, innerWidth: window.innerWidth,
-    tagged: tagged.length, emptyClass: empty, classes: classes, untaggedCounts: untaggedCounts}));
+    tagged: tagged.length, emptyClass: empty, classes: classes, untaggedCounts: untaggedCounts,
+    lang: root.getAttribute("lang"), cjkChars: chars, tofu: tofu.join(""), narrow: narrow.join("")}));
 });</script>"""
 
 
@@ -62,8 +93,9 @@ def chromium():
     return path
 
 
-def probe_page(chromium: str, page: Path, width: int = WIDTH) -> dict:
-    """Load a copy of ``page`` (next to it, so relative links resolve) and read the probe's numbers."""
+def probe_page(chromium: str, page: Path, width: int = WIDTH, env: Optional[dict] = None) -> dict:
+    """Load a copy of ``page`` (next to it, so relative links resolve) and read the probe's numbers
+    (``env``: the browser's environment, e.g. another fontconfig)."""
     text = page.read_text(encoding="utf-8")
     probed = text.replace("</body>", PROBE + "</body>") if "</body>" in text else text + PROBE
     copy = page.with_name(f".probe-{page.name}")
@@ -75,7 +107,7 @@ def probe_page(chromium: str, page: Path, width: int = WIDTH) -> dict:
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size={width},900",
              "--virtual-time-budget=5000", "--dump-dom", copy.resolve().as_uri()],
-            capture_output=True, text=True, timeout=180)
+            capture_output=True, text=True, timeout=180, env=env)
     finally:
         copy.unlink()
         shutil.rmtree(profile, ignore_errors=True)
@@ -89,6 +121,16 @@ def assert_fits(numbers: dict, name: str) -> None:
     assert numbers["scrollWidth"] <= numbers["clientWidth"], (
         f"{name} scrolls sideways at {WIDTH} px: content is {numbers['scrollWidth']} px wide, "
         f"the window shows {numbers['clientWidth']} px")
+
+
+def assert_chinese_shown(numbers: dict, name: str, at_least: int = 20) -> None:
+    """A Chinese page, whose Chinese text is drawn with real glyphs: no tofu, every ideograph full-width."""
+    assert numbers["lang"] == "zh-CN", f"{name} is not marked as a Chinese page: lang={numbers['lang']!r}"
+    assert numbers["cjkChars"] >= at_least, f"{name} shows only {numbers['cjkChars']} distinct CJK characters"
+    assert not numbers["tofu"], (
+        f"{name}: {len(numbers['tofu'])} of {numbers['cjkChars']} CJK characters are drawn as missing-glyph boxes "
+        f"({numbers['tofu'][:40]}): install a CJK font (Debian: apt-get install fonts-noto-cjk)")
+    assert not numbers["narrow"], f"{name}: CJK characters drawn narrower than one em: {numbers['narrow'][:40]}"
 
 
 def test_the_probe_sees_overflow_and_untagged_verdicts(chromium, tmp_path):
@@ -153,3 +195,94 @@ def test_the_pages_of_a_partial_run_fit_and_tag_every_verdict(chromium, tmp_path
     numbers = probe_page(chromium, index)
     assert_fits(numbers, index.name)
     assert numbers["untaggedCounts"] == 0 and numbers["tagged"] == 2 * len(claims.VERDICT_CLASSES)
+
+
+# --- the Chinese pages ---------------------------------------------------------------------------
+
+SAMPLE_ZH = ('<!doctype html><html lang="zh-CN"><head><meta charset="utf-8"><style>{css}</style></head><body>'
+             "<p>说法审查与运行报告：每条说法及其判定，按指南章节分组。首 token 时延与解码吞吐。</p></body></html>")
+
+
+def _fontconfig_without_cjk(tmp_path: Path) -> dict:
+    """An environment whose fontconfig hides every font that covers Chinese (the machine's other fonts stay)."""
+    if shutil.which("fc-list") is None:
+        pytest.skip("fc-list (fontconfig) is missing: cannot hide the CJK fonts from the browser")
+    conf = tmp_path / "fonts.conf"
+    conf.write_text(f"""<?xml version="1.0"?>
+<!DOCTYPE fontconfig SYSTEM "fonts.dtd">
+<fontconfig>
+  <include ignore_missing="yes">/etc/fonts/fonts.conf</include>
+  <selectfont><rejectfont><pattern><patelt name="lang"><string>zh-cn</string></patelt></pattern></rejectfont></selectfont>
+  <cachedir>{tmp_path / "fontconfig-cache"}</cachedir>
+</fontconfig>
+""")
+    env = {**os.environ, "FONTCONFIG_FILE": str(conf)}
+    left = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True, env=env).stdout.strip()
+    if left or not subprocess.run(["fc-list"], capture_output=True, text=True, env=env).stdout.strip():
+        pytest.skip(f"could not hide the CJK fonts and keep the others (left: {left[:200]!r})")
+    return env
+
+
+def test_the_probe_sees_tofu_when_no_font_has_the_glyphs(chromium, tmp_path):
+    """The CJK check must be able to fail: with the CJK fonts hidden, Chinese text is missing-glyph boxes."""
+    from helpers import pages
+
+    page = tmp_path / "zh.html"
+    page.write_text(SAMPLE_ZH.format(css=pages.stylesheet()), encoding="utf-8")
+    shown = probe_page(chromium, page)
+    assert_chinese_shown(shown, page.name)
+    hidden = probe_page(chromium, page, env=_fontconfig_without_cjk(tmp_path))
+    assert hidden["cjkChars"] == shown["cjkChars"] and len(hidden["tofu"]) == hidden["cjkChars"], hidden
+    with pytest.raises(AssertionError, match="missing-glyph boxes"):
+        assert_chinese_shown(hidden, page.name)
+
+
+def test_the_chinese_pages_of_a_partial_run_fit_and_show_their_text(chromium, tmp_path):
+    """Without the notebooks: the Chinese index and claims report of a hand-made partial run."""
+    from test_report import make_partial_run
+
+    from helpers import report, run
+
+    run_dir = make_partial_run(tmp_path / "partial-zh")
+    folder = read_run(run_dir, expected=workbook_chapters())
+    audit = claims.verdicts(run_dir)
+    page = report.write_claims_report(run_dir / REPORT_CHAPTER / "claims_report.html", "partial-zh", audit,
+                                      status=folder.status_table(), figures=report.key_figures(folder.results()),
+                                      plots=[report.plot_verdicts(audit)], lang="zh")
+    numbers = probe_page(chromium, page)
+    assert_fits(numbers, page.name)
+    assert numbers["tagged"] == len(claims.VERDICT_CLASSES) + len(audit) and numbers["emptyClass"] == 0
+    assert set(numbers["classes"]) <= set(claims.VERDICT_CLASSES)
+    assert_chinese_shown(numbers, page.name, at_least=200)
+    res = Results(REPORT_CHAPTER, run_dir)
+    res.table("verdict_counts", [{"verdict_class": c, "claims": n} for c, n in claims.verdict_counts(audit).items()])
+    res.finish()
+    data = {**json.loads((run_dir / "run.json").read_text()), "lang": "zh"}
+    index = run.write_index(run_dir, data)
+    numbers = probe_page(chromium, index)
+    assert_fits(numbers, index.name)
+    assert numbers["untaggedCounts"] == 0 and numbers["tagged"] == 2 * len(claims.VERDICT_CLASSES)
+    assert_chinese_shown(numbers, index.name)
+
+
+@pytest.mark.notebooks
+def test_the_chinese_index_fits_1280px_and_shows_chinese(chromium, zh_quick_run):
+    index = zh_quick_run["run_dir"] / "index.html"
+    assert index.exists(), zh_quick_run["proc"].stdout[-3000:] + zh_quick_run["proc"].stderr[-3000:]
+    numbers = probe_page(chromium, index)
+    assert_fits(numbers, "index.html (zh)")
+    assert_chinese_shown(numbers, "index.html (zh)")
+    assert numbers["untaggedCounts"] == 0 and numbers["emptyClass"] == 0, numbers
+    assert numbers["tagged"] > 0, f"the Chinese index shows no verdict counts by class ({REPORT_CHAPTER} is in the run)"
+
+
+@pytest.mark.notebooks
+def test_the_chinese_claims_report_fits_1280px_and_shows_chinese(chromium, zh_quick_run):
+    page = zh_quick_run["run_dir"] / REPORT_CHAPTER / "claims_report.html"
+    assert page.exists(), f"the Chinese {REPORT_CHAPTER} wrote no claims_report.html in its quick run"
+    numbers = probe_page(chromium, page)
+    assert_fits(numbers, "claims_report.html (zh)")
+    assert_chinese_shown(numbers, "claims_report.html (zh)", at_least=200)
+    assert numbers["tagged"] >= len(claims.load_claims()) and numbers["emptyClass"] == 0, numbers
+    assert set(numbers["classes"]) <= set(claims.VERDICT_CLASSES)
+

@@ -5,6 +5,8 @@ browser test; about 10 minutes on 2 cores); each notebook is then its own
 test, so one failing chapter is reported by name while the others still count. Solutions run
 with ``--solutions``, each right after its chapter, and are tested one by one too, so an answer
 that stops working fails CI (whether every exercise has an answer is checked in test_hygiene).
+The Chinese edition's quick run (``zh_quick_run``: chapters 01, 03 and 08 of ``notebooks/zh``) is
+checked here too: the Chinese notebooks ran, and they recorded what the English ones recorded.
 """
 from __future__ import annotations
 
@@ -162,6 +164,55 @@ def test_killing_the_kernel_mid_sweep_stops_the_real_vllm_server(quick_run, tmp_
     port = f"--port {server['port']}"
     assert not [p.pid for p in psutil.process_iter(["cmdline"])
                 if "vllm.entrypoints" in " ".join(p.info["cmdline"] or []) and port in " ".join(p.info["cmdline"] or [])]
+
+
+# --- the Chinese edition (notebooks/zh): the same code, so the same figures, in Chinese prose -------
+
+MEASURING = [name for name in NOTEBOOKS if name not in ("00_environment_check", "08_report")]
+
+
+def _zh_entries(zh_quick_run):
+    run = zh_quick_run["run"]
+    assert run is not None, zh_quick_run["proc"].stdout[-3000:] + zh_quick_run["proc"].stderr[-3000:]
+    return run, {e["notebook"]: e for e in run["notebooks"]}
+
+
+def test_the_chinese_edition_runs_two_measuring_chapters(zh_quick_run):
+    measuring = [c for c in zh_quick_run["chapters"] if c in MEASURING]
+    assert len(measuring) >= 2, (
+        f"make test runs the Chinese edition of {zh_quick_run['chapters']}: it needs two chapters that "
+        "measure something (01_operator_verification and 03_end_to_end) in notebooks/zh")
+
+
+def test_the_chinese_quick_run_executed_the_chinese_notebooks(zh_quick_run):
+    run, entries = _zh_entries(zh_quick_run)
+    assert run["lang"] == "zh" and list(entries) == zh_quick_run["chapters"], (run.get("lang"), list(entries))
+    for name, entry in entries.items():
+        assert entry["status"] == "ok", f"notebooks/zh/{name}: {entry.get('error')}{zh_quick_run['timed_out']}"
+        results = json.loads((zh_quick_run["run_dir"] / name / "results.json").read_text())
+        assert results["status"] == "ok" and results["parameters"]["lang"] == "zh", results["parameters"]
+        assert_key_figures_are_measured(results, f"zh/{name}")
+        # the notebook that ran is the Chinese edition (its markdown), and lang=auto resolved to zh above,
+        # so its summaries came from the chapter's .zh.md.j2 template
+        executed = json.loads((zh_quick_run["run_dir"] / f"{name}.ipynb").read_text(encoding="utf-8"))
+        source = json.loads((REPO / "notebooks" / "zh" / f"{name}.ipynb").read_text(encoding="utf-8"))
+        assert _markdown(executed) == _markdown(source), f"{name}: the executed notebook is not notebooks/zh/{name}"
+
+
+def _markdown(nb: dict) -> list[str]:
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+
+
+def test_the_chinese_run_records_the_figures_of_the_english_run(quick_run, zh_quick_run):
+    """Same code, so the same figures (names and units, the same tables): only the words around them
+    differ. (Values and the implementation a ranking picks are measurements, so they may differ.)"""
+    _, entries = _zh_entries(zh_quick_run)
+    for name in (n for n in entries if n in MEASURING):
+        zh = json.loads((zh_quick_run["run_dir"] / name / "results.json").read_text())
+        en = json.loads((quick_run["run_dir"] / name / "results.json").read_text())
+        assert zh["key_figures"] == en["key_figures"], name
+        assert {k: m.get("unit") for k, m in zh["metrics"].items()} == {k: m.get("unit") for k, m in en["metrics"].items()}, name
+        assert set(zh["tables"]) == set(en["tables"]), name
 
 
 def _group(pgid):
