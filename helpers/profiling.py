@@ -19,6 +19,8 @@ On an NPU the same host-side count applies (each dispatched op launches at least
 """
 from __future__ import annotations
 
+import statistics
+
 import os
 import sys
 from collections import Counter
@@ -190,7 +192,7 @@ def _kernel_ms_by_name(fn: Callable[[], object], device) -> dict:
     return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages() if e.self_cpu_time_total > 0}
 
 
-def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="cpu") -> dict:
+def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="cpu", repeats: int = 3) -> dict:
     """Kernel time per decode token by kind, from the same split as the decode timing.
 
     ``run(n)`` generates ``n`` tokens exactly as the timed measurement does (same cache, same
@@ -198,21 +200,34 @@ def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="c
     the difference divided by ``new_tokens - 1`` is what one decode step spends in each kind:
     ``weight_matmul_ms``, ``attention_ms``, ``other_kernel_ms``. On a CPU these are self CPU times
     of each operator or generated kernel; on CUDA device kernel times. The NPU needs
-    ``torch_npu.profiler``; there the result says so instead of a figure.
+    ``torch_npu.profiler``; there the result says so instead of a figure. Each of the two runs is
+    profiled ``repeats`` times, alternating, and the median per kind is used: one profiled run of a
+    busy machine can take longer than a longer one, and the difference of single runs can come out
+    negative.
     """
     if getattr(device, "type", str(device).split(":")[0]) == "npu":
         return {"kernel_profile": "not measured: the NPU's kernel times need torch_npu.profiler"}
     device = as_device(device)
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
         raise ValueError(f"new_tokens={new_tokens!r} is not valid; it must be an integer >= 2")
-    one, full = _kernel_ms(lambda: run(1), device), _kernel_ms(lambda: run(new_tokens), device)
-    per_token = {kind: (full["ms"].get(kind, 0.0) - one["ms"].get(kind, 0.0)) / (new_tokens - 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} is not valid; it must be an integer >= 1")
+    ones, fulls = [], []
+    for _ in range(repeats):
+        ones.append(_kernel_ms(lambda: run(1), device))
+        fulls.append(_kernel_ms(lambda: run(new_tokens), device))
+    full = fulls[-1]
+
+    def median_ms(runs, kind):
+        return statistics.median(r["ms"].get(kind, 0.0) for r in runs)
+
+    per_token = {kind: (median_ms(fulls, kind) - median_ms(ones, kind)) / (new_tokens - 1)
                  for kind in ("weight matmul", "attention", "other")}
     return {"weight_matmul_ms": per_token["weight matmul"], "attention_ms": per_token["attention"],
             "other_kernel_ms": per_token["other"],
             "matmul_kernels": ", ".join(sorted(full["matmul_kernels"])),
             "kernel_profile": "torch.profiler self " + ("device" if device.type == "cuda" else "CPU")
-                              + f" time, (generate {new_tokens} - generate 1) / {new_tokens - 1}"}
+                              + f" time, (generate {new_tokens} - generate 1) / {new_tokens - 1}, medians of {repeats}"}
 
 
 def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False,
