@@ -19,9 +19,8 @@ On an NPU the same host-side count applies (each dispatched op launches at least
 """
 from __future__ import annotations
 
-import statistics
-
 import os
+import statistics
 import sys
 from collections import Counter
 from contextlib import contextmanager
