@@ -806,6 +806,52 @@ def environment_report(device=None) -> dict:
     return report
 
 
+def environment_table(report: dict):
+    """An ``environment_report`` as a two-column table (``fact``, ``value``), the way chapter 00
+    shows it: a reader sees what is installed and what is missing without reading a dict. The
+    memory row says whose memory it is (host RAM on a CPU, the device's own on an NPU / GPU)."""
+    import pandas as pd
+
+    props = report.get("device_properties") or {}
+    on_cpu = str(report.get("device", "cpu")).startswith("cpu")
+    memory = props.get("total_memory_bytes")
+    rows = [("python", report.get("python")), ("torch", report.get("torch")),
+            ("transformers", report.get("transformers")),
+            ("torch_npu", report.get("torch_npu") or f"not loaded ({report.get('torch_npu_error')})"),
+            ("CANN", report.get("cann") or "not found"), ("CUDA", report.get("cuda") or "not used"),
+            ("device", report.get("device")), ("device name", props.get("name")),
+            ("device count", props.get("count")),
+            ("host RAM (GiB)" if on_cpu else "device memory (GiB)",
+             round(memory / 2**30, 1) if memory else None),
+            ("CPU", report.get("cpu_model")), ("torch threads", report.get("torch_threads")),
+            ("workbook commit", report.get("workbook_commit"))]
+    return pd.DataFrame(rows, columns=["fact", "value"]).astype({"value": str})
+
+
+def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
+    """``choose_dtype``'s timed rows with each dtype's step time as a ratio of ``baseline``'s, for
+    decode and for prefill, with the conservative spread of ``bench.speedup``: ``(candidate p10 /
+    baseline p90, candidate p90 / baseline p10)``. That spread lies wholly below 1 exactly when
+    ``faster_beyond_spread`` holds, so ``decide.time_ratio_direction`` on it says what the choice
+    saw. A row with a ``problem`` (a dtype that does not run correctly here) keeps it and no times."""
+    import pandas as pd
+
+    by = {r["dtype"]: r for r in rows}
+    base = by.get(baseline)
+    out = []
+    for r in rows:
+        row = {k: r.get(k) for k in ("dtype", "decode_ms", "decode_p10_ms", "decode_p90_ms", "decode_gbps",
+                                     "prefill_ms", "prefill_p10_ms", "prefill_p90_ms", "prefill_tokens",
+                                     "problem")}
+        if base is not None and not r.get("problem") and "decode_ms" in r:
+            for phase in ("decode", "prefill"):
+                row[f"{phase}_time_ratio"] = r[f"{phase}_ms"] / base[f"{phase}_ms"]
+                row[f"{phase}_ratio_low"] = r[f"{phase}_p10_ms"] / base[f"{phase}_p90_ms"]
+                row[f"{phase}_ratio_high"] = r[f"{phase}_p90_ms"] / base[f"{phase}_p10_ms"]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def base_version(version: str) -> tuple[int, int, int]:
     """'2.1.0.post10' / '2.13.0+cpu' -> (2, 1, 0)."""
     numbers = [int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3]]

@@ -25,6 +25,8 @@ from .results import Results
 
 # Parameters every chapter declares; they go to the runner, not to results.json's parameters.
 RUNNER_PARAMETERS = ("run_dir", "profile")
+# The chapter that measures dtype=auto and records it for the run (the others reuse its record).
+DTYPE_CHAPTER = "00_environment_check"
 
 
 @dataclass
@@ -39,6 +41,9 @@ class Chapter:
     results: Results
     parameters: dict = field(default_factory=dict)
     lang: str = "en"
+    # dtype=auto's backend.DtypeChoice, with the timed rows when it was measured; None when the
+    # dtype parameter set the dtype
+    dtype_choice: Any = None
 
     @property
     def DEV(self) -> str:  # noqa: N802  (the short names the chapters print)
@@ -118,18 +123,27 @@ def edition_language(lang: str = "auto") -> str:
     return "zh" if Path.cwd().name == "zh" else "en"
 
 
-def resolve_dtype(parameters: dict, device) -> tuple[Any, str, str]:
+def auto_dtype_choice(parameters: dict, device, *, reuse: bool = True):
+    """``backend.choose_dtype`` when the ``dtype`` parameter is ``auto``, else None. ``reuse=False``
+    measures now instead of reading this run's record (chapter 00, which makes that record)."""
+    requested = parameters.get("dtype", "auto")
+    if isinstance(requested, str) and requested.strip().lower() == "auto":
+        return backend.choose_dtype(device, parameters.get("model") or None,
+                                    run_dir=parameters.get("run_dir") or None, reuse=reuse)
+    return None
+
+
+def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any, str, str]:
     """``(dtype, reason, source)`` of a chapter. ``dtype=auto`` is ``backend.choose_dtype``: on a CPU
     the choice chapter 00 measured and recorded in this run (``run_dir``, else the runner's
     ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level and thread count, else measured
     now at the ``model`` parameter's shapes; so every chapter of a run works in the same dtype, the
     one chapters 05 and 06 get from ``backend.parse_dtype`` too."""
-    requested = parameters.get("dtype", "auto")
-    if isinstance(requested, str) and requested.strip().lower() == "auto":
-        picked = backend.choose_dtype(device, parameters.get("model") or None,
-                                      run_dir=parameters.get("run_dir") or None)
+    picked = auto_dtype_choice(parameters, device, reuse=reuse)
+    if picked is not None:
         return picked.dtype, picked.reason, picked.source
-    return backend.parse_dtype(requested, device), "set by the dtype parameter", "the dtype parameter"
+    return backend.parse_dtype(parameters.get("dtype", "auto"), device), "set by the dtype parameter", \
+        "the dtype parameter"
 
 
 def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,
@@ -145,7 +159,10 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     parameters = params.check_all(parameters, checks)
     lang = edition_language(parameters.get("lang", lang))
     choice = backend.pick_device(parameters.get("device", "auto"))
-    dtype, dtype_reason, dtype_source = resolve_dtype(parameters, choice.device)
+    # chapter 00 measures dtype=auto afresh (it writes the record the other chapters read)
+    picked = auto_dtype_choice(parameters, choice.device, reuse=name != DTYPE_CHAPTER)
+    dtype, dtype_reason, dtype_source = ((picked.dtype, picked.reason, picked.source) if picked else
+                                         resolve_dtype(parameters, choice.device))
     kept = {k: v for k, v in parameters.items() if k not in RUNNER_PARAMETERS}
     kept["lang"] = lang
     kept["profile"] = parameters.get("profile", "interactive")
@@ -160,7 +177,8 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     contention = cpu_contention(choice.device)
     if contention:
         results.note(contention)
-    chapter = Chapter(name, choice.device, choice.reason, dtype, dtype_reason, results, dict(parameters), lang)
+    chapter = Chapter(name, choice.device, choice.reason, dtype, dtype_reason, results, dict(parameters), lang,
+                      picked)
     _show_choice(chapter, contention)
     return chapter
 

@@ -331,3 +331,52 @@ def test_npu_and_cuda_keep_float16_without_measuring(monkeypatch):
     monkeypatch.setattr(backend, "measure_cpu_dtype", lambda *a, **k: pytest.fail("measured"))
     monkeypatch.setattr(backend, "as_device", lambda d: _FakeDevice("cuda"))
     assert backend.choose_dtype("cuda").dtype == torch.float16
+
+
+@pytest.mark.parametrize("rows, chosen", [
+    ([_row("float32", 52.0), _row("bfloat16", 20.0), _row("float16", 20.5)], "bfloat16"),  # bf16 clear
+    ([_row("float32", 20.0, spread=2), _row("bfloat16", 19.0, spread=2), _row("float16", 30.0)], "float32"),
+    ([_row("float32", 18.0), _row("bfloat16", 30.0), _row("float16", 29.0)], "float32"),  # 16-bit slower
+])
+def test_the_probe_table_says_what_the_choice_saw(rows, chosen):
+    from helpers import decide
+
+    table = backend.dtype_probe_table(rows)
+    said = {r.dtype: decide.time_ratio_direction(r.decode_ratio_low, r.decode_ratio_high)
+            for r in table.itertuples() if r.dtype != "float32"}
+    assert backend.pick_cpu_dtype(rows)[0] == chosen
+    if chosen == "float32":
+        assert decide.FASTER not in said.values()
+    else:
+        assert said[chosen] == decide.FASTER
+    base = table[table.dtype == "float32"].iloc[0]
+    assert base.decode_time_ratio == 1.0 and base.decode_ratio_low < 1 < base.decode_ratio_high
+    if rows[1]["decode_ms"] == 19.0:  # overlapping spreads: no direction
+        assert said["bfloat16"] == decide.SAME
+
+
+def test_the_probe_table_keeps_a_dtype_that_did_not_run_without_times():
+    rows = [_row("float32", 52.0), {"dtype": "float16", "problem": "differs from float32 by 3"}]
+    table = backend.dtype_probe_table(rows)
+    row = table[table.dtype == "float16"].iloc[0]
+    assert row.problem == "differs from float32 by 3" and pd_isna(row.decode_time_ratio)
+    assert backend.dtype_probe_table([]).empty
+
+
+def pd_isna(value):
+    import pandas as pd
+
+    return pd.isna(value)
+
+
+def test_the_environment_table_names_host_ram_on_a_cpu_and_device_memory_elsewhere():
+    report = {"python": "3.11.7", "torch": "2.13.0+cpu", "torch_npu": None,
+              "torch_npu_error": "torch_npu is not installed", "cann": None, "cuda": None, "device": "cpu",
+              "device_properties": {"name": "Some CPU", "count": 1, "total_memory_bytes": 24 * 2**30},
+              "cpu_model": "Some CPU", "torch_threads": 2, "workbook_commit": "abc1234", "transformers": "5.0"}
+    table = backend.environment_table(report).set_index("fact")["value"]
+    assert table["host RAM (GiB)"] == "24.0" and "device memory (GiB)" not in table
+    assert table["torch_npu"] == "not loaded (torch_npu is not installed)" and table["CANN"] == "not found"
+    npu = backend.environment_table({**report, "device": "npu:0", "torch_npu": "2.1.0.post10"})
+    npu = npu.set_index("fact")["value"]
+    assert npu["device memory (GiB)"] == "24.0" and npu["torch_npu"] == "2.1.0.post10"

@@ -1,0 +1,154 @@
+"""Chapter 00's template, rendered from a real quick run and from variants of it for other outcomes.
+
+The fixture is the ``results.json`` of a quick-profile run of ``00_environment_check`` on a CPU
+whose ``dtype=auto`` chose bfloat16. The variants change what a branch of the template depends on:
+float32 kept because the spreads overlap, float32 kept because the 16-bit dtypes are slower, no
+16-bit dtype that runs, a dtype set by the parameter, an NPU (float16 without timing, a torch_npu
+line that lacks ops) and a noisy bandwidth. In audit mode every figure is marked with its source;
+the checks hold for every block of every variant, in both languages.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import backend, decide, prose
+
+REPO = Path(__file__).resolve().parent.parent
+CHAPTER = "00_environment_check"
+FIXTURE = REPO / "tests" / "fixtures" / "runs" / "cpu-quick" / CHAPTER / "results.json"
+MARK = re.compile(f"{prose.AUDIT_OPEN}([^=]+)=([^{prose.AUDIT_CLOSE}]*){prose.AUDIT_CLOSE}")
+DTYPE_WORDS = re.compile(r"\b(fp16|bf16|fp32|float16|bfloat16|float32|half precision)\b|16-bit", re.I)
+LANGS = [lang for lang in prose.LANGUAGES if (prose.TEMPLATES / prose.template_name(CHAPTER, lang)).exists()]
+
+
+def _fixture() -> dict:
+    return json.loads(FIXTURE.read_text(encoding="utf-8"))
+
+
+def _row(dtype, decode, spread, problem=None):
+    return {"dtype": dtype, "decode_ms": decode, "decode_p10_ms": decode - spread, "decode_p90_ms": decode + spread,
+            "prefill_ms": 100.0, "prefill_p10_ms": 95.0, "prefill_p90_ms": 105.0, "prefill_tokens": 128,
+            "decode_gbps": 10.0, "problem": problem}
+
+
+def _with_rows(rows) -> dict:
+    """The fixture with ``choose_dtype``'s decision on ``rows``, recorded the way the chapter does."""
+    r = _fixture()
+    chosen, decision = backend.pick_cpu_dtype(rows)
+    timed = [row for row in rows if not row.get("problem")]
+    c = r["metrics"]["dtype_choice"]
+    c.update(value=chosen, decision=decision, rows=rows, prefill_slower=backend.loses_at_prefill(timed, chosen),
+             reason=backend._reason(decision, rows, chosen, False))
+    table = backend.dtype_probe_table(rows)
+    r["tables"]["dtype_probe"] = json.loads(table.to_json(orient="records"))
+    r["device_choice"]["dtype"] = chosen
+    for key in ("model", "smoke_generation", "model_load_s", "decode_ceiling_tok_s"):
+        r["metrics"][key]["dtype"] = chosen
+    return r
+
+
+def _float32_tie():
+    return _with_rows([_row("float32", 20.0, 2.0), _row("bfloat16", 19.0, 2.0), _row("float16", 30.0, 1.0)])
+
+
+def _float32_16bit_slower():
+    return _with_rows([_row("float32", 18.0, 0.5), _row("bfloat16", 30.0, 0.5), _row("float16", 29.0, 0.5)])
+
+
+def _no_16bit():
+    return _with_rows([_row("float32", 18.0, 0.5), {"dtype": "bfloat16", "problem": "RuntimeError: not implemented"},
+                       {"dtype": "float16", "problem": "differs from the reference"}])
+
+
+def _dtype_parameter():
+    r = _float32_16bit_slower()
+    r["metrics"].pop("dtype_choice")
+    r["tables"].pop("dtype_probe")
+    r["parameters"]["dtype"] = "float32"
+    return r
+
+
+def _npu():
+    r = _fixture()
+    for entry in r["metrics"].values():
+        if "dtype" in entry:
+            entry["dtype"] = "float16"
+        if "device" in entry:
+            entry["device"] = "npu:0"
+    r["metrics"]["dtype_choice"].update(value="float16", rows=[], decision="",
+                                        reason="float16: the guides' inference dtype and native on npu")
+    r["tables"]["dtype_probe"] = []
+    r["device_choice"]["dtype"] = "float16"
+    r["environment"].update(device="npu:0", npu_smi_info="+----- npu-smi 23.0.0 -----+")
+    r["metrics"]["torch_npu_line"].update(value="torch_npu 2.1.0.post10 (torch 2.1.0, CANN 8.0.0 in the table)",
+                                          lacks=["torch_npu.npu_swiglu", "torchair mode"])
+    r["metrics"]["torch_npu_pairing"].update(value="torch and torch_npu versions pair (2.1.0)", ok=True,
+                                             advice="")
+    r["metrics"]["memory_bandwidth_gbps"]["noisy"] = True
+    return r
+
+
+VARIANTS = {"bf16 cpu (fixture)": _fixture, "float32 kept, spreads overlap": _float32_tie,
+            "float32 kept, 16-bit slower": _float32_16bit_slower, "no 16-bit dtype runs": _no_16bit,
+            "dtype set by the parameter": _dtype_parameter, "npu float16": _npu}
+
+
+def _render(results: dict, lang: str, audit: bool = True) -> dict:
+    return {b: prose.render(CHAPTER, b, results, lang=lang, audit=audit) for b in prose.blocks(CHAPTER, lang)}
+
+
+def test_the_fixture_is_a_real_quick_run_with_the_records_later_chapters_read():
+    r = _fixture()
+    assert r["chapter"] == CHAPTER and r["status"] == "ok" and r["parameters"]["profile"] == "quick"
+    choice = r["metrics"]["dtype_choice"]
+    for field in ("reason", "decision", "rows", "prefill_slower", "shapes_source", "cpu_capability", "threads"):
+        assert field in choice, field
+    assert {"value", "p10", "p90", "noisy"} <= set(r["metrics"]["memory_bandwidth_gbps"])
+    assert "_samples_ms" not in FIXTURE.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_block_states_only_recorded_numbers_and_the_runs_dtypes(variant, lang):
+    results = VARIANTS[variant]()
+    text = "\n".join(_render(results, lang).values())
+    outside = MARK.sub("", text)
+    source = (prose.TEMPLATES / prose.template_name(CHAPTER, lang)).read_text(encoding="utf-8")
+    literal = re.sub(r"\{#.*?#\}|\{\{.*?\}\}|\{%.*?%\}", " ", source, flags=re.S)
+    fixed = set(re.findall(r"\d+(?:\.\d+)?", literal))  # the exercises' own numbers, "batch-1"
+    stray = [n for n in re.findall(r"\d+(?:\.\d+)?", outside) if n not in fixed]
+    assert not stray, f"{variant}: numbers that are no recorded figure: {stray}"
+    run_dtypes = {str(results["device_choice"]["dtype"])}
+    for word in DTYPE_WORDS.findall(outside):
+        assert not word or word in run_dtypes, f"{variant}: says {word!r} outside the records"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_the_dtype_sentence_follows_the_decision_both_ways(lang):
+    say = prose.words(lang)
+    bf16 = prose.render(CHAPTER, "dtype", _fixture(), lang=lang)
+    assert "**bfloat16**" in bf16 and say[decide.FASTER] in bf16
+    tie = prose.render(CHAPTER, "dtype", _float32_tie(), lang=lang)
+    assert "**float32**" in tie and say[decide.SAME] in tie and say[decide.FASTER] not in tie
+    slower = prose.render(CHAPTER, "dtype", _float32_16bit_slower(), lang=lang)
+    assert "**float32**" in slower and say[decide.SLOWER] in slower and say[decide.FASTER] not in slower
+    none = prose.render(CHAPTER, "dtype", _no_16bit(), lang=lang)
+    assert "RuntimeError: not implemented" in none and say[decide.SAME] not in none
+    assert "`float32`" in prose.render(CHAPTER, "dtype", _dtype_parameter(), lang=lang)
+    assert "**float16**" in prose.render(CHAPTER, "dtype", _npu(), lang=lang)
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_the_npu_branches_render_what_was_recorded(lang):
+    blocks = _render(_npu(), lang, audit=False)
+    assert "npu-smi 23.0.0" in blocks["npu_smi"]
+    assert "`torch_npu.npu_swiglu`" in blocks["npu_line"] and "`torchair mode`" in blocks["npu_line"]
+    cpu = _render(_fixture(), lang, audit=False)
+    assert "npu-smi 23.0.0" not in cpu["npu_smi"] and "`cpu`" in cpu["npu_smi"]
+    assert blocks["bandwidth"] != _render({**_npu(), "metrics": {**_npu()["metrics"], "memory_bandwidth_gbps": {
+        **_npu()["metrics"]["memory_bandwidth_gbps"], "noisy": False}}}, lang, audit=False)["bandwidth"]
+
