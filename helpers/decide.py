@@ -179,3 +179,18 @@ def time_ratio_direction(low: float, high: float) -> str:
     """For a ratio of times (candidate / baseline, > 1 means the candidate takes longer): ``slower``
     when the whole spread is above 1, ``faster`` when below, else no difference beyond the noise."""
     return {FASTER: SLOWER, SLOWER: FASTER}.get(direction(low, high), SAME)
+
+
+def byte_bound(low: float, high: float, bound: float) -> str:
+    """A measured speedup (its p10-p90 spread ``low``-``high``) against the most that cutting the
+    bytes read allows (``bound``, e.g. 1 / the weight-bytes ratio of weight-only INT8, chapter 05):
+    ``above the byte bound`` when the whole spread is above it (the gain is not the bytes alone),
+    ``within the byte bound`` when the whole spread is at or below it, else
+    ``at the byte bound within the noise``."""
+    if not _finite(low, high, bound):
+        return "not measured"
+    if min(low, high) > bound:
+        return "above the byte bound"
+    if max(low, high) <= bound:
+        return "within the byte bound"
+    return "at the byte bound within the noise"

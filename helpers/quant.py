@@ -715,7 +715,7 @@ VARIANTS = {
     "dense": "unquantized, in the dtype parameter's dtype (fp16 on NPU/CUDA; on a CPU what auto measured)",
     "w8a16": "hand-written W8A16 Int8Linear, kernel picked per backend",
     "w8a16_dequant": "hand-written W8A16 Int8Linear, dequant-in-forward kernel",
-    "torchao": "torchao Int8WeightOnlyConfig on the 16-bit model (library path)",
+    "torchao": "torchao Int8WeightOnlyConfig on the dense model, in its dtype (library path)",
     "w8a8_dynamic": "W8A8, dynamic per-token activations (npu_dynamic_quant on NPU, emulated elsewhere)",
     "w8a8_static": "W8A8, static per-tensor activation scales from calibration",
     "quantize_dynamic": "torch.ao quantize_dynamic, per-tensor W8 and A8 (float32, CPU only)",
@@ -784,83 +784,3 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
         info.update(extra)
     info["speed_is_meaningful"] = "emulate" not in str(info.get("impl"))
     return model, tokenizer, info
-
-
-# --- reading the headline figures ------------------------------------------------------------
-
-def _direction(speedup, faster: str, slower: str, same: str) -> str:
-    """``faster`` / ``slower`` only when the whole p10-p90 spread is on one side of 1."""
-    if speedup.low > 1:
-        return faster
-    if speedup.high < 1:
-        return slower
-    return same
-
-
-def explain_weight_only_int8(weight_ratio: float, per_batch: dict, base_weight_bytes: float,
-                             bandwidth_gbps: float, bandwidth_source: str, device: str,
-                             base_dtype: str = "16-bit") -> list[str]:
-    """Sentences that explain W8A16's measured speed from the run's own figures.
-
-    ``per_batch`` maps batch size -> ``speedup`` (decode, 16-bit over int8: >1 means INT8 is faster),
-    ``ttft`` (int8 TTFT over 16-bit: >1 means INT8 is slower), ``base_ms`` (16-bit decode ms per step),
-    ``base_ttft_ms`` and ``int8_ttft_ms``. Every direction is read from the spreads, never assumed:
-    weight-only INT8 cuts the bytes read, so on a step bound by reading weights it can gain at
-    most ``1 / weight_ratio``; more than that is a kernel effect, not a bandwidth one.
-    ``base_dtype`` names the dense baseline in the sentences (float32 where ``dtype=auto`` picked it).
-    """
-    for name, value in (("weight_ratio", weight_ratio), ("base_weight_bytes", base_weight_bytes),
-                        ("bandwidth_gbps", bandwidth_gbps)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name}={value!r} is not valid; it must be a number > 0")
-    lines = []
-    bound = 1 / weight_ratio
-    one = per_batch.get(1)
-    if one:
-        s = one["speedup"]
-        gbps = base_weight_bytes / (one["base_ms"] / 1e3) / 1e9
-        pct = 100 * gbps / bandwidth_gbps
-        read = (f"the {base_dtype} step read its {base_weight_bytes / 1e6:.0f} MB of weights at {gbps:.1f} GB/s, "
-                f"{pct:.0f}% of the {bandwidth_gbps:.1f} GB/s bandwidth ({bandwidth_source})")
-        if s.low > bound:
-            lines.append(
-                f"Batch-1 decode: INT8 is {s.ratio:.2f}x as fast (spread {s.low:.2f}-{s.high:.2f}), more than the "
-                f"{bound:.2f}x that cutting the weight bytes to {weight_ratio:.2f}x allows for a step bound by "
-                f"reading weights. So on {device} this is not a bandwidth effect: {read}, and the int8 kernel "
-                f"computes the batch-1 matrix-vector products faster than the {base_dtype} path.")
-        elif s.low > 1:
-            lines.append(
-                f"Batch-1 decode: INT8 is {s.ratio:.2f}x as fast (spread {s.low:.2f}-{s.high:.2f}); the spread "
-                f"includes values up to the {bound:.2f}x the weight-byte cut allows; {read}"
-                + (", so the step is bound by reading weights and fewer bytes is the gain." if pct >= 50 else
-                   ", below the bandwidth, so the bytes alone do not account for it."))
-        elif s.high < 1:
-            lines.append(
-                f"Batch-1 decode: INT8 is {s.ratio:.2f}x (spread {s.low:.2f}-{s.high:.2f}), slower on {device}: "
-                f"the int8 kernel's extra work outweighed the {bound:.2f}x cut in bytes; {read}.")
-        else:
-            lines.append(
-                f"Batch-1 decode: INT8 is {s.ratio:.2f}x, but the spread {s.low:.2f}-{s.high:.2f} straddles 1x, so this "
-                f"run does not establish a direction (the byte cut alone would allow up to {bound:.2f}x); {read}.")
-    ttft = [f"batch {b}: {r['base_ttft_ms']:.0f} -> {r['int8_ttft_ms']:.0f} ms ({r['ttft'].ratio:.2f}x)"
-            for b, r in sorted(per_batch.items())]
-    if ttft:
-        slower = [b for b, r in per_batch.items() if r["ttft"].low > 1]
-        lines.append(f"Time to first token, {base_dtype} -> INT8: " + "; ".join(ttft) + ". " + (
-            f"INT8 made the prefill slower at batch {', '.join(map(str, sorted(slower)))}: a prefill multiplies each "
-            "weight with every prompt token, so its time goes to arithmetic, which weight-only INT8 does not cut "
-            "(the activations stay 16-bit and the int8 weights must be converted or unpacked)."
-            if slower else "No batch size shows a prefill slower with INT8 beyond the spread."))
-    big = max(per_batch) if per_batch else None
-    if one and big and big > 1:
-        s1, sb = one["speedup"], per_batch[big]["speedup"]
-        if sb.ratio < s1.ratio:
-            lines.append(
-                f"At batch {big} the decode speedup is {sb.ratio:.2f}x against {s1.ratio:.2f}x at batch 1: each weight "
-                f"read now serves {big} rows, so the step depends more on arithmetic, which weight-only INT8 "
-                "does not reduce. "
-                + _direction(sb, "INT8 is still faster there.", "INT8 is slower there.",
-                             "The difference from 1x is within the spread there."))
-        else:
-            lines.append(f"At batch {big} the decode speedup is {sb.ratio:.2f}x, not below batch 1's {s1.ratio:.2f}x.")
-    return lines

@@ -82,3 +82,12 @@ def test_changed_along_a_sweep():
 def test_share_of():
     assert decide.share_of(1, 4) == 25
     assert math.isnan(decide.share_of(1, 0))
+
+
+def test_byte_bound_of_weight_only_int8_both_ways():
+    # chapter 05: cutting the weights to 0.5x allows at most 2x on a step bound by reading weights
+    assert decide.byte_bound(2.3, 2.6, 2.0) == "above the byte bound"
+    assert decide.byte_bound(1.2, 1.6, 2.0) == "within the byte bound"
+    assert decide.byte_bound(0.6, 0.7, 2.0) == "within the byte bound"
+    assert decide.byte_bound(1.8, 2.2, 2.0) == "at the byte bound within the noise"
+    assert decide.byte_bound(float("nan"), 2.2, 2.0) == "not measured"

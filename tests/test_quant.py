@@ -271,55 +271,6 @@ def test_ulp_rejects_bad_input(value, dtype):
         quant.ulp(value, dtype)
 
 
-def _per_batch(s1, s8, t1, t8):
-    from helpers.bench import Speedup
-
-    sp = lambda r, lo, hi: Speedup("a", "b", r, lo, hi)  # noqa: E731
-    return {1: dict(speedup=sp(*s1), base_ms=10.0, base_ttft_ms=69.0, int8_ttft_ms=141.0, ttft=sp(*t1)),
-            8: dict(speedup=sp(*s8), base_ms=30.0, base_ttft_ms=190.0, int8_ttft_ms=770.0, ttft=sp(*t8))}
-
-
-def test_explanation_calls_a_speedup_beyond_the_byte_cut_a_kernel_effect():
-    lines = quant.explain_weight_only_int8(0.71, _per_batch((1.65, 1.5, 1.8), (0.9, 0.8, 1.0), (2.0, 1.9, 2.1),
-                                                            (4.0, 3.8, 4.2)), 270e6, 30.0, "chapter 00", "cpu")
-    text = " ".join(lines)
-    assert "more than the 1.41x" in text and "not a bandwidth effect" in text
-    assert "27.0 GB/s" in text and "90% of the 30.0 GB/s" in text  # 270 MB in 10 ms
-    assert "69 -> 141 ms (2.00x)" in text and "INT8 made the prefill slower at batch 1, 8" in text
-    assert "At batch 8 the decode speedup is 0.90x against 1.65x" in text
-
-
-def test_explanation_within_the_byte_cut_on_a_bandwidth_bound_step_and_no_false_directions():
-    lines = quant.explain_weight_only_int8(0.5, _per_batch((1.8, 1.7, 1.9), (1.9, 1.8, 2.0), (0.95, 0.8, 1.1),
-                                                           (1.0, 0.9, 1.1)), 270e6, 30.0, "chapter 00", "npu")
-    text = " ".join(lines)
-    assert "includes values up to the 2.00x" in text and "bound by reading weights and fewer bytes is the gain" in text
-    assert "No batch size shows a prefill slower" in text and "made the prefill slower" not in text
-    assert "not below batch 1's" in text
-
-
-def test_explanation_rejects_bad_figures():
-    with pytest.raises(ValueError, match="weight_ratio"):
-        quant.explain_weight_only_int8(0, {}, 1.0, 1.0, "", "cpu")
-
-
-def test_explanation_names_a_float32_baseline_as_float32():
-    lines = quant.explain_weight_only_int8(0.36, _per_batch((1.65, 1.5, 1.8), (0.9, 0.8, 1.0), (2.0, 1.9, 2.1),
-                                                            (4.0, 3.8, 4.2)), 540e6, 30.0, "chapter 00", "cpu",
-                                           base_dtype="float32")
-    text = " ".join(lines)
-    assert "the float32 step read its 540 MB" in text and "float32 -> INT8" in text and "16-bit step" not in text
-
-
-def test_explanation_states_no_direction_when_the_spread_straddles_one():
-    lines = quant.explain_weight_only_int8(0.71, {1: _per_batch((0.87, 0.28, 4.1), (1, 1, 1), (0.94, 0.5, 1.5),
-                                                                (1, 1, 1))[1]}, 270e6, 2.6, "chapter 00", "cpu")
-    assert "does not establish a direction" in lines[0] and "slower" not in lines[0]
-    lines = quant.explain_weight_only_int8(0.71, {1: _per_batch((0.6, 0.5, 0.7), (1, 1, 1), (0.94, 0.5, 1.5),
-                                                                (1, 1, 1))[1]}, 270e6, 2.6, "chapter 00", "cpu")
-    assert "slower on cpu" in lines[0]
-
-
 def test_bitsandbytes_config_arguments_checked_both_ways():
     assert quant.bitsandbytes_config_takes(("load_in_8bit", "llm_int8_threshold"))["takes"] is True
     out = quant.bitsandbytes_config_takes(("load_in_8bit", "load_in_9bit"))

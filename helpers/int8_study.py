@@ -1,0 +1,279 @@
+"""Chapter 05's measurements, so that its cells stay short: every INT8 variant measured the same way,
+the headline pair timed alternately, the calibration sweep, the guide's ratios and the plot.
+
+Taught in ``05_int8_quantization.ipynb``. The kernels are ``helpers.quant``'s; the timing is chapter
+03's batch-1 protocol (``generation.measure_generation``: the request ``prompt`` with ``new_tokens``
+new tokens, greedy, warm-up excluded, decode = (t(N) - t(1)) / (N - 1)), at batch 1 and at the other
+batch sizes of the chapter, with the same prompt repeated.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import re
+from typing import Iterable, Optional
+
+from . import bench, generation, models, quality, quant
+
+# Greedy answers shown side by side; the timed request is the chapter's ``prompt`` parameter.
+ANSWER_PROMPTS = ["What is the capital of France? Answer in one sentence.",
+                  "Give two reasons why lighthouses flash in patterns.",
+                  "Write one sentence about the sea at night."]
+QUALITY_KEYS = ("perplexity", "tokens", "top1_agreement", "max_abs_logit_diff", "mean_abs_logit_diff")
+
+
+def heldout_split(tokenizer, text: str, eval_tokens: int):
+    """``(eval_ids, pool)``: the first ``eval_tokens`` tokens of ``text`` are evaluated; the
+    sentences after them (six words or more, the first partial one dropped) are the calibration
+    pool, so calibration never sees the evaluated text."""
+    eval_ids = quality.encode(tokenizer, text, eval_tokens)
+    eval_chars = len(tokenizer.decode(eval_ids[0], skip_special_tokens=True))
+    pool = [s for s in re.split(r"(?<=[.!?])\s+", text[eval_chars:]) if len(s.split()) >= 6][1:]
+    return eval_ids, pool
+
+
+def measure_variant(name: str, model_name: str, device, dtype, eval_ids, ref_logits, *, prompt: str,
+                    new_tokens: int, batch_sizes: Iterable[int], repeats: int) -> dict:
+    """Load and quantize one variant, then its quality on the held-out text, its timings per batch
+    size (none for an emulated kernel, whose speed means nothing) and its greedy answers."""
+    lm, tok, info = quant.build_variant(name, model_name, device, dtype)
+    row = {**info, **quality.evaluate(lm, eval_ids, ref_logits), "timings": {}}
+    for b in batch_sizes if info["speed_is_meaningful"] else []:
+        row["timings"][b] = generation.measure_generation(lm, tok, [prompt] * b, new_tokens, device,
+                                                          repeats=repeats)
+    row["answers"] = [models.generate_text(lm, tok, p, new_tokens) for p in ANSWER_PROMPTS]
+    del lm
+    gc.collect()
+    return row
+
+
+def measure_variants(names: Iterable[str], *args, **kwargs) -> tuple[dict, list]:
+    """``measure_variant`` for each name, one model in memory at a time; a variant that cannot run
+    here (``quant.VariantUnavailable``) is returned in ``skipped`` with its reason."""
+    rows, skipped = {}, []
+    for name in names:
+        try:
+            rows[name] = measure_variant(name, *args, **kwargs)
+        except quant.VariantUnavailable as exc:
+            skipped.append({"variant": name, "reason": str(exc)})
+    return rows, skipped
+
+
+def variant_row(name: str, r: dict) -> dict:
+    """One row of the variants table: quality, bytes and, per batch size, TTFT, decode and memory."""
+    out = {"variant": name, "dtype": r["dtype"], "kernel": r["impl"], "activations": r["activations"],
+           "weight_MB": r["bytes_after"] / 1e6, "perplexity": r["perplexity"],
+           "top1_agreement_pct": 100 * r["top1_agreement"], "max_abs_logit_diff": r["max_abs_logit_diff"]}
+    for b, t in r["timings"].items():
+        out[f"ttft_ms_b{b}"] = t["ttft_ms"]
+        out[f"decode_tok_s_b{b}"] = t["tokens_per_s_aggregate"]
+        out[f"peak_MB_b{b}"] = t["peak_memory_bytes"] / 1e6
+        out[f"growth_MB_b{b}"] = t["memory_growth_bytes"] / 1e6
+    return out
+
+
+KERNEL_COLUMNS = ("kernel", "activations", "decode_ms", "decode_p10_ms", "decode_p90_ms", "weight_mb",
+                  "gbps", "chosen", "problem")
+
+
+def kernel_rows(row: Optional[dict]) -> list[dict]:
+    """The W8A16 kernel timings ``quant`` made to pick the kernel (CPU only; empty elsewhere), each
+    row marked ``chosen`` or not."""
+    if not row or not row.get("kernel_timings"):
+        return []
+    pick = row["kernel_choice"]["kernel"]
+    return [{**{k: r.get(k) for k in KERNEL_COLUMNS if k != "chosen"}, "chosen": r["kernel"] == pick}
+            for r in row["kernel_timings"]]
+
+
+def time_pair(model_name: str, device, dtype, tokenizer, *, prompt: str, new_tokens: int,
+              batch_sizes: Iterable[int], rounds: int, repeats: int) -> dict:
+    """``dense`` and ``w8a16`` loaded together and timed alternately (``rounds`` times, samples
+    pooled) at each batch size: ``{batch: {"dense": result, "w8a16": result}}``. On a shared machine
+    the load drifts over minutes; alternating makes it hit both models alike."""
+    pair = {n: quant.build_variant(n, model_name, device, dtype)[0] for n in ("dense", "w8a16")}
+    out = {b: generation.measure_interleaved(pair, tokenizer, [prompt] * b, new_tokens, device,
+                                             rounds=rounds, repeats=repeats) for b in batch_sizes}
+    del pair
+    gc.collect()
+    return out
+
+
+def headline_figures(dense: dict, int8: dict, pairs: dict, *, eval_tokens: int, prompt: str,
+                     new_tokens: int, rounds: int, bandwidth_gbps: float, bandwidth_source: str) -> list:
+    """The chapter's headline figures, as ``ch.record`` keyword arguments, from the variants' rows
+    (``dense``, ``int8``) and ``time_pair``'s timings. Every ratio comes from one run; a speed
+    ratio carries its p10-p90 spread (``bench.speedup``)."""
+    ctx = dict(dtype=f"{dense['dtype']} vs int8 weights + {int8['activations']} activations",
+               code_path=f"Int8Linear impl={int8['impl']} vs dense {dense['dtype']}")
+    weight_ratio = int8["bytes_after"] / dense["bytes_after"]
+    figs = [dict(key="int8_weight_bytes_ratio", value=weight_ratio, unit="ratio", key_figure=True,
+                 shape="all weights incl. embeddings", dense_mb=dense["bytes_after"] / 1e6,
+                 int8_mb=int8["bytes_after"] / 1e6, **ctx),
+            dict(key="int8_byte_bound_speedup", value=1 / weight_ratio, unit="x",
+                 shape="all weights incl. embeddings",
+                 code_path="1 / int8_weight_bytes_ratio: the most a step bound by reading weights gains",
+                 dtype=ctx["dtype"]),
+            dict(key="int8_ppl_delta_pct", value=100 * (int8["perplexity"] - dense["perplexity"]) /
+                 dense["perplexity"], unit="%", key_figure=True, shape=f"{eval_tokens} held-out tokens",
+                 baseline_ppl=dense["perplexity"], int8_ppl=int8["perplexity"], **ctx)]
+    for b, alt in sorted(pairs.items()):
+        t_base, t_int8 = generation.decode_timing(alt["dense"]), generation.decode_timing(alt["w8a16"])
+        p_base, p_int8 = generation.ttft_timing(alt["dense"]), generation.ttft_timing(alt["w8a16"])
+        s, ttft = bench.speedup(t_base, t_int8), bench.speedup(p_int8, p_base)  # ttft: int8 / dense
+        shape = f"batch {b}, prompt {alt['w8a16']['prompt_tokens']} tokens, {new_tokens} new tokens"
+        common = dict(shape=shape, batch=b, prompt=prompt, new_tokens=new_tokens,
+                      timing=f"{rounds} alternating rounds", **ctx)
+        figs.append(dict(key=f"int8_decode_speedup_batch{b}", value=s.ratio, unit="ratio", key_figure=b == 1,
+                         low=s.low, high=s.high, noisy=t_base.noisy or t_int8.noisy,
+                         base_decode_ms=t_base.median_ms, int8_decode_ms=t_int8.median_ms, **common))
+        figs.append(dict(key=f"int8_ttft_ratio_batch{b}", value=ttft.ratio, unit="x", key_figure=b == 1,
+                         low=ttft.low, high=ttft.high, base_ttft_ms=p_base.median_ms,
+                         int8_ttft_ms=p_int8.median_ms, **common))
+        if b == 1:
+            # like with like: each model's peak while decoding (weights + what decoding added)
+            figs.append(dict(key="int8_peak_memory_ratio", unit="ratio",
+                             value=alt["w8a16"]["peak_memory_bytes"] / alt["dense"]["peak_memory_bytes"],
+                             memory_kind=alt["w8a16"]["memory_kind"],
+                             dense_peak_mb=alt["dense"]["peak_memory_bytes"] / 1e6,
+                             int8_peak_mb=alt["w8a16"]["peak_memory_bytes"] / 1e6,
+                             memory_growth_bytes={n: alt[n]["memory_growth_bytes"] for n in alt},
+                             kv_cache_bytes=alt["w8a16"]["kv_cache_bytes"], **common))
+            gbps = dense["bytes_after"] / (t_base.median_ms / 1e3) / 1e9
+            figs.append(dict(key="dense_decode_weight_gbps", value=gbps, unit="GB/s", shape=shape,
+                             weight_mb=dense["bytes_after"] / 1e6, bandwidth_gbps=bandwidth_gbps,
+                             bandwidth_source=bandwidth_source, dtype=dense["dtype"],
+                             code_path="dense weight bytes / dense decode ms per step (batch 1)"))
+    return figs
+
+
+def guide_ratio_rows(measured_speedup: Optional[dict], measured_memory: Optional[dict]) -> list[dict]:
+    """The guide's INT8 ratios (each against its own baseline) beside the ratios measured here:
+    speed from C51, C41 / C38 and the 4.2 ladder table, memory from C52 (``data/guide_claims.csv``)."""
+    from .claims import guide_number
+    from .ladder import GUIDE_LADDER
+
+    guide = [("4.1 speed FP16 -> INT8", guide_number("C51"), measured_speedup),
+             ("3.1 speed +INT8 over the original", guide_number("C41") / guide_number("C38"),
+              measured_speedup),
+             ("4.2 table +MindSpeed -> +MindSpeed+INT8",
+              GUIDE_LADDER[3]["tokens_per_s"] / GUIDE_LADDER[2]["tokens_per_s"], measured_speedup),
+             ("4.1 memory FP16 -> INT8 (GB)", guide_number("C52"), measured_memory)]
+    return [{"figure": name, "guide_claim_ratio": claim,
+             "measured_here_ratio": m["value"] if m else math.nan,
+             "measured_low": (m or {}).get("low", math.nan), "measured_high": (m or {}).get("high", math.nan)}
+            for name, claim, m in guide]
+
+
+def calibration_sweep(model_name: str, device, dtype, tokenizer, pool: list, counts: Iterable[int],
+                      eval_ids, ref_logits, *, max_tokens: int, dynamic: Optional[dict] = None) -> list:
+    """Static W8A8 with one activation scale per layer from ``n`` calibration sentences, for each
+    ``n`` in ``counts``; then the dynamic per-token row (``dynamic``, a measured variant) beside it."""
+    counts = list(counts)
+    if not counts:
+        return []
+    if max(counts) > len(pool):
+        raise ValueError(f"calibration_counts={counts} asks for more samples than the {len(pool)} "
+                         "calibration sentences; lower it or lower eval_tokens")
+    calib_model = quant.build_variant("dense", model_name, device, dtype)[0]
+    rows = []
+    for n in counts:
+        scales = quant.calibrate(calib_model, tokenizer, pool[:n], max_tokens=max_tokens)
+        lm, _, info = quant.build_variant("w8a8_static", model_name, device, dtype, act_scales=scales)
+        rows.append({"calibration_samples": n, "kernel": info["impl"],
+                     **quality.evaluate(lm, eval_ids, ref_logits)})
+        del lm
+    del calib_model
+    gc.collect()
+    if dynamic:
+        rows.append({"calibration_samples": "dynamic per-token", "kernel": dynamic["impl"],
+                     **{k: dynamic[k] for k in QUALITY_KEYS}})
+    return rows
+
+
+def lowest_perplexity(rows: list) -> Optional[dict]:
+    """The calibrated row (an integer sample count) with the lowest perplexity, or None."""
+    calibrated = [r for r in rows if isinstance(r["calibration_samples"], int)]
+    return min(calibrated, key=lambda r: r["perplexity"]) if calibrated else None
+
+
+def plot_speed_vs_quality(rows: dict, ref_ppl: float, *, reference: str, device: str, model: str):
+    """Decode tokens/s at batch 1 against the perplexity change from the reference, one point per
+    variant (symmetric log scale: down and to the right is better); emulated kernels have no speed
+    and are listed beside the legend."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    no_speed, markers = [], iter("osD^vP*Xh<>")
+    for name, r in rows.items():
+        delta = 100 * (r["perplexity"] - ref_ppl) / ref_ppl
+        if 1 in r["timings"]:
+            x = r["timings"][1]["tokens_per_s_per_user"]
+            ax.scatter(x, delta, s=55, marker=next(markers), label=f"{name}: {x:.3g} tok/s, {delta:+.2f}%")
+        else:
+            no_speed.append(f"{name}: {delta:+.1f}%")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_xlabel(f"decode tokens/s, batch 1 ({device})")
+    ax.set_ylabel(f"perplexity change vs {reference} (%)")
+    ax.set_title(f"INT8 variants of {model}: speed vs quality (measured here)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="variant", title_fontsize=8)
+    if no_speed:
+        ax.text(1.02, 0.02, "no speed figure:\n" + "\n".join(no_speed), transform=ax.transAxes, fontsize=8,
+                va="bottom")
+    fig.tight_layout()
+    return fig
+
+
+# --- the worked answers (solutions/05_int8_quantization_solutions.ipynb) ------------------------
+
+def parameter_groups(model) -> dict:
+    """Parameters per part of a Llama model (a tied ``lm_head`` shares the embedding's tensor and
+    is counted once, as ``embed_tokens (tied lm_head)``)."""
+    groups: dict = {}
+    for name, p in model.named_parameters():
+        key = ("embed_tokens (tied lm_head)" if "embed_tokens" in name else "attention" if "self_attn" in name
+               else "mlp" if "mlp" in name else "lm_head" if "lm_head" in name else "norms")
+        groups[key] = groups.get(key, 0) + p.numel()
+    return groups
+
+
+def emulated_w8a8(model_name: str, device, tokenizer, calibration: list, mode: str, max_tokens: int = 64):
+    """A float32 model whose linears see int8-rounded weights (per output channel) and int8-rounded
+    inputs with one scale ``per layer`` or ``per channel`` (static, the max |input| over the
+    ``calibration`` sentences) or ``per token`` (dynamic). Quality only: an int8 GEMM cannot apply a
+    per-input-channel scale itself (SmoothQuant folds it into the weights)."""
+    import torch
+    import torch.nn as nn
+
+    if mode not in ("per layer", "per channel", "per token"):
+        raise ValueError(f"mode={mode!r} is not valid; choose per layer, per channel or per token")
+    lm, _ = models.load_model(model_name, dtype=torch.float32, device=device)
+    lm.lm_head.weight = nn.Parameter(lm.lm_head.weight.detach().clone())  # untie: the embedding stays float
+    linears = {n: mod for n, mod in lm.named_modules() if isinstance(mod, nn.Linear)}
+    amax: dict = {}
+
+    def observe(mod, inp, n):
+        seen = inp[0].detach().abs().reshape(-1, inp[0].shape[-1]).amax(0)
+        amax[n] = seen if n not in amax else torch.maximum(amax[n], seen)
+
+    hooks = [mod.register_forward_pre_hook(lambda mod, inp, n=n: observe(mod, inp, n))
+             for n, mod in linears.items()]
+    with torch.inference_mode():
+        for sentence in calibration:
+            ids = tokenizer(sentence, return_tensors="pt")["input_ids"][:, :max_tokens].to(device)
+            lm(input_ids=ids, use_cache=False)
+    for h in hooks:
+        h.remove()
+    for n, mod in linears.items():
+        q, s = quant.quantize_weight(mod.weight.data)
+        mod.weight.data = quant.dequantize_weight(q, s, torch.float32)
+        scale = {"per layer": amax[n].max(), "per channel": amax[n]}.get(mode)
+        scale = None if scale is None else scale.clamp(min=1e-8) / 127
+
+        def fake_quant(mod, inp, scale=scale):
+            x = inp[0]
+            sc = x.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 127 if scale is None else scale
+            return (torch.round(x / sc).clamp(-127, 127) * sc,)
+        mod.register_forward_pre_hook(fake_quant)
+    return lm
