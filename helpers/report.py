@@ -365,6 +365,12 @@ def batch1_protocol_table(results: dict):
         if r.get("point") == 1 and r.get("status") == "ok":
             add("04_batching", "batch sweep, batch 1", r.get("tokens_per_s_per_user"), r.get("prompt_tokens"),
                 r.get("new_tokens"), r.get("dtype"))
+    r05 = results.get("05_int8_quantization") or {}
+    protocol05 = r05.get("metrics", {}).get("int8_decode_speedup_batch1", {})
+    for r in r05.get("tables", {}).get("variants") or []:
+        if r.get("variant") == "dense":
+            add("05_int8_quantization", "dense model, batch 1", r.get("decode_tok_s_b1"), None,
+                protocol05.get("new_tokens"), r.get("dtype"))
     for r in (results.get("06_optimization_ladder") or {}).get("tables", {}).get("ladder") or []:
         if r.get("rung") == "native eager" and r.get("status") == "ok":
             add("06_optimization_ladder", "ladder, native eager", r.get("tokens_per_s"), r.get("prompt_tokens"),

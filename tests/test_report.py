@@ -109,3 +109,16 @@ def test_report_notebook_renders_through_the_runner(tmp_path):
     assert not [o for o in outputs if o.get("name") == "stderr"], "noisy stderr output"
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 5  # verdicts, roofline, batching, int8, ladder
+
+
+def test_the_batch1_protocol_table_has_a_row_per_chapter_that_measures_it():
+    """Chapters 03, 04, 05 and 06 each time the same batch-1 eager decode: one row each, from their records."""
+    fixture = Path(__file__).parent / "fixtures" / "runs" / "cpu-quick"
+    results = {p.parent.name: json.loads(p.read_text(encoding="utf-8")) for p in fixture.glob("*/results.json")}
+    table = report.batch1_protocol_table(results)
+    expected = {"03_end_to_end", "04_batching", "05_int8_quantization", "06_optimization_ladder"} & set(results)
+    assert set(table["chapter"]) == expected and len(table) == len(expected)
+    dense = results["05_int8_quantization"]["tables"]["variants"][0]
+    row = table[table["chapter"] == "05_int8_quantization"].iloc[0]
+    assert row["tok/s"] == dense["decode_tok_s_b1"] and row["dtype"] == dense["dtype"]
+    assert report.batch1_protocol_table({}).empty
