@@ -179,3 +179,39 @@ def time_ratio_direction(low: float, high: float) -> str:
     """For a ratio of times (candidate / baseline, > 1 means the candidate takes longer): ``slower``
     when the whole spread is above 1, ``faster`` when below, else no difference beyond the noise."""
     return {FASTER: SLOWER, SLOWER: FASTER}.get(direction(low, high), SAME)
+
+
+# --- chapter 06: the ladder's best rung ------------------------------------------------------------
+
+@dataclass
+class Gain:
+    """The option with the highest gain over a shared baseline, and what may be said of it.
+
+    ``decision`` is ``best, clear`` (its spread lies above ``neutral`` and apart from every other
+    option's), ``best, tied`` (above ``neutral``, but overlapping the options in ``tied``: none of
+    them is the best) or ``no gain beyond the noise`` (its spread reaches ``neutral``).
+    """
+
+    best: str
+    ratio: float
+    low: float
+    high: float
+    decision: str
+    tied: list
+
+
+def best_gain(options: Iterable[tuple[str, float, float, float]], neutral: float = 1.0) -> Optional[Gain]:
+    """``options`` are (name, ratio, low, high) of gains over one baseline (above ``neutral`` is
+    better, e.g. chapter 06's speedups over native eager); None when no option has a finite ratio.
+    A gain without a finite spread is never called best: the noise is unknown."""
+    rows = [(n, r, lo, hi) for n, r, lo, hi in options if _finite(r)]
+    found = rank(rows)
+    if found is None:
+        return None
+    name, ratio, low, high = next(r for r in rows if r[0] == found.best)
+    others = [n for n in found.tied if n != name]
+    if not _finite(low, high) or direction(low, high, neutral) != FASTER:
+        decision = "no gain beyond the noise"
+    else:
+        decision = "best, clear" if not others else "best, tied"
+    return Gain(name, ratio, low, high, decision, others)
