@@ -148,9 +148,10 @@ def best_batch1_speedup(table) -> Optional[dict]:
 
     The speedup is the table's own column (decode tokens/s over native eager's, with its p10-p90
     spread from ``bench.speedup``), so the headline and the table show the same ratio; whether the
-    rung is "best" is ``decide.best_gain`` on those spreads (``decision``: ``best, clear``, ``best,
-    tied`` with ``tied`` naming the rungs within its noise, or ``no gain beyond the noise``). Returns
-    None with no rung beyond the baseline. Rungs that change the batch never enter this figure.
+    rung is "best" is ``decide.best_gain`` on the rungs' decode p10-p90 ranges, the same test as
+    ``ladder_steps`` (``decision``: ``best, clear``, ``best, tied`` with ``tied`` naming the rungs
+    within its noise, or ``no gain beyond the noise``). Returns None with no rung beyond the
+    baseline. Rungs that change the batch never enter this figure.
     """
     from .decide import best_gain
 
@@ -161,17 +162,24 @@ def best_batch1_speedup(table) -> Optional[dict]:
     if len(same) < 2:
         return None
 
-    def num(value):
-        return float(value) if value is not None and value == value else math.nan
+    def tok_s(row) -> tuple:
+        def per_s(key):  # decode ms per token -> tokens/s (p90 of the time is p10 of the speed)
+            value = row.get(key)
+            return 1e3 / float(value) if value is not None and value == value and value > 0 else math.nan
+        return (row["rung"], float(row["tokens_per_s"]), per_s("decode_p90_ms"), per_s("decode_p10_ms"))
 
-    found = best_gain([(r["rung"], num(r["speedup"]), num(r.get("speedup_low")), num(r.get("speedup_high")))
-                       for _, r in same.iloc[1:].iterrows()])
+    found = best_gain([tok_s(r) for _, r in same.iloc[1:].iterrows()], tok_s(same.iloc[0]))
     if found is None:
         return None
     best, base = same[same["rung"] == found.best].iloc[0], ok.iloc[0]
-    return {"rung": found.best, "speedup": found.ratio, "low": found.low, "high": found.high,
-            "decision": found.decision, "tied": found.tied, "tokens_per_s": float(best["tokens_per_s"]),
-            "baseline_tokens_per_s": float(base["tokens_per_s"]), "batch_size": int(base_batch)}
+
+    def num(value):
+        return float(value) if value is not None and value == value else math.nan
+
+    return {"rung": found.best, "speedup": num(best["speedup"]), "low": num(best.get("speedup_low")),
+            "high": num(best.get("speedup_high")), "decision": found.decision, "tied": found.tied,
+            "tokens_per_s": float(best["tokens_per_s"]), "baseline_tokens_per_s": float(base["tokens_per_s"]),
+            "batch_size": int(base_batch)}
 
 
 def ladder_steps(table) -> list[dict]:
@@ -226,15 +234,19 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
     chapter (``helpers.chapter.Chapter``)."""
     ch.results.table("ladder", table)
     ok = table[table["status"] == "ok"]
+
+    def whole(value):  # a count read from a column with gaps (pandas made it a float)
+        return int(value) if value is not None and value == value else None
+
     for _, row in ok.iterrows():
         extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if k in row and row[k] == row[k]
                  and row[k] is not None}
+        batch, prompt_tokens = whole(row.get("batch_size")), whole(row.get("prompt_tokens"))
         ch.record(f"ladder_tok_s_{row['rung'].strip('+ ').replace(' ', '_')}", row["tokens_per_s"], "tok/s",
-                  dtype=row.get("dtype"), shape=f"batch {row.get('batch_size')}, {row.get('prompt_tokens')}-token "
-                  f"prompt, {new_tokens} new tokens", code_path=row.get("code_path") or row["description"],
-                  rung=row["rung"], prompt_tokens=row.get("prompt_tokens"), new_tokens=row.get("new_tokens"),
-                  batch_size=row.get("batch_size"), low=row.get("speedup_low"), high=row.get("speedup_high"),
-                  **extra)
+                  dtype=row.get("dtype"), shape=f"batch {batch}, {prompt_tokens}-token prompt, {new_tokens} new "
+                  "tokens", code_path=row.get("code_path") or row["description"], rung=row["rung"],
+                  prompt_tokens=prompt_tokens, new_tokens=whole(row.get("new_tokens")), batch_size=batch,
+                  low=row.get("speedup_low"), high=row.get("speedup_high"), **extra)
     best = best_batch1_speedup(table)
     if best is not None:
         ch.record("ladder_best_batch1_speedup", best["speedup"], "x", key_figure=True,
