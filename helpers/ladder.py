@@ -269,6 +269,20 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
     ch.results.table("ladder_steps", ladder_steps(table))
 
 
+# The columns chapter 06 shows: the ladder, then the references and the split of each step.
+LADDER_COLUMNS = ("rung", "status", "batch_size", "prompt_tokens", "new_tokens", "latency_ms", "tokens_per_s",
+                  "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "speedup", "speedup_low",
+                  "speedup_high", "roofline_pct", "compiled_graphs", "compile_s", "peak_memory_bytes", "error")
+REFERENCE_COLUMNS = ("rung", "status", "tokens_per_s", "decode_ms_per_token", "ttft_ms", "vs_llamacpp",
+                     "vs_llamacpp_low", "vs_llamacpp_high", "vs_float32_eager", "matmul_ms", "attention_ms",
+                     "other_ms", "framework_ms")
+
+
+def shown(table, columns: Sequence[str]):
+    """``table`` with those of ``columns`` that some row filled, in that order."""
+    return table[[c for c in columns if c in table and table[c].notna().any()]]
+
+
 # --- beside the ladder: a float32 eager run and llama.cpp, never in the ladder's own ratios ------
 
 GOAL_FRACTION_OF_LLAMACPP = 0.5  # the best batch-1 rung should reach half of llama.cpp's decode

@@ -393,3 +393,49 @@ def test_an_int8_rung_that_is_not_faster_is_explained_from_the_kernel_figures():
     step = out.m["int8_rung_step"]
     assert step["kernel"] == "int8pack" and step["kernel_ms"] == 8.6 and step["saving_ms"] == pytest.approx(0.4)
     assert step["spread_ms"] == pytest.approx(4.0) and step["low"] < 1 < step["high"]
+
+
+def test_the_ladder_figures_carry_the_batch1_protocol_and_the_table_s_ratio():
+    from helpers import bench
+
+    class _Results(_Recorder):
+        def __init__(self):
+            super().__init__()
+            self.tables, self.notes = {}, []
+
+        def table(self, name, rows):
+            self.tables[name] = rows
+
+        def note(self, text):
+            self.notes.append(text)
+
+    class _Chapter:
+        results = _Results()
+
+        def record(self, key, value, unit="", **context):
+            self.results.record(key, value, unit, **context)
+
+    def timed(ms, batch=1):
+        return {"latency_ms": ms * 16, "tokens_per_s": batch * 1e3 / ms, "batch_size": batch, "decode_ms_per_token": ms,
+                "decode_p10_ms": ms - 1, "decode_p90_ms": ms + 1, "prompt_tokens": 7, "new_tokens": 16,
+                "timing": bench.Timing("t", [(ms - 1) / 1e3, ms / 1e3, (ms + 1) / 1e3])}
+
+    metrics = {"native eager": timed(40.0), "+ INT8": timed(20.0), "+ skipped": None, "+ batch 4": timed(30.0, 4)}
+
+    def prepare(name):
+        if metrics[name] is None:
+            raise ladder.RungSkipped("off")
+        return name
+
+    table = ladder.run_ladder([(n, "", (lambda n=n: prepare(n))) for n in metrics], lambda v: metrics[v])
+    ch = _Chapter()
+    ladder.record_ladder_figures(ch, table, 16)
+    m = ch.results.m
+    assert m["ladder_tok_s_INT8"]["shape"] == "batch 1, 7-token prompt, 16 new tokens"
+    assert m["ladder_tok_s_INT8"]["prompt_tokens"] == 7 and m["ladder_tok_s_INT8"]["new_tokens"] == 16
+    best = m["ladder_best_batch1_speedup"]
+    assert best["rung"] == "+ INT8" and best["decision"] == "best, clear"
+    assert best["value"] == pytest.approx(float(table.loc[table["rung"] == "+ INT8", "speedup"].iloc[0]))
+    assert m["ladder_batch_throughput_ratio"]["value"] == pytest.approx(4 * 40 / 30)
+    assert [s["rung"] for s in ch.results.tables["ladder_steps"]] == ["+ INT8"]
+    assert list(ladder.shown(table, ("rung", "compiled_graphs", "speedup")).columns) == ["rung", "speedup"]
