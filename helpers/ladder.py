@@ -11,6 +11,7 @@ an Ascend machine instead of a number. Serving engines (vLLM, vLLM-Ascend) are c
 from __future__ import annotations
 
 import importlib.util
+import math
 import time
 import traceback
 from dataclasses import dataclass
@@ -54,9 +55,10 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
     ``measure(variant)`` returns a dict with at least ``latency_ms`` (for the whole request) and
     ``tokens_per_s``; optional ``peak_memory_bytes``, ``roofline_tok_s`` (overrides the ladder's, e.g.
     fewer weight bytes after INT8), ``batch_size`` and ``timing`` (a ``bench.Timing``: then the speedup
-    and its spread come from ``bench.speedup``). Speedup is over the first rung that succeeded: the
-    latency ratio at the same batch size, the throughput ratio when the batch differs (the guide's
-    "+ best batch size" rung). Extra keys are kept as columns. ``cleanup(variant)`` frees a variant
+    and its spread come from ``bench.speedup``; chapter 06's ``generation_measure`` gives the decode
+    time per token, so a batch-1 speedup is the ratio of decode tokens/s). Speedup is over the first
+    rung that succeeded at the same batch size, the throughput ratio when the batch differs (the
+    guide's "+ best batch size" rung). Extra keys are kept as columns. ``cleanup(variant)`` frees a variant
     before the next rung; ``on_rung(row)`` sees each row as it is done (to record or print it).
     Returns a pandas DataFrame with ``COLUMNS`` first.
     """
@@ -142,20 +144,56 @@ def _ok_rows(table):
 
 
 def best_batch1_speedup(table) -> Optional[dict]:
-    """The fastest rung at the baseline's batch (batch 1) over the baseline, a latency ratio.
+    """The batch-1 rung with the highest speedup over the baseline, and what may be said of it.
 
-    Returns ``{"rung", "speedup", "tokens_per_s", "baseline_tokens_per_s"}``, or None with no rung
-    beyond the baseline. Rungs that change the batch never enter this figure.
+    The speedup is the table's own column (decode tokens/s over native eager's, with its p10-p90
+    spread from ``bench.speedup``), so the headline and the table show the same ratio; whether the
+    rung is "best" is ``decide.best_gain`` on the rungs' decode p10-p90 ranges, the same test as
+    ``ladder_steps`` (``decision``: ``best, clear``, ``best, tied`` with ``tied`` naming the rungs
+    within its noise, or ``no gain beyond the noise``). Returns None with no rung beyond the
+    baseline. Rungs that change the batch never enter this figure.
     """
+    from .decide import best_gain
+
     ok, base_batch = _ok_rows(table)
     if len(ok) < 2:
         return None
     same = ok[ok["batch_size"].fillna(1) == base_batch] if "batch_size" in ok else ok
-    best = same.iloc[same["tokens_per_s"].astype(float).values.argmax()]
-    base = ok.iloc[0]
-    return {"rung": best["rung"], "speedup": float(best["tokens_per_s"] / base["tokens_per_s"]),
+    if len(same) < 2:
+        return None
+
+    def tok_s(row) -> tuple:
+        def per_s(key):  # decode ms per token -> tokens/s (p90 of the time is p10 of the speed)
+            value = row.get(key)
+            return 1e3 / float(value) if value is not None and value == value and value > 0 else math.nan
+        return (row["rung"], float(row["tokens_per_s"]), per_s("decode_p90_ms"), per_s("decode_p10_ms"))
+
+    found = best_gain([tok_s(r) for _, r in same.iloc[1:].iterrows()], tok_s(same.iloc[0]))
+    if found is None:
+        return None
+    best, base = same[same["rung"] == found.best].iloc[0], ok.iloc[0]
+
+    def num(value):
+        return float(value) if value is not None and value == value else math.nan
+
+    return {"rung": found.best, "speedup": num(best["speedup"]), "low": num(best.get("speedup_low")),
+            "high": num(best.get("speedup_high")), "decision": found.decision, "tied": found.tied,
             "tokens_per_s": float(best["tokens_per_s"]), "baseline_tokens_per_s": float(base["tokens_per_s"]),
             "batch_size": int(base_batch)}
+
+
+def ladder_steps(table) -> list[dict]:
+    """Each ok batch-1 rung against the ok batch-1 rung before it: ``decode_ratio`` (above 1: the
+    rung decodes faster) with the spread of both, for a sentence per step decided on the spreads."""
+    ok = table[table["status"] == "ok"]
+    if "batch_size" in ok:
+        ok = ok[ok["batch_size"].fillna(1).astype(int) == 1]
+    rows = []
+    for (_, before), (_, row) in zip(ok.iloc[:-1].iterrows(), ok.iloc[1:].iterrows()):
+        found = decode_ratio(row, before)
+        if found:
+            rows.append({"rung": row["rung"], "previous": before["rung"], **found})
+    return rows
 
 
 def graph_count_problems(table, max_graphs: int = 2) -> list:
@@ -186,6 +224,63 @@ def batch_throughput_ratio(table) -> Optional[dict]:
     return {"rung": row["rung"], "ratio": float(row["tokens_per_s"] / base["tokens_per_s"]),
             "tokens_per_s": float(row["tokens_per_s"]), "baseline_tokens_per_s": float(base["tokens_per_s"]),
             "batch_size": int(row["batch_size"])}
+
+
+def record_ladder_figures(ch, table, new_tokens: int) -> None:
+    """Chapter 06's figures from the ladder table, on one batch-1 protocol: each ok rung's tok/s
+    (``ladder_tok_s_<rung>``, with its prompt and new tokens), the best batch-1 rung as
+    ``best_batch1_speedup`` decides it (the table's own ratio, with its spread), the batch rung's
+    throughput ratio, the graph counts and each batch-1 step (``ladder_steps``). ``ch`` is the
+    chapter (``helpers.chapter.Chapter``)."""
+    ch.results.table("ladder", table)
+    ok = table[table["status"] == "ok"]
+
+    def whole(value):  # a count read from a column with gaps (pandas made it a float)
+        return int(value) if value is not None and value == value else None
+
+    for _, row in ok.iterrows():
+        extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if k in row and row[k] == row[k]
+                 and row[k] is not None}
+        batch, prompt_tokens = whole(row.get("batch_size")), whole(row.get("prompt_tokens"))
+        ch.record(f"ladder_tok_s_{row['rung'].strip('+ ').replace(' ', '_')}", row["tokens_per_s"], "tok/s",
+                  dtype=row.get("dtype"), shape=f"batch {batch}, {prompt_tokens}-token prompt, {new_tokens} new "
+                  "tokens", code_path=row.get("code_path") or row["description"], rung=row["rung"],
+                  prompt_tokens=prompt_tokens, new_tokens=whole(row.get("new_tokens")), batch_size=batch,
+                  low=row.get("speedup_low"), high=row.get("speedup_high"), **extra)
+    best = best_batch1_speedup(table)
+    if best is not None:
+        ch.record("ladder_best_batch1_speedup", best["speedup"], "x", key_figure=True,
+                  shape=f"batch 1, {new_tokens} new tokens, rung {best['rung']!r} vs native eager",
+                  code_path="the table's speedup: decode tok/s of the batch-1 rung with the highest median over "
+                            "native eager's, same run, p10-p90 spread from bench.speedup",
+                  **{k: best[k] for k in ("rung", "low", "high", "decision", "tied", "tokens_per_s",
+                                          "baseline_tokens_per_s")})
+    batch = batch_throughput_ratio(table)
+    if batch is not None:
+        ch.record("ladder_batch_throughput_ratio", batch["ratio"], "x", key_figure=True,
+                  shape=f"batch {batch['batch_size']} vs batch 1, {new_tokens} new tokens",
+                  code_path="aggregate tokens/s of the batch rung over native eager batch-1 tokens/s, same run",
+                  **{k: batch[k] for k in ("rung", "batch_size", "tokens_per_s", "baseline_tokens_per_s")})
+    problems = graph_count_problems(table)
+    for problem in problems:
+        ch.results.note(problem)
+    ch.record("graph_count_problems", len(problems), "rungs", problems=problems,
+              code_path="ladder.graph_count_problems: more than two graphs for one shape")
+    ch.results.table("ladder_steps", ladder_steps(table))
+
+
+# The columns chapter 06 shows: the ladder, then the references and the split of each step.
+LADDER_COLUMNS = ("rung", "status", "batch_size", "prompt_tokens", "new_tokens", "latency_ms", "tokens_per_s",
+                  "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "speedup", "speedup_low",
+                  "speedup_high", "roofline_pct", "compiled_graphs", "compile_s", "peak_memory_bytes", "error")
+REFERENCE_COLUMNS = ("rung", "status", "tokens_per_s", "decode_ms_per_token", "ttft_ms", "vs_llamacpp",
+                     "vs_llamacpp_low", "vs_llamacpp_high", "vs_float32_eager", "matmul_ms", "attention_ms",
+                     "other_ms", "framework_ms")
+
+
+def shown(table, columns: Sequence[str]):
+    """``table`` with those of ``columns`` that some row filled, in that order."""
+    return table[[c for c in columns if c in table and table[c].notna().any()]]
 
 
 # --- beside the ladder: a float32 eager run and llama.cpp, never in the ladder's own ratios ------
@@ -408,10 +503,6 @@ def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens
     return llamacpp.measure(locate_embedded_gguf(), prompt_ids, new_tokens, repeats=repeats)
 
 
-VERDICT_WORDS = {"reached": "reaches", "missed": "misses", "within_noise": "is within the noise of",
-                 "not_measured": "cannot be compared with"}
-
-
 def int8_kernel_saving(kernel_rows: Optional[list]) -> Optional[dict]:
     """From ``quant.time_w8a16_kernels`` rows: the dense and the fastest int8 step (ms) and the saving."""
     if not kernel_rows:
@@ -453,87 +544,56 @@ def reference_facts(table, llama: dict, fp32: Optional[dict],
     return facts
 
 
-REFERENCES_TEMPLATE = """\
-{% set l = facts.llama %}{% set b = facts.best %}
-{% if l.status == "ok" %}
-- llama.cpp {{ l.version }} on this CPU ({{ l.quantization }} weights from the GGUF, {{ l.threads }} threads, \
-{{ l.prompt_tokens }}-token prompt, {{ l.new_tokens }} new tokens): **{{ "%.1f"|format(l.tokens_per_s) }} tok/s** decode \
-({{ "%.2f"|format(l.decode_ms_per_token) }} ms per token, p10-p90 {{ "%.2f"|format(l.decode_p10_ms) }}-\
-{{ "%.2f"|format(l.decode_p90_ms) }}), TTFT {{ "%.1f"|format(l.ttft_ms) }} ms.{% if l.note %} Note: {{ l.note }}.{% endif %}
-{% if b %}
-- The fastest batch-1 rung, **{{ b.rung }}**, decodes at {{ "%.1f"|format(b.tok_s) }} tok/s: \
-**{{ "%.2f"|format(b.ratio.ratio) }}x llama.cpp** (spread {{ "%.2f"|format(b.ratio.low) }}-\
-{{ "%.2f"|format(b.ratio.high) }}), so it {{ words[b.verdict] }} the {{ "%.1f"|format(facts.fraction) }}x goal.
-{% endif %}
-{% if facts.blocker %}{% set x = facts.blocker %}
-- What stands in the way: **{{ x.blocker }}**. Its step takes {{ "%.2f"|format(x.step_ms) }} ms against the \
-{{ "%.2f"|format(x.target_ms) }} ms that {{ "%.1f"|format(facts.fraction) }}x llama.cpp needs; profiled per step, \
-matmul kernels {{ "%.2f"|format(x.parts["matmul kernels"]) }} ms, attention {{ "%.2f"|format(x.parts["attention"]) }} ms, \
-other kernels {{ "%.2f"|format(x.parts["other kernels"]) }} ms, and the rest (Python, dispatch, graph wrappers) \
-{{ "%.2f"|format(x.parts["framework and Python"]) }} ms.
-{% endif %}
-{% else %}
-- llama.cpp was not measured: {{ l.reason }}.
-{% endif %}
-{% if facts.fp32 and facts.fp32.dtype == "float32" %}{% set f = facts.fp32 %}
-- The working dtype is float32, so {{ f.native_rung }} is the float32 eager run ({{ "%.1f"|format(f.tok_s) }} tok/s) \
-and each rung's `vs_float32_eager` is its own speedup; the fastest rung is at {{ "%.2f"|format(f.best.ratio) }}x.
-{% elif facts.fp32 %}{% set f = facts.fp32 %}
-- Against float32 eager ({{ "%.1f"|format(f.tok_s) }} tok/s): {{ f.native_rung }} in {{ f.dtype }} decodes at \
-{{ "%.2f"|format(f.native.ratio) }}x (spread {{ "%.2f"|format(f.native.low) }}-{{ "%.2f"|format(f.native.high) }}): \
-that is the working dtype's own share; the fastest rung at {{ "%.2f"|format(f.best.ratio) }}x.
-{% endif %}
-{% if facts.int8 %}{% set i = facts.int8 %}
-- The INT8 rung against {{ i.previous }}: {{ "%.2f"|format(i.ratio) }}x (spread {{ "%.2f"|format(i.low) }}-\
-{{ "%.2f"|format(i.high) }}), {{ {"faster": "faster beyond the spread", "slower": "slower beyond the spread", \
-"no_difference": "no difference beyond the noise"}[i.verdict] }}.\
-{% if i.verdict != "faster" and facts.int8_kernels %}{% set k = facts.int8_kernels %} Why: timed alone at this \
-model's shapes, the {{ k.kernel }} kernels take {{ "%.2f"|format(k.kernel_ms) }} ms per step against \
-{{ "%.2f"|format(k.dense_ms) }} ms for the {{ k.dense }} linears, a saving of {{ "%.2f"|format(k.saving_ms) }} ms \
-in a {{ "%.2f"|format(i.decode_ms) }} ms step whose p10-p90 spread is {{ "%.2f"|format(i.spread_ms) }} ms; \
-the rest of the step is not made smaller by INT8.{% endif %}
-{% endif %}
-"""
-
-
-def render_references(facts: dict) -> str:
-    """The references paragraph (Markdown) from ``reference_facts``."""
-    import jinja2
-
-    # Block tags on their own lines leave blank lines, which are dropped; an inline {% if %} at the
-    # end of a bullet keeps the bullet's newline (trim_blocks would join it to the next bullet).
-    template = jinja2.Environment(lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    text = template.from_string(REFERENCES_TEMPLATE).render(facts=facts, words=VERDICT_WORDS)
-    return "\n".join(line for line in text.splitlines() if line.strip())
-
-
 def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[dict], device: str,
                              dtype: str, new_tokens: int) -> None:
-    """llama.cpp's decode and TTFT (key figures), the best rung's ratio to it, and the float32 run."""
+    """What the references paragraph of chapter 06's template states, each a recorded figure:
+    llama.cpp's decode and TTFT (or why it was not measured), the highest batch-1 rung's ratio to it
+    with what stands in its way, the float32 eager run, and the INT8 rung's own step."""
     shape = f"batch 1, {llama.get('prompt_tokens', '?')}-token prompt, {new_tokens} new tokens"
     if llama.get("status") == "ok":
         ctx = dict(device=device, dtype=f"{llama['quantization']} weights (GGUF)", shape=shape,
                    code_path=llama["code_path"])
         results.record("llamacpp_decode_tok_s", llama["tokens_per_s"], "tok/s", key_figure=True,
-                       p10_ms=llama["decode_p10_ms"], p90_ms=llama["decode_p90_ms"], note=llama.get("note", ""),
+                       decode_ms=llama["decode_ms_per_token"], p10_ms=llama["decode_p10_ms"],
+                       p90_ms=llama["decode_p90_ms"], note=llama.get("note", ""), version=llama.get("version"),
+                       quantization=llama["quantization"], threads=llama.get("threads"),
+                       prompt_tokens=llama.get("prompt_tokens"), new_tokens=llama.get("new_tokens"),
                        system_info=llama.get("system_info", ""), **ctx)
         results.record("llamacpp_ttft_ms", llama["ttft_ms"], "ms", p10=llama["ttft_p10_ms"],
                        p90=llama["ttft_p90_ms"], **ctx)
     else:
         results.record("llamacpp_decode_tok_s", None, "tok/s", device=device, status=llama.get("status"),
-                       reason=llama.get("reason", ""))
+                       reason=llama.get("reason", "") or llama.get("error", ""))
     best = facts.get("best")
     if best and best["ratio"]:
+        blocker = facts.get("blocker") or {}
+        parts = {f"{k.split()[0]}_ms": v for k, v in (blocker.get("parts") or {}).items()}
         results.record("ladder_best_batch1_vs_llamacpp", best["ratio"]["ratio"], "x", key_figure=True,
                        device=device, dtype=dtype, shape=shape, rung=best["rung"], low=best["ratio"]["low"],
                        high=best["ratio"]["high"], verdict=best["verdict"], goal=facts["fraction"],
-                       code_path="decode tok/s of the fastest batch-1 rung over llama.cpp's, same run "
-                                 "(not part of the ladder's own ratios)",
-                       blocker=(facts.get("blocker") or {}).get("blocker"))
+                       tok_s=best["tok_s"], code_path="decode tok/s of the batch-1 rung with the highest median "
+                       "over llama.cpp's, same run (not part of the ladder's own ratios)",
+                       blocker=blocker.get("blocker"), step_ms=blocker.get("step_ms"),
+                       target_ms=blocker.get("target_ms"), **parts)
     if fp32:
         results.record("float32_eager_decode_tok_s", 1e3 / float(fp32["decode_ms_per_token"]), "tok/s",
                        device=device, dtype="float32", shape=shape,
                        code_path=fp32.get("code_path") or "native eager protocol in float32")
+        f = facts.get("fp32") or {}
+        for key, which in (("native", "float32_vs_native_rung"), ("best", "float32_vs_best_rung")):
+            if f.get(key):
+                results.record(which, f[key]["ratio"], "x", low=f[key]["low"], high=f[key]["high"],
+                               device=device, dtype=f.get("dtype") or dtype, shape=shape,
+                               rung=f["native_rung"] if key == "native" else (best or {}).get("rung"),
+                               code_path="decode tok/s of the rung over float32 eager's, same run")
+    if facts.get("int8"):
+        i, k = facts["int8"], facts.get("int8_kernels") or {}
+        results.record("int8_rung_step", i["ratio"], "x", low=i["low"], high=i["high"], previous=i["previous"],
+                       decode_ms=i.get("decode_ms"), spread_ms=i.get("spread_ms"), device=device, dtype=dtype,
+                       shape=shape, kernel=k.get("kernel"), kernel_ms=k.get("kernel_ms"), dense=k.get("dense"),
+                       dense_ms=k.get("dense_ms"), saving_ms=k.get("saving_ms"),
+                       code_path="decode tok/s of + INT8 over the rung before it; kernels timed alone at "
+                                 "this model's shapes (quant.choose_cpu_w8a16_kernel)")
 
 
 # --- building blocks for chapter 06's rungs ------------------------------------------------------
@@ -562,6 +622,7 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
     ``STEP_PARTS``), profiled on the same shapes after the timed runs.
     """
     from . import static_decode
+    from .bench import Timing
     from .generation import measure_generation
     from .models import weight_bytes
 
@@ -592,6 +653,9 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
                "prompt_tokens": out.get("prompt_tokens"), "new_tokens": out.get("new_tokens"),
                "weight_bytes": weight_bytes(model),
                "compiled_graphs": out.get("compiled_graphs"), "compile_s": out.get("compile_s")}
+        if out.get("decode_resolved"):  # run_ladder's speedup and spread: decode time per token
+            row["timing"] = Timing("decode per token", [x / 1e3 for x in out["decode_samples_ms"]],
+                                   device=str(device))
         if bandwidth_gbps:
             row["roofline_tok_s"] = (out.get("batch_size") or len(batch)) * bandwidth_gbps * 1e9 / row["weight_bytes"]
         if profile_steps and row["batch_size"] == 1 and out.get("decode_resolved"):

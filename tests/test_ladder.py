@@ -190,6 +190,7 @@ def test_headline_figures_never_mix_batch1_latency_and_batch_throughput():
     assert best["rung"] == "int8" and best["speedup"] == pytest.approx(2.5)  # not the batch rung's 10x
     batch = ladder.batch_throughput_ratio(table)
     assert batch["rung"] == "batch 8" and batch["ratio"] == pytest.approx(10.0) and batch["batch_size"] == 8
+    assert best["decision"] == "no gain beyond the noise"  # latencies without spreads: the noise is unknown
     only_batch1 = table[table["rung"] != "batch 8"]
     assert ladder.batch_throughput_ratio(only_batch1) is None
     assert ladder.best_batch1_speedup(table[table["rung"] == "eager"]) is None
@@ -284,31 +285,59 @@ def _llama(ms=10.0):
             "code_path": "llama-cpp-python 0.3.36"}
 
 
-def test_references_paragraph_from_the_facts_both_ways():
+class _Recorder:
+    def __init__(self):
+        self.m = {}
+
+    def record(self, key, value, unit="", **context):
+        self.m[key] = {"value": value, "unit": unit, **context}
+
+
+def test_references_facts_and_their_recorded_figures_both_ways():
     parts = dict(matmul_ms=25.0, attention_ms=2.0, other_ms=1.0, framework_ms=2.0)
     table = _table(_row("native eager", 40.0, dtype="bfloat16", **parts), _row("+ INT8", 30.0, **parts))
     fp32 = {"decode_ms_per_token": 60.0, "decode_p10_ms": 59.0, "decode_p90_ms": 61.0}
     facts = ladder.reference_facts(table, _llama(10.0), fp32)
     assert facts["best"]["verdict"] == "missed" and facts["blocker"]["blocker"] == "matmul kernels"
-    text = ladder.render_references(facts)
-    assert "**100.0 tok/s** decode" in text and "**0.33x llama.cpp**" in text and "misses the 0.5x goal" in text
-    assert "What stands in the way: **matmul kernels**" in text and "1.50x" in text  # 60 / 40 ms: the dtype's share
-    assert "faster beyond the spread" in text
-    assert all(line.startswith("- ") for line in text.splitlines())  # one bullet per line, none run together
-    facts = ladder.reference_facts(_table(_row("native eager", 40.0, dtype="float32"), _row("+ INT8", 30.0)),
-                                   dict(_llama(10.0), note="crashed with extra buffers"),
-                                   _row("native eager", 40.0, dtype="float32"))
-    text = ladder.render_references(facts)
-    assert "The working dtype is float32" in text and "Note: crashed with extra buffers." in text
-    assert len(text.splitlines()) == 4 and all(line.startswith("- ") for line in text.splitlines())
+    out = _Recorder()
+    ladder.record_reference_figures(out, facts, _llama(10.0), fp32, "cpu", "bfloat16", 16)
+    assert out.m["llamacpp_decode_tok_s"]["value"] == pytest.approx(100.0)
+    vs = out.m["ladder_best_batch1_vs_llamacpp"]
+    assert vs["value"] == pytest.approx(1 / 3) and vs["rung"] == "+ INT8" and vs["goal"] == 0.5
+    assert vs["blocker"] == "matmul kernels" and vs["matmul_ms"] == 25.0 and vs["target_ms"] == pytest.approx(20.0)
+    assert out.m["float32_vs_native_rung"]["value"] == pytest.approx(1.5)  # 60 / 40 ms: the dtype's share
+    assert out.m["int8_rung_step"]["value"] == pytest.approx(40 / 30) and out.m["int8_rung_step"]["low"] > 1
     fast = _table(_row("native eager", 40.0), _row("+ INT4 g32", 8.0))
     facts = ladder.reference_facts(fast, _llama(10.0), None)
-    text = ladder.render_references(facts)
-    assert facts["best"]["verdict"] == "reached" and "reaches the 0.5x goal" in text
-    assert "stands in the way" not in text and "float32 eager" not in text
-    missing = ladder.render_references(ladder.reference_facts(fast, {"status": "unavailable",
-                                                                     "reason": "no C++ compiler"}, None))
-    assert missing == "- llama.cpp was not measured: no C++ compiler."
+    assert facts["best"]["verdict"] == "reached" and facts["blocker"] is None
+    missing = _Recorder()
+    ladder.record_reference_figures(missing, ladder.reference_facts(fast, {"status": "unavailable",
+                                    "reason": "no C++ compiler"}, None), {"status": "unavailable",
+                                    "reason": "no C++ compiler"}, None, "cpu", "float32", 16)
+    assert missing.m["llamacpp_decode_tok_s"]["value"] is None
+    assert missing.m["llamacpp_decode_tok_s"]["reason"] == "no C++ compiler"
+    assert "ladder_best_batch1_vs_llamacpp" not in missing.m and "float32_eager_decode_tok_s" not in missing.m
+
+
+def test_ladder_steps_and_the_best_rung_from_the_speedup_spreads():
+    from helpers import bench
+
+    def timed(name, ms, spread):
+        return {"latency_ms": ms * 16, "tokens_per_s": 1e3 / ms, "batch_size": 1, "decode_ms_per_token": ms,
+                "decode_p10_ms": ms - spread, "decode_p90_ms": ms + spread,
+                "timing": bench.Timing(name, [(ms - spread) / 1e3, ms / 1e3, (ms + spread) / 1e3])}
+
+    metrics = {"native eager": timed("a", 40.0, 1.0), "+ graph mode": timed("b", 20.2, 1.0),
+               "+ INT8": timed("c", 20.0, 1.0)}
+    table = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in metrics], lambda v: metrics[v])
+    best = ladder.best_batch1_speedup(table)
+    row = table[table["rung"] == "+ INT8"].iloc[0]
+    assert best["rung"] == "+ INT8" and best["speedup"] == pytest.approx(row["speedup"])  # the table's ratio
+    assert best["speedup"] == pytest.approx(best["tokens_per_s"] / best["baseline_tokens_per_s"])
+    assert best["decision"] == "best, tied" and best["tied"] == ["+ graph mode"]
+    steps = ladder.ladder_steps(table)
+    assert [s["rung"] for s in steps] == ["+ graph mode", "+ INT8"] and steps[1]["previous"] == "+ graph mode"
+    assert steps[0]["low"] > 1 and steps[1]["low"] < 1 < steps[1]["high"]
 
 
 def test_llamacpp_reference_says_why_it_did_not_run():
@@ -359,9 +388,54 @@ def test_an_int8_rung_that_is_not_faster_is_explained_from_the_kernel_figures():
                {"kernel": "dequant", "decode_ms": 30.0, "decode_p10_ms": 29.0, "decode_p90_ms": 31.0}]
     facts = ladder.reference_facts(table, _llama(10.0), None, int8_kernels=kernels)
     assert facts["int8"]["verdict"] == "no_difference"
-    text = ladder.render_references(facts)
-    assert "no difference beyond the noise. Why:" in text and "int8pack kernels take 8.60 ms" in text
-    assert "saving of 0.40 ms" in text and "spread is 4.00 ms" in text
-    fast = ladder.reference_facts(_table(_row("native eager", 40.0), _row("+ INT8", 10.0)), _llama(10.0), None,
-                                  int8_kernels=kernels)
-    assert "Why:" not in ladder.render_references(fast)
+    out = _Recorder()
+    ladder.record_reference_figures(out, facts, _llama(10.0), None, "cpu", "bfloat16", 16)
+    step = out.m["int8_rung_step"]
+    assert step["kernel"] == "int8pack" and step["kernel_ms"] == 8.6 and step["saving_ms"] == pytest.approx(0.4)
+    assert step["spread_ms"] == pytest.approx(4.0) and step["low"] < 1 < step["high"]
+
+
+def test_the_ladder_figures_carry_the_batch1_protocol_and_the_table_s_ratio():
+    from helpers import bench
+
+    class _Results(_Recorder):
+        def __init__(self):
+            super().__init__()
+            self.tables, self.notes = {}, []
+
+        def table(self, name, rows):
+            self.tables[name] = rows
+
+        def note(self, text):
+            self.notes.append(text)
+
+    class _Chapter:
+        results = _Results()
+
+        def record(self, key, value, unit="", **context):
+            self.results.record(key, value, unit, **context)
+
+    def timed(ms, batch=1):
+        return {"latency_ms": ms * 16, "tokens_per_s": batch * 1e3 / ms, "batch_size": batch, "decode_ms_per_token": ms,
+                "decode_p10_ms": ms - 1, "decode_p90_ms": ms + 1, "prompt_tokens": 7, "new_tokens": 16,
+                "timing": bench.Timing("t", [(ms - 1) / 1e3, ms / 1e3, (ms + 1) / 1e3])}
+
+    metrics = {"native eager": timed(40.0), "+ INT8": timed(20.0), "+ skipped": None, "+ batch 4": timed(30.0, 4)}
+
+    def prepare(name):
+        if metrics[name] is None:
+            raise ladder.RungSkipped("off")
+        return name
+
+    table = ladder.run_ladder([(n, "", (lambda n=n: prepare(n))) for n in metrics], lambda v: metrics[v])
+    ch = _Chapter()
+    ladder.record_ladder_figures(ch, table, 16)
+    m = ch.results.m
+    assert m["ladder_tok_s_INT8"]["shape"] == "batch 1, 7-token prompt, 16 new tokens"
+    assert m["ladder_tok_s_INT8"]["prompt_tokens"] == 7 and m["ladder_tok_s_INT8"]["new_tokens"] == 16
+    best = m["ladder_best_batch1_speedup"]
+    assert best["rung"] == "+ INT8" and best["decision"] == "best, clear"
+    assert best["value"] == pytest.approx(float(table.loc[table["rung"] == "+ INT8", "speedup"].iloc[0]))
+    assert m["ladder_batch_throughput_ratio"]["value"] == pytest.approx(4 * 40 / 30)
+    assert [s["rung"] for s in ch.results.tables["ladder_steps"]] == ["+ INT8"]
+    assert list(ladder.shown(table, ("rung", "compiled_graphs", "speedup")).columns) == ["rung", "speedup"]

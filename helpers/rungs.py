@@ -1,0 +1,181 @@
+"""Chapter 06's rungs as plain data: a name, the one change it adds, one function each.
+
+Taught in ``06_optimization_ladder.ipynb``. The ladder is cumulative: a ``Climb`` holds what the
+rungs so far have changed (the model, the cache kind, the greedy loop, graph mode), and each rung
+function takes the climb, makes its one change and returns the ``ladder.Variant`` to measure, or
+raises ``ladder.RungSkipped`` saying why the rung does not apply here. ``rungs(climb)`` turns
+``RUNGS`` into the ``ladder.Rung`` list that ``ladder.run_ladder`` measures; what a rung found out on
+the way (the fused modules it really ran, the INT8 kernels it timed, the INT4 rung's agreement) stays
+on the climb for the chapter to record.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Optional
+
+from . import ladder, models, ops, quant, static_decode
+from .backend import as_device, dtype_name
+
+
+@dataclass
+class Climb:
+    """The chapter's switches and what the rungs climbed so far have changed."""
+
+    model_name: str
+    tokenizer: Any
+    device: Any
+    dtype: Any
+    prompt: str
+    batch_size: int = 8
+    graph_mode: bool = False
+    npu_graph_mode: str = "max-autotune"
+    int8: bool = True
+    int4: bool = True
+    load: Optional[Callable[[], Any]] = None  # a fresh model in the working dtype (INT4 starts from it)
+    model: Any = None
+    static: bool = False
+    loop: bool = False
+    graph: bool = False
+    options: list = field(default_factory=list)
+    fusion: Optional[dict] = None
+    int8_kernels: Optional[dict] = None
+    int8_info: Optional[dict] = None
+    int4_info: Optional[dict] = None
+    int4_quality: Optional[dict] = None
+
+    def __post_init__(self):
+        if self.load is None:
+            self.load = lambda: models.load_model(self.model_name, dtype=self.dtype, device=self.device)[0]
+        if self.model is None:
+            self.model = self.load()
+
+    def variant(self, prompts=None) -> ladder.Variant:
+        return ladder.Variant(self.model, prompts, static_cache=self.static, greedy_loop=self.loop)
+
+    def compile(self) -> None:
+        static_decode.compile_model(self.model, self.device, npu_mode=self.npu_graph_mode)
+
+    @property
+    def cpu(self) -> bool:
+        return as_device(self.device).type == "cpu"
+
+
+def native_eager(c: Climb):
+    return c.variant()
+
+
+def runtime_options(c: Climb):
+    c.options = ladder.apply_runtime_options(c.device)  # raises RungSkipped off an NPU
+    return c.variant()
+
+
+def static_cache(c: Climb):
+    c.static = True
+    return c.variant()
+
+
+def greedy_loop(c: Climb):
+    c.loop = True  # the same forward and cache; generate's per-token Python is gone
+    return c.variant()
+
+
+def fused_operators(c: Climb):
+    c.fusion = ops.apply_fused_modules(c.model)
+    return c.variant()
+
+
+def graph_mode(c: Climb):
+    if not c.graph_mode:
+        raise ladder.RungSkipped("graph_mode is off in this profile; each compile costs minutes on a CPU")
+    c.compile()
+    c.graph = True
+    return c.variant()
+
+
+def int8_weights(c: Climb):
+    if not c.int8:
+        raise ladder.RungSkipped("int8 is off in this profile")
+    static_decode.restore_eager(c.model)  # quantize the eager model, then compile it once more
+    if c.cpu:  # the kernel is timed at this model's shapes, then kept; never slower than dense
+        c.int8_kernels = quant.choose_cpu_w8a16_kernel(c.model)
+        if c.int8_kernels["decision"]["loses_to_dense"]:
+            raise ladder.RungSkipped(ladder.int8_skip_reason(c.int8_kernels["rows"]))
+    c.int8_info = quant.quantize_model_int8(c.model, impl="auto")
+    if c.graph:
+        c.compile()
+    return c.variant()
+
+
+def int4_weights(c: Climb):
+    if not c.int4:
+        raise ladder.RungSkipped("int4 is off in this profile")
+    problem = quant.int4_problem(c.device)
+    if problem:
+        raise ladder.RungSkipped(problem)
+    fresh = c.load()  # from the unquantized weights, not from INT8's, with the earlier changes
+    if c.fusion:
+        ops.apply_fused_modules(fresh)
+    before = copy.deepcopy(fresh)
+    # the layers' linears in INT4 groups of 32 (the GGUF's Q4_1); lm_head in INT8 (the GGUF's is Q8_0)
+    c.int4_info = quant.quantize_model_int4(fresh, skip=["lm_head"])
+    c.int4_info["lm_head"] = quant.quantize_model_int8(fresh, impl="auto")["impl"]
+    c.int4_quality = ladder.weight_format_check(before, fresh, c.tokenizer)
+    del before
+    c.model = fresh
+    if c.graph:
+        c.compile()
+    return c.variant()
+
+
+def batched(c: Climb):
+    if c.graph:
+        c.compile()  # a fresh count: the batch shapes get their own two graphs
+    return c.variant([c.prompt] * c.batch_size)
+
+
+# name, the one change it adds ({dtype}, {batch}, {graph} filled from the climb), the function
+RUNGS = [
+    ("native eager", "transformers generate, eager, {dtype}, dynamic KV cache", native_eager),
+    ("+ runtime options", "set_compile_mode(jit_compile=False), allow_internal_format (NPU only)",
+     runtime_options),
+    ("+ static cache", "StaticCache sized for the request, eager", static_cache),
+    ("+ greedy loop", "hand-written greedy loop over forward + static cache instead of generate",
+     greedy_loop),
+    ("+ fused operators", "apply_fused_modules, implementation named below", fused_operators),
+    ("+ graph mode", "torch.compile of forward, dynamic=False: torchair on NPU (max-autotune: whole graph "
+     "to GE), inductor elsewhere (CPU: freezing; inductor's GEMM autotuning once weights are quantized)",
+     graph_mode),
+    ("+ INT8", "weight-only INT8 linears W8A16, quantized then {graph}", int8_weights),
+    ("+ INT4 g32", "weight-only INT4 replacing INT8 in the layers, groups of 32 with a scale and zero each "
+     "(the grid of the GGUF's Q4_1), lm_head INT8 (Q8_0 in the GGUF): about the bytes llama.cpp reads; "
+     "{dtype} activations, {graph}", int4_weights),
+    ("+ batch {batch}", "the previous rung serving {batch} users at once", batched),
+]
+
+
+def rungs(climb: Climb, order=RUNGS) -> list[ladder.Rung]:
+    """``order`` (default ``RUNGS``) as the ``ladder.Rung`` list of this climb."""
+    words = {"dtype": dtype_name(climb.dtype), "batch": climb.batch_size,
+             "graph": "forward compiled, dynamic=False, static cache" if climb.graph_mode else "eager"}
+    return [ladder.Rung(name.format(**words), text.format(**words), partial(fn, climb))
+            for name, text, fn in order]
+
+
+def fusion_description(fusion: Optional[dict]) -> Optional[str]:
+    """What the fused-operators rung really ran on this device (None when it did not run)."""
+    if not fusion:
+        return None
+    return (f"RMSNorm {fusion['impl']}, SwiGLU {fusion['swiglu_impl']}, gate and up merged into one matmul "
+            f"({fusion['rmsnorm']} norms, {fusion['mlp']} MLPs replaced)")
+
+
+def weight_formats(c: Climb) -> list[dict]:
+    """One row per weight format a rung produced: bytes before and after, layers, kernel."""
+    rows = []
+    for name, info in (("INT8", c.int8_info), ("INT4 g32", c.int4_info)):
+        if info:
+            rows.append({"format": name, **{k: info.get(k) for k in ("bytes_before", "bytes_after", "layers",
+                                                                    "impl", "lm_head")}})
+    return rows

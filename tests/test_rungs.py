@@ -1,0 +1,79 @@
+"""Chapter 06's rungs: plain data, cumulative, each skipping cleanly where it does not apply."""
+import pytest
+
+from helpers import ladder, ops, quant, rungs, static_decode
+
+
+@pytest.fixture
+def climb(monkeypatch):
+    calls = []
+    monkeypatch.setattr(static_decode, "compile_model", lambda *a, **k: calls.append("compile"))
+    monkeypatch.setattr(static_decode, "restore_eager", lambda *a, **k: calls.append("restore"))
+    monkeypatch.setattr(ops, "apply_fused_modules", lambda m: {"impl": "reference", "swiglu_impl": "reference",
+                                                                "rmsnorm": 3, "mlp": 2})
+    monkeypatch.setattr(quant, "quantize_model_int8", lambda m, impl: {"impl": "int8pack", "layers": 7,
+                                                                       "bytes_before": 10, "bytes_after": 5})
+    c = rungs.Climb("tiny", None, "cpu", "float32", "hello", batch_size=4, load=lambda: object())
+    c.calls = calls
+    return c
+
+
+def _by_name(c):
+    return {r.name: r for r in rungs.rungs(c)}
+
+
+def test_rungs_are_data_with_the_run_s_words(climb):
+    names = [r.name for r in rungs.rungs(climb)]
+    assert names[0] == "native eager" and names[-1] == "+ batch 4" and len(set(names)) == len(names)
+    text = {r.name: r.description for r in rungs.rungs(climb)}
+    assert "float32" in text["native eager"] and "eager" in text["+ INT8"]
+    assert "bfloat16" not in text["+ INT4 g32"]  # the activations' dtype is the run's
+
+
+def test_the_climb_is_cumulative_and_graph_mode_off_skips_cleanly(climb):
+    r = _by_name(climb)
+    assert not r["native eager"].prepare().static_cache
+    assert r["+ static cache"].prepare().static_cache and not climb.loop
+    v = r["+ greedy loop"].prepare()
+    assert v.static_cache and v.greedy_loop
+    r["+ fused operators"].prepare()
+    assert rungs.fusion_description(climb.fusion).startswith("RMSNorm reference, SwiGLU reference")
+    with pytest.raises(ladder.RungSkipped, match="graph_mode is off"):
+        r["+ graph mode"].prepare()
+    with pytest.raises(ladder.RungSkipped):  # the NPU switches live in torch_npu
+        r["+ runtime options"].prepare()
+    assert r["+ batch 4"].prepare().prompts == ["hello"] * 4 and "compile" not in climb.calls
+
+
+def test_int8_is_skipped_when_off_or_slower_and_recompiles_in_graph_mode(climb, monkeypatch):
+    climb.int8 = False
+    with pytest.raises(ladder.RungSkipped, match="int8 is off"):
+        _by_name(climb)["+ INT8"].prepare()
+    climb.int8 = True
+    rows = [{"kernel": "dense float32", "decode_ms": 9.0, "decode_p10_ms": 8.9, "decode_p90_ms": 9.1},
+            {"kernel": "int8pack", "decode_ms": 12.0, "decode_p10_ms": 11.9, "decode_p90_ms": 12.1}]
+    monkeypatch.setattr(quant, "choose_cpu_w8a16_kernel",
+                        lambda m: {"rows": rows, "decision": {"loses_to_dense": True}})
+    monkeypatch.setattr(ladder, "int8_skip_reason", lambda rows: "dense was faster")
+    with pytest.raises(ladder.RungSkipped, match="dense was faster"):
+        _by_name(climb)["+ INT8"].prepare()
+    monkeypatch.setattr(quant, "choose_cpu_w8a16_kernel",
+                        lambda m: {"rows": rows, "decision": {"loses_to_dense": False}})
+    climb.graph_mode = True
+    climb.calls.clear()
+    r = _by_name(climb)
+    r["+ graph mode"].prepare()
+    r["+ INT8"].prepare()
+    assert climb.calls == ["compile", "restore", "compile"]
+    assert rungs.weight_formats(climb) == [{"format": "INT8", "bytes_before": 10, "bytes_after": 5, "layers": 7,
+                                            "impl": "int8pack", "lm_head": None}]
+
+
+def test_int4_off_or_unsupported_says_why(climb, monkeypatch):
+    climb.int4 = False
+    with pytest.raises(ladder.RungSkipped, match="int4 is off"):
+        _by_name(climb)["+ INT4 g32"].prepare()
+    climb.int4 = True
+    monkeypatch.setattr(quant, "int4_problem", lambda device: "no INT4 kernel on this device")
+    with pytest.raises(ladder.RungSkipped, match="no INT4 kernel"):
+        _by_name(climb)["+ INT4 g32"].prepare()
