@@ -1,0 +1,113 @@
+"""The Chinese edition is the English one in another language: same code, same order, own words."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import prose
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import sync_editions  # noqa: E402
+
+PAIRS = list(sync_editions.pairs())
+CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+
+
+def _ids(pair):
+    return pair[0].parent.name + "/" + pair[0].stem
+
+
+def _markdown(path: Path) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+            if c["cell_type"] == "markdown"]
+
+
+def _prose_only(text: str) -> str:
+    """Markdown without code blocks, inline code, quotes of the guides (already Chinese) and links."""
+    text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    return text
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=_ids)
+def test_every_notebook_has_a_chinese_edition_with_the_same_code(pair):
+    english, chinese = pair
+    assert not sync_editions.differences(english, chinese), sync_editions.differences(english, chinese)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=_ids)
+def test_headings_line_up(pair):
+    english, chinese = pair
+    if not chinese.exists():
+        pytest.fail(f"{chinese.relative_to(REPO)} does not exist")
+
+    def levels(path):
+        return [len(m.group(1)) for cell in _markdown(path) for m in re.finditer(r"^(#+) ", cell, re.M)]
+
+    assert levels(english) == levels(chinese), f"{chinese.name}: headings differ from {english.name}"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=_ids)
+def test_the_chinese_markdown_is_chinese(pair):
+    english, chinese = pair
+    if not chinese.exists():
+        pytest.fail(f"{chinese.relative_to(REPO)} does not exist")
+    for i, cell in enumerate(_markdown(chinese)):
+        text = _prose_only(cell)
+        words = re.findall(r"[A-Za-z]{3,}", text)
+        # English left untranslated: a paragraph of English words with no Chinese beside it
+        assert len(words) < 12 or CJK.search(text), f"{chinese.name}: markdown cell {i} reads as English"
+
+
+def test_changing_code_in_one_edition_fails(tmp_path, monkeypatch):
+    english, chinese = tmp_path / "a.ipynb", tmp_path / "zh" / "a.ipynb"
+    chinese.parent.mkdir()
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# A"]},
+             {"cell_type": "code", "metadata": {}, "source": ["x = 1"], "outputs": [], "execution_count": None}]
+    english.write_text(json.dumps({"cells": cells}))
+    zh = json.loads(json.dumps({"cells": cells}))
+    zh["cells"][0]["source"] = ["# 甲"]
+    chinese.write_text(json.dumps(zh))
+    monkeypatch.setattr(sync_editions, "REPO", tmp_path)
+    assert sync_editions.differences(english, chinese) == []
+    zh["cells"][1]["source"] = ["x = 2"]
+    chinese.write_text(json.dumps(zh))
+    assert sync_editions.differences(english, chinese) == ["a.ipynb: code cell 1 differs from the English edition"]
+    assert sync_editions.sync(english, chinese)  # the sync tool puts the English code back
+    assert sync_editions.differences(english, chinese) == []
+    assert json.loads(chinese.read_text())["cells"][0]["source"] == ["# 甲"]
+
+
+def test_the_check_mode_of_the_sync_tool_passes_on_the_repository():
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "sync_editions.py"), "--check"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def _keys(data, prefix=""):
+    if isinstance(data, dict):
+        return {k for key, value in data.items() for k in _keys(value, f"{prefix}{key}.")} | {prefix}
+    return {prefix}
+
+
+@pytest.mark.parametrize("kind", ["words", "labels"])
+def test_both_languages_have_every_phrase_and_label(kind):
+    en = yaml.safe_load((prose.TEMPLATES / f"{kind}.en.yaml").read_text(encoding="utf-8"))
+    zh = yaml.safe_load((prose.TEMPLATES / f"{kind}.zh.yaml").read_text(encoding="utf-8"))
+    assert _keys(en) == _keys(zh), sorted(_keys(en) ^ _keys(zh))
+
+
+@pytest.mark.parametrize("template", sorted(prose.TEMPLATES.glob("[0-9][0-9]_*.en.md.j2")), ids=lambda p: p.name)
+def test_every_template_has_a_chinese_twin_with_the_same_blocks(template):
+    chapter = template.name.split(".")[0]
+    twin = template.with_name(f"{chapter}.zh.md.j2")
+    assert twin.exists(), f"{twin.name} is missing"
+    assert prose.blocks(chapter, "zh") == prose.blocks(chapter, "en")
