@@ -129,9 +129,10 @@ def count_ops(fn: Callable[[], object], device="cpu", *, warmup: int = 1) -> dic
 # (eager, or called from a compiled graph), oneDNN's prepacked linear (inductor freezing), inductor's
 # C++ GEMM templates (``graph_N_gemm_...`` with ``cpp.enable_kernel_profile``), the int8 / int4
 # weight-only kernels, quantize_dynamic's, and the NPU / CUDA matmul kernels.
+# mkl::_mkl_linear: what a frozen inductor graph on a CPU calls for float32 linears with ATen GEMMs
 MATMUL_KERNELS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm",
-                  "aten::_weight_int4pack_mm_for_cpu", "mkldnn::_linear_pointwise", "quantized::linear",
-                  "npu::npu_weight_quant_batchmatmul", "npu::npu_quant_matmul")
+                  "aten::_weight_int4pack_mm_for_cpu", "mkldnn::_linear_pointwise", "mkl::_mkl_linear",
+                  "quantized::linear", "npu::npu_weight_quant_batchmatmul", "npu::npu_quant_matmul")
 MATMUL_NAME_PARTS = ("_gemm_", "gemm", "gemv", "cutlass", "xmma", "woq")
 ATTENTION_NAME_PARTS = ("scaled_dot_product", "flash_attention", "fusion_attention", "attention_score")
 

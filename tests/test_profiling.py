@@ -14,7 +14,7 @@ def test_top_ops_lists_matmuls(tiny_model):
 
 @pytest.mark.parametrize("name, kind", [
     ("aten::mm", "weight matmul"), ("aten::addmm", "weight matmul"),
-    ("mkldnn::_linear_pointwise", "weight matmul"), ("graph_1_gemm_m1n256k256_kernel", "weight matmul"),
+    ("mkldnn::_linear_pointwise", "weight matmul"), ("mkl::_mkl_linear", "weight matmul"), ("graph_1_gemm_m1n256k256_kernel", "weight matmul"),
     ("aten::_weight_int8pack_mm", "weight matmul"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
     ("graph_1_cpp_fused__scaled_dot_product_flash_attention_for_cpu__to_copy", "attention"),
