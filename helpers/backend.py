@@ -850,9 +850,3 @@ def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
                 row[f"{phase}_ratio_high"] = r[f"{phase}_p90_ms"] / base[f"{phase}_p10_ms"]
         out.append(row)
     return pd.DataFrame(out)
-
-
-def base_version(version: str) -> tuple[int, int, int]:
-    """'2.1.0.post10' / '2.13.0+cpu' -> (2, 1, 0)."""
-    numbers = [int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3]]
-    return tuple((numbers + [0, 0, 0])[:3])  # type: ignore[return-value]

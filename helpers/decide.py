@@ -42,11 +42,6 @@ def direction(low: float, high: float, neutral: float = 1.0) -> str:
     return SAME
 
 
-def speedup_direction(speedup) -> str:
-    """``direction`` of a ``bench.Speedup`` (or any object with ``low`` and ``high``)."""
-    return direction(speedup.low, speedup.high)
-
-
 def spreads_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Do two (low, high) ranges overlap? Two figures whose p10-p90 ranges overlap are not ranked."""
     (a_lo, a_hi), (b_lo, b_hi) = sorted(a), sorted(b)
@@ -134,13 +129,6 @@ def effect(claimed: float, measured: float, neutral: float, *, low: Optional[flo
     if measured_size * factor < claimed_size:
         return "smaller effect"
     return "same effect"
-
-
-def share_of(part: float, whole: float) -> float:
-    """``part`` as a percentage of ``whole`` (nan when ``whole`` is not positive)."""
-    if not _finite(part, whole) or whole <= 0:
-        return math.nan
-    return 100.0 * part / whole
 
 
 def bandwidth_regime(achieved_gbps: float, bandwidth_gbps: float, bound_share: float = 0.6) -> str:

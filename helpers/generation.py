@@ -332,12 +332,6 @@ def prompt_of_length(tokenizer, n_tokens: int, text: Optional[str] = None) -> tu
     return prompt, count
 
 
-def compile_forward(model, device, **options) -> str:
-    """Graph mode for generate: ``static_decode.compile_model`` (``dynamic=False``, graphs counted,
-    the recompile limit an error); returns the backend used. Measure it with ``static_cache=True``."""
-    return static_decode.compile_model(model, device, **options).backend
-
-
 def cpu_contention(device) -> Optional[str]:
     """A warning when CPU timings are unreliable because the cores are oversubscribed, else None.
 

@@ -232,11 +232,13 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
     ``best_batch1_speedup`` decides it (the table's own ratio, with its spread), the batch rung's
     throughput ratio, the graph counts and each batch-1 step (``ladder_steps``). ``ch`` is the
     chapter (``helpers.chapter.Chapter``)."""
-    ch.results.table("ladder", table)
-    ok = table[table["status"] == "ok"]
-
     def whole(value):  # a count read from a column with gaps (pandas made it a float)
         return int(value) if value is not None and value == value else None
+
+    # Counts are recorded as whole numbers (a template shows "2 graphs", not "2.00 graphs").
+    rows = [{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()} for row in table.to_dict("records")]
+    ch.results.table("ladder", rows)
+    ok = table[table["status"] == "ok"]
 
     for _, row in ok.iterrows():
         extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if k in row and row[k] == row[k]
@@ -269,6 +271,7 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
     ch.results.table("ladder_steps", ladder_steps(table))
 
 
+COUNT_COLUMNS = ("batch_size", "prompt_tokens", "new_tokens", "compiled_graphs")
 # The columns chapter 06 shows: the ladder, then the references and the split of each step.
 LADDER_COLUMNS = ("rung", "status", "batch_size", "prompt_tokens", "new_tokens", "latency_ms", "tokens_per_s",
                   "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "speedup", "speedup_low",
@@ -438,11 +441,6 @@ def decode_step_parts(model, tokenizer, prompts: Sequence[str], *, decode_ms: fl
     shares["framework and Python"] = max(1.0 - sum(shares.values()), 0.0)
     return {**{k: v * decode_ms for k, v in shares.items()}, "decode_ms": decode_ms, "steps_profiled": steps,
             "profiled_step_ms": wall / steps}
-
-
-def largest_part(parts: dict) -> str:
-    """The part of ``STEP_PARTS`` that takes the most of the step."""
-    return max(STEP_PARTS, key=lambda k: parts.get(k, 0.0))
 
 
 def what_stands_in_the_way(parts: dict, reference_ms: float,

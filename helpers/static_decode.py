@@ -453,13 +453,6 @@ def graph_fields(compiled: Optional[CompiledForward], before: tuple = (0, 0.0)) 
     return fields
 
 
-def inductor_autotuned(fields: dict) -> bool:
-    """Whether a graph measurement ran kernels inductor's GEMM autotuning chose. On torchair,
-    ``max-autotune`` means the whole graph to GE instead, so the backend decides, not the words."""
-    return fields.get("graph_backend") == "inductor" and "max-autotune GEMM" in str(fields.get("graph_settings", ""))
-
-
-
 def compiled_module_runs_generate_compiled() -> bool:
     """Does ``torch.compile(model).generate(...)`` run the compiled graph? Checked on a tiny module
     (chapter 03 records it): ``torch.compile`` returns an ``OptimizedModule`` whose attributes other

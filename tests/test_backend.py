@@ -226,9 +226,6 @@ def test_bf16_where_the_device_lacks_it(fake_torch_npu, monkeypatch):
     assert backend.parse_dtype("fp16", "npu") == torch.float16
 
 
-def test_base_version():
-    assert backend.base_version("2.1.0.post10") == (2, 1, 0)
-    assert backend.base_version("2.13.0+cpu") == (2, 13, 0)
 
 
 # --- the CPU working dtype, chosen by timing -------------------------------------------------

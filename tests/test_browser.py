@@ -149,52 +149,71 @@ def test_the_probe_sees_overflow_and_untagged_verdicts(chromium, tmp_path):
     assert numbers["tagged"] == 2 and numbers["emptyClass"] == 1 and numbers["classes"] == ["supported"]
 
 
+# The same checks for both editions; a Chinese page must also draw its Chinese text (not boxes).
+EDITIONS = [pytest.param("en", "quick_run", id="en"), pytest.param("zh", "zh_quick_run", id="zh")]
+
+
 @pytest.mark.notebooks
-def test_index_fits_1280px_and_tags_its_verdict_counts(chromium, quick_run):
-    index = quick_run["run_dir"] / "index.html"
-    assert index.exists(), quick_run["proc"].stdout[-3000:] + quick_run["proc"].stderr[-3000:]
+@pytest.mark.parametrize("lang, run_fixture", EDITIONS)
+def test_index_fits_1280px_and_tags_its_verdict_counts(chromium, request, lang, run_fixture):
+    executed = request.getfixturevalue(run_fixture)
+    index = executed["run_dir"] / "index.html"
+    assert index.exists(), executed["proc"].stdout[-3000:] + executed["proc"].stderr[-3000:]
     numbers = probe_page(chromium, index)
-    assert_fits(numbers, "index.html")
+    assert_fits(numbers, f"index.html ({lang})")
     assert numbers["untaggedCounts"] == 0 and numbers["emptyClass"] == 0, numbers
     assert numbers["tagged"] > 0, f"the index shows no verdict counts by class ({REPORT_CHAPTER} is in the run)"
+    if lang == "zh":
+        assert_chinese_shown(numbers, "index.html (zh)")
 
 
 @pytest.mark.notebooks
-def test_claims_report_fits_1280px_and_every_verdict_carries_its_class(chromium, quick_run):
-    page = quick_run["run_dir"] / REPORT_CHAPTER / "claims_report.html"
-    assert page.exists(), f"{REPORT_CHAPTER} wrote no claims_report.html in the quick run"
+@pytest.mark.parametrize("lang, run_fixture", EDITIONS)
+def test_claims_report_fits_1280px_and_every_verdict_carries_its_class(chromium, request, lang, run_fixture):
+    executed = request.getfixturevalue(run_fixture)
+    page = executed["run_dir"] / REPORT_CHAPTER / "claims_report.html"
+    assert page.exists(), f"{REPORT_CHAPTER} ({lang}) wrote no claims_report.html in the quick run"
     numbers = probe_page(chromium, page)
-    assert_fits(numbers, "claims_report.html")
+    assert_fits(numbers, f"claims_report.html ({lang})")
     n_claims = len(claims.load_claims())
     assert numbers["tagged"] >= n_claims, (
         f"{numbers['tagged']} elements carry data-verdict-class, but the audit has {n_claims} claims: "
         "every verdict cell needs its class")
     assert numbers["emptyClass"] == 0, numbers
     assert set(numbers["classes"]) <= set(claims.VERDICT_CLASSES), (numbers["classes"], sorted(claims.VERDICT_CLASSES))
+    if lang == "zh":
+        assert_chinese_shown(numbers, "claims_report.html (zh)", at_least=200)
 
 
-def test_the_pages_of_a_partial_run_fit_and_tag_every_verdict(chromium, tmp_path):
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_pages_of_a_partial_run_fit_and_tag_every_verdict(chromium, tmp_path, lang):
     """Without the notebooks: the index and claims report of a hand-made partial run, in the browser."""
     from test_report import make_partial_run
 
     from helpers import report, run
 
-    run_dir = make_partial_run(tmp_path / "partial")
+    run_dir = make_partial_run(tmp_path / f"partial-{lang}")
     folder = read_run(run_dir, expected=workbook_chapters())
     audit = claims.verdicts(run_dir)
-    page = report.write_claims_report(run_dir / REPORT_CHAPTER / "claims_report.html", "partial", audit,
+    page = report.write_claims_report(run_dir / REPORT_CHAPTER / "claims_report.html", run_dir.name, audit,
                                       status=folder.status_table(), figures=report.key_figures(folder.results()),
-                                      plots=[report.plot_verdicts(audit), report.plot_ladder(folder.results())])
+                                      plots=[report.plot_verdicts(audit), report.plot_ladder(folder.results())],
+                                      lang=lang)
     numbers = probe_page(chromium, page)
     assert_fits(numbers, page.name)
     assert numbers["tagged"] == len(claims.VERDICT_CLASSES) + len(audit) and numbers["emptyClass"] == 0
+    assert set(numbers["classes"]) <= set(claims.VERDICT_CLASSES)
+    if lang == "zh":
+        assert_chinese_shown(numbers, page.name, at_least=200)
     res = Results(REPORT_CHAPTER, run_dir)
     res.table("verdict_counts", [{"verdict_class": c, "claims": n} for c, n in claims.verdict_counts(audit).items()])
     res.finish()
-    index = run.write_index(run_dir, json.loads((run_dir / "run.json").read_text()))
+    index = run.write_index(run_dir, {**json.loads((run_dir / "run.json").read_text()), "lang": lang})
     numbers = probe_page(chromium, index)
     assert_fits(numbers, index.name)
     assert numbers["untaggedCounts"] == 0 and numbers["tagged"] == 2 * len(claims.VERDICT_CLASSES)
+    if lang == "zh":
+        assert_chinese_shown(numbers, index.name)
 
 
 # --- the Chinese pages ---------------------------------------------------------------------------
@@ -235,54 +254,3 @@ def test_the_probe_sees_tofu_when_no_font_has_the_glyphs(chromium, tmp_path):
     assert hidden["cjkChars"] == shown["cjkChars"] and len(hidden["tofu"]) == hidden["cjkChars"], hidden
     with pytest.raises(AssertionError, match="missing-glyph boxes"):
         assert_chinese_shown(hidden, page.name)
-
-
-def test_the_chinese_pages_of_a_partial_run_fit_and_show_their_text(chromium, tmp_path):
-    """Without the notebooks: the Chinese index and claims report of a hand-made partial run."""
-    from test_report import make_partial_run
-
-    from helpers import report, run
-
-    run_dir = make_partial_run(tmp_path / "partial-zh")
-    folder = read_run(run_dir, expected=workbook_chapters())
-    audit = claims.verdicts(run_dir)
-    page = report.write_claims_report(run_dir / REPORT_CHAPTER / "claims_report.html", "partial-zh", audit,
-                                      status=folder.status_table(), figures=report.key_figures(folder.results()),
-                                      plots=[report.plot_verdicts(audit)], lang="zh")
-    numbers = probe_page(chromium, page)
-    assert_fits(numbers, page.name)
-    assert numbers["tagged"] == len(claims.VERDICT_CLASSES) + len(audit) and numbers["emptyClass"] == 0
-    assert set(numbers["classes"]) <= set(claims.VERDICT_CLASSES)
-    assert_chinese_shown(numbers, page.name, at_least=200)
-    res = Results(REPORT_CHAPTER, run_dir)
-    res.table("verdict_counts", [{"verdict_class": c, "claims": n} for c, n in claims.verdict_counts(audit).items()])
-    res.finish()
-    data = {**json.loads((run_dir / "run.json").read_text()), "lang": "zh"}
-    index = run.write_index(run_dir, data)
-    numbers = probe_page(chromium, index)
-    assert_fits(numbers, index.name)
-    assert numbers["untaggedCounts"] == 0 and numbers["tagged"] == 2 * len(claims.VERDICT_CLASSES)
-    assert_chinese_shown(numbers, index.name)
-
-
-@pytest.mark.notebooks
-def test_the_chinese_index_fits_1280px_and_shows_chinese(chromium, zh_quick_run):
-    index = zh_quick_run["run_dir"] / "index.html"
-    assert index.exists(), zh_quick_run["proc"].stdout[-3000:] + zh_quick_run["proc"].stderr[-3000:]
-    numbers = probe_page(chromium, index)
-    assert_fits(numbers, "index.html (zh)")
-    assert_chinese_shown(numbers, "index.html (zh)")
-    assert numbers["untaggedCounts"] == 0 and numbers["emptyClass"] == 0, numbers
-    assert numbers["tagged"] > 0, f"the Chinese index shows no verdict counts by class ({REPORT_CHAPTER} is in the run)"
-
-
-@pytest.mark.notebooks
-def test_the_chinese_claims_report_fits_1280px_and_shows_chinese(chromium, zh_quick_run):
-    page = zh_quick_run["run_dir"] / REPORT_CHAPTER / "claims_report.html"
-    assert page.exists(), f"the Chinese {REPORT_CHAPTER} wrote no claims_report.html in its quick run"
-    numbers = probe_page(chromium, page)
-    assert_fits(numbers, "claims_report.html (zh)")
-    assert_chinese_shown(numbers, "claims_report.html (zh)", at_least=200)
-    assert numbers["tagged"] >= len(claims.load_claims()) and numbers["emptyClass"] == 0, numbers
-    assert set(numbers["classes"]) <= set(claims.VERDICT_CLASSES)
-

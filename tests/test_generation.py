@@ -157,7 +157,7 @@ def test_noise_larger_than_decode_gives_no_figure(tiny_model, monkeypatch):
     assert r["decode_ms_per_token"] != r["decode_ms_per_token"]  # NaN, never a negative speed
 
 
-def test_compile_forward_dispatches_by_device(tiny_model, monkeypatch):
+def test_compile_model_dispatches_by_device(tiny_model, monkeypatch):
     """inductor on CPU, torchair's NPU backend on NPU, always dynamic=False; nothing is compiled."""
     import sys
     import types
@@ -174,9 +174,9 @@ def test_compile_forward_dispatches_by_device(tiny_model, monkeypatch):
     fake_torchair = types.SimpleNamespace(CompilerConfig=Config, get_npu_backend=lambda **kw: "npu-backend")
     monkeypatch.setitem(sys.modules, "torchair", fake_torchair)
     try:
-        assert generation.compile_forward(model, "cpu") == "inductor"
+        assert static_decode.compile_model(model, "cpu").backend == "inductor"
         assert calls[-1]["backend"] == "inductor" and calls[-1]["dynamic"] is False
-        assert generation.compile_forward(model, "npu", npu_mode="reduce-overhead") == "torchair"
+        assert static_decode.compile_model(model, "npu", npu_mode="reduce-overhead").backend == "torchair"
         assert calls[-1]["backend"] == "npu-backend" and calls[-1]["dynamic"] is False
         assert "mode" not in calls[-1]  # torchair's mode goes to its CompilerConfig, not torch.compile
     finally:

@@ -1,6 +1,7 @@
 """llama.cpp beside the ladder (chapter 06): availability from the setup's record, the protocol's
 arithmetic, and a child that crashes or is missing giving a reason instead of a figure."""
 import json
+import os
 import sys
 
 import pytest
@@ -80,11 +81,18 @@ def test_the_child_reports_an_illegal_instruction_as_a_build_for_another_cpu(tmp
     assert out is None and failure[0] == -4 and "another CPU" in failure[1]
 
 
-@pytest.mark.skipif(llamacpp.installed_version() is None, reason="llama-cpp-python is not installed here")
 def test_llamacpp_runs_the_embedded_gguf_with_fixed_new_tokens():
     from helpers import models
+
+    if llamacpp.installed_version() is None:
+        setup = llamacpp.read_setup_status()
+        # In CI a build that setup attempted and lost is a failure, not a skip (chapter 06 would
+        # silently lose its reference); a build switched off (WORKBOOK_LLAMACPP=0, the legacy set) skips.
+        if os.environ.get("CI") and setup.get("status") == "failed":
+            pytest.fail(f"setup could not build llama-cpp-python: {setup.get('reason')}")
+        pytest.skip(f"llama-cpp-python is not installed here ({setup.get('status', 'setup never ran')})")
 
     out = llamacpp.measure(models.locate_embedded_gguf(), [28120, 260, 5896, 282], 6, threads=1, repeats=1)
     assert out["status"] == "ok", out
     assert len(out["tokens"]) == 6 and out["decode_ms_per_token"] > 0 and out["ttft_ms"] > 0
-    assert "CPU" in out["system_info"] or out["system_info"]
+    assert "CPU" in out["system_info"]

@@ -148,3 +148,9 @@ def test_vermin_would_catch_a_newer_construct(tmp_path):
     proc = subprocess.run([vermin, "-t=3.9-", "--no-tips", "--violations", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
+
+
+def test_version_tuple_drops_local_and_post_parts():
+    assert versions.version_tuple("2.1.0.post10") == (2, 1, 0)
+    assert versions.version_tuple("2.13.0+cpu") == (2, 13, 0)
+    assert versions.version_tuple("5.24.0.dev0") == (5, 24, 0) and versions.version_tuple("2.5") == (2, 5, 0)
