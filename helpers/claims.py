@@ -378,11 +378,12 @@ def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[di
 
 
 def _not_measured(ev: Evidence, dotted: str, where: str = "") -> Verdict:
-    chapter = dotted.partition(".")[0]
+    chapter, _, name = dotted.partition(".")
     state = ev.chapter_state(chapter)
-    why = f"{chapter} {state}" if state not in ("ok", "skipped") else \
-        f"{chapter} ({state}) did not record {dotted.partition('.')[2]}"
-    reason = ev.results.get(chapter, {}).get("status_reason")
+    why = f"{chapter} {state}" if state not in ("ok", "skipped") else f"{chapter} ({state}) did not record {name}"
+    # a chapter that ran but could not record the figure notes why as "<name> not recorded: <why>"
+    said = [n for n in ev.results.get(chapter, {}).get("notes") or [] if str(n).startswith(f"{name} not recorded: ")]
+    reason = ev.results.get(chapter, {}).get("status_reason") or (said[0].split(": ", 1)[1] if said else "")
     return Verdict("not measured in this run", why + (f": {reason}" if reason else "")
                    + (f"; run {where}" if where else ""), "none")
 

@@ -1380,6 +1380,8 @@ def record_users(ch, users) -> tuple[Optional[float], str]:
                   shape="chapter 04's batch sizes and lengths",
                   code_path="users served, vLLM over our path, p90 for both")
     else:
-        ch.results.note(f"users_served_ratio not recorded: {why}")
+        from .prose import words  # the decision's English sentence: the claims audit quotes this note
+
+        ch.results.note(f"users_served_ratio not recorded: {words('en').get(why, why)}")
         ch.record("users_served_no_ratio", why, code_path="serving.users_ratio")
     return ratio, why

@@ -165,6 +165,17 @@ def test_failed_or_skipped_chapters_are_named(table, tmp_path):
     assert v["verdict"] == "not measured in this run" and "skipped in this fixture" in v["detail"]
 
 
+def test_a_figure_a_chapter_could_not_record_is_not_measured_with_the_chapters_reason(table, tmp_path):
+    cid = _claim_for(table, "07_serving.users_served_ratio")
+    res = _chapter(tmp_path, "07_serving", {"other": (1.0, "cpu")})
+    v = _verdict(table, tmp_path, cid)
+    assert v["verdict"] == "not measured in this run" and v["detail"].startswith("07_serving (ok) did not record")
+    res.note("users_served_ratio not recorded: both sweeps met the targets at their largest level")
+    v = _verdict(table, tmp_path, cid)
+    assert v["verdict"] == "not measured in this run"
+    assert "did not record users_served_ratio: both sweeps met the targets at their largest level" in v["detail"]
+
+
 def test_guide_internal_inconsistencies(table, tmp_path):
     out = claims.verdicts(tmp_path, table[table["rule"] == "consistency"]).set_index("id")
     assert out.loc["C38", "verdict"] == "internally inconsistent"   # 16.2 vs 16.5 and 16.6

@@ -609,6 +609,9 @@ def test_the_chapter_records_the_engine_ratio_and_users_served(tmp_path):
     assert ratio is None and why == serving.NO_USERS_RATIO_BOUND  # vLLM still met the targets at its top
     assert metrics["users_served_our_path_chapter_04_batch_sweep"]["value"] == 2
     assert metrics["users_served_no_ratio"]["value"] == serving.NO_USERS_RATIO_BOUND
+    # the note the claims audit quotes is the sentence, not the decision key
+    assert "users_served_ratio not recorded: a sweep ended while its largest level still met both targets" in \
+        " ".join(ch.results.data["notes"])
     tight = serving.users_table(serving.users_entries(pd.DataFrame(), None, comparison, points), 1000, 20.5)
     ratio, why = serving.record_users(_chapter(tmp_path / "tight", tpot_target_ms=20.5), tight)
     assert (ratio, why) == (None, serving.NO_USERS_RATIO_BASELINE)  # our path meets 20.5 ms nowhere
