@@ -133,17 +133,19 @@ def auto_dtype_choice(parameters: dict, device, *, reuse: bool = True):
     return None
 
 
-def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any, str, str]:
-    """``(dtype, reason, source)`` of a chapter. ``dtype=auto`` is ``backend.choose_dtype``: on a CPU
-    the choice chapter 00 measured and recorded in this run (``run_dir``, else the runner's
+def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any, str, str, Any]:
+    """``(dtype, reason, source, choice)`` of a chapter (``choice``: dtype=auto's
+    ``backend.DtypeChoice``, None when the parameter set the dtype). ``dtype=auto`` is
+    ``backend.choose_dtype``: on a CPU the choice chapter 00 measured and recorded in this run
+    (``run_dir``, else the runner's
     ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level and thread count, else measured
     now at the ``model`` parameter's shapes; so every chapter of a run works in the same dtype, the
     one chapters 05 and 06 get from ``backend.parse_dtype`` too."""
     picked = auto_dtype_choice(parameters, device, reuse=reuse)
     if picked is not None:
-        return picked.dtype, picked.reason, picked.source
+        return picked.dtype, picked.reason, picked.source, picked
     return backend.parse_dtype(parameters.get("dtype", "auto"), device), "set by the dtype parameter", \
-        "the dtype parameter"
+        "the dtype parameter", None
 
 
 def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,
@@ -160,9 +162,8 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     lang = edition_language(parameters.get("lang", lang))
     choice = backend.pick_device(parameters.get("device", "auto"))
     # chapter 00 measures dtype=auto afresh (it writes the record the other chapters read)
-    picked = auto_dtype_choice(parameters, choice.device, reuse=name != DTYPE_CHAPTER)
-    dtype, dtype_reason, dtype_source = ((picked.dtype, picked.reason, picked.source) if picked else
-                                         resolve_dtype(parameters, choice.device))
+    dtype, dtype_reason, dtype_source, picked = resolve_dtype(parameters, choice.device,
+                                                              reuse=name != DTYPE_CHAPTER)
     kept = {k: v for k, v in parameters.items() if k not in RUNNER_PARAMETERS}
     kept["lang"] = lang
     kept["profile"] = parameters.get("profile", "interactive")

@@ -381,9 +381,9 @@ def _not_measured(ev: Evidence, dotted: str, where: str = "") -> Verdict:
     chapter, _, name = dotted.partition(".")
     state = ev.chapter_state(chapter)
     why = f"{chapter} {state}" if state not in ("ok", "skipped") else f"{chapter} ({state}) did not record {name}"
-    # a chapter that ran but could not record the figure notes why as "<name> not recorded: <why>"
-    said = [n for n in ev.results.get(chapter, {}).get("notes") or [] if str(n).startswith(f"{name} not recorded: ")]
-    reason = ev.results.get(chapter, {}).get("status_reason") or (said[0].split(": ", 1)[1] if said else "")
+    recorded = ev.results.get(chapter, {})
+    # a chapter that ran but could not record the figure says why (``Results.not_recorded``)
+    reason = recorded.get("status_reason") or (recorded.get("not_recorded") or {}).get(name, "")
     return Verdict("not measured in this run", why + (f": {reason}" if reason else "")
                    + (f"; run {where}" if where else ""), "none")
 

@@ -251,20 +251,8 @@ def emulated_w8a8(model_name: str, device, tokenizer, calibration: list, mode: s
     lm, _ = models.load_model(model_name, dtype=torch.float32, device=device)
     lm.lm_head.weight = nn.Parameter(lm.lm_head.weight.detach().clone())  # untie: the embedding stays float
     linears = {n: mod for n, mod in lm.named_modules() if isinstance(mod, nn.Linear)}
-    amax: dict = {}
-
-    def observe(mod, inp, n):
-        seen = inp[0].detach().abs().reshape(-1, inp[0].shape[-1]).amax(0)
-        amax[n] = seen if n not in amax else torch.maximum(amax[n], seen)
-
-    hooks = [mod.register_forward_pre_hook(lambda mod, inp, n=n: observe(mod, inp, n))
-             for n, mod in linears.items()]
     with torch.inference_mode():
-        for sentence in calibration:
-            ids = tokenizer(sentence, return_tensors="pt")["input_ids"][:, :max_tokens].to(device)
-            lm(input_ids=ids, use_cache=False)
-    for h in hooks:
-        h.remove()
+        amax = quant.calibrate(lm, tokenizer, calibration, max_tokens=max_tokens, per_channel=True)
     for n, mod in linears.items():
         q, s = quant.quantize_weight(mod.weight.data)
         mod.weight.data = quant.dequantize_weight(q, s, torch.float32)

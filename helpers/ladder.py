@@ -226,6 +226,9 @@ def batch_throughput_ratio(table) -> Optional[dict]:
             "batch_size": int(row["batch_size"])}
 
 
+COUNT_COLUMNS = ("batch_size", "prompt_tokens", "new_tokens", "compiled_graphs")  # recorded as integers
+
+
 def record_ladder_figures(ch, table, new_tokens: int) -> None:
     """Chapter 06's figures from the ladder table, on one batch-1 protocol: each ok rung's tok/s
     (``ladder_tok_s_<rung>``, with its prompt and new tokens), the best batch-1 rung as
@@ -238,16 +241,13 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
     # Counts are recorded as whole numbers (a template shows "2 graphs", not "2.00 graphs").
     rows = [{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()} for row in table.to_dict("records")]
     ch.results.table("ladder", rows)
-    ok = table[table["status"] == "ok"]
-
-    for _, row in ok.iterrows():
-        extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if k in row and row[k] == row[k]
-                 and row[k] is not None}
-        batch, prompt_tokens = whole(row.get("batch_size")), whole(row.get("prompt_tokens"))
+    for row in (r for r in rows if r["status"] == "ok"):
+        extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if row.get(k) is not None and row[k] == row[k]}
+        batch, prompt_tokens = row.get("batch_size"), row.get("prompt_tokens")
         ch.record(f"ladder_tok_s_{row['rung'].strip('+ ').replace(' ', '_')}", row["tokens_per_s"], "tok/s",
                   dtype=row.get("dtype"), shape=f"batch {batch}, {prompt_tokens}-token prompt, {new_tokens} new "
                   "tokens", code_path=row.get("code_path") or row["description"], rung=row["rung"],
-                  prompt_tokens=prompt_tokens, new_tokens=whole(row.get("new_tokens")), batch_size=batch,
+                  prompt_tokens=prompt_tokens, new_tokens=row.get("new_tokens"), batch_size=batch,
                   low=row.get("speedup_low"), high=row.get("speedup_high"), **extra)
     best = best_batch1_speedup(table)
     if best is not None:
@@ -271,7 +271,6 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
     ch.results.table("ladder_steps", ladder_steps(table))
 
 
-COUNT_COLUMNS = ("batch_size", "prompt_tokens", "new_tokens", "compiled_graphs")
 # The columns chapter 06 shows: the ladder, then the references and the split of each step.
 LADDER_COLUMNS = ("rung", "status", "batch_size", "prompt_tokens", "new_tokens", "latency_ms", "tokens_per_s",
                   "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "speedup", "speedup_low",

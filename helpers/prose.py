@@ -241,8 +241,7 @@ def environment(renderer: Renderer, lang: str = "en"):
     env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size,
                        count=renderer.count)
     plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
-                                                      "bandwidth_regime", "changed")}
-    plain["byte_bound"] = decide.byte_bound  # chapter 05: a speedup against the bytes it saves
+                                                      "bandwidth_regime", "changed", "byte_bound")}
 
     def deep(value):
         return [deep(v) for v in value] if isinstance(value, (list, tuple)) else _plain(value)

@@ -624,20 +624,24 @@ def choose_cpu_w8a16_kernel(model: nn.Module, skip: Iterable[str] = ()) -> dict:
 
 @torch.inference_mode()
 def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 128,
-              skip: Iterable[str] = ()) -> dict[str, float]:
+              skip: Iterable[str] = (), *, per_channel: bool = False) -> dict:
     """Max |input| of every ``nn.Linear`` over ``texts``: the static activation range per layer.
 
     The guide's step 2 (量化参数计算：统计各层激活值分布, collect each layer's activation
-    statistics). Scales are per tensor; more texts can only widen each range.
+    statistics). Scales are per tensor (a float per layer); ``per_channel=True`` keeps the max of
+    each input channel instead (a tensor per layer, chapter 05's worked answer). More texts can only
+    widen each range.
     """
     if not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
         raise ValueError("texts must be a non-empty list of non-empty calibration strings")
     names = _check_model(model, skip)
-    amax: dict[str, float] = {n: 0.0 for n in names}
+    amax: dict = {}
     hooks = []
     for name in names:
         def hook(_mod, inputs, _out, name=name):
-            amax[name] = max(amax[name], float(inputs[0].detach().abs().max()))
+            x = inputs[0].detach().abs()
+            seen = x.reshape(-1, x.shape[-1]).amax(0)
+            amax[name] = seen if name not in amax else torch.maximum(amax[name], seen)
         hooks.append(model.get_submodule(name).register_forward_hook(hook))
     device = next(model.parameters()).device
     try:
@@ -647,7 +651,9 @@ def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 1
     finally:
         for h in hooks:
             h.remove()
-    return amax
+    if per_channel:
+        return amax
+    return {n: float(amax[n].max()) if n in amax else 0.0 for n in names}
 
 
 @contextmanager

@@ -152,6 +152,12 @@ class Results:
         self.data["tables"][name] = rows
         self.save()
 
+    def not_recorded(self, key: str, why: str) -> None:
+        """A figure the chapter could not record, and why (a sentence): kept under ``not_recorded``,
+        which the claims audit quotes, and shown to the reader as a note."""
+        self.data.setdefault("not_recorded", {})[key] = why
+        self.note(f"{key} not recorded: {why}")
+
     def note(self, text: str) -> None:
         self.data["notes"].append(text)
         self.save()

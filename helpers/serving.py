@@ -1380,8 +1380,8 @@ def record_users(ch, users) -> tuple[Optional[float], str]:
                   shape="chapter 04's batch sizes and lengths",
                   code_path="users served, vLLM over our path, p90 for both")
     else:
-        from .prose import words  # the decision's English sentence: the claims audit quotes this note
+        from .prose import words  # the decision's English sentence, which the claims audit quotes
 
-        ch.results.note(f"users_served_ratio not recorded: {words('en').get(why, why)}")
+        ch.results.not_recorded("users_served_ratio", words("en").get(why, why))
         ch.record("users_served_no_ratio", why, code_path="serving.users_ratio")
     return ratio, why

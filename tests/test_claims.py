@@ -170,7 +170,7 @@ def test_a_figure_a_chapter_could_not_record_is_not_measured_with_the_chapters_r
     res = _chapter(tmp_path, "07_serving", {"other": (1.0, "cpu")})
     v = _verdict(table, tmp_path, cid)
     assert v["verdict"] == "not measured in this run" and v["detail"].startswith("07_serving (ok) did not record")
-    res.note("users_served_ratio not recorded: both sweeps met the targets at their largest level")
+    res.not_recorded("users_served_ratio", "both sweeps met the targets at their largest level")
     v = _verdict(table, tmp_path, cid)
     assert v["verdict"] == "not measured in this run"
     assert "did not record users_served_ratio: both sweeps met the targets at their largest level" in v["detail"]

@@ -183,6 +183,10 @@ def test_calibration_then_static_w8a8(tiny_model):
     model = copy.deepcopy(model)
     amax = quant.calibrate(model, tok, ["hello world, calibration text", "another line"])
     assert set(amax) == set(quant.linear_names(model)) and all(v > 0 for v in amax.values())
+    per_channel = quant.calibrate(model, tok, ["hello world, calibration text", "another line"], per_channel=True)
+    for name, channels in per_channel.items():
+        assert channels.shape == (model.get_submodule(name).in_features,)
+        assert float(channels.max()) == pytest.approx(amax[name])
     info = quant.quantize_model_int8(model, scheme="w8a8", act_scales=amax)
     assert info["impl"] == "emulate" and "static" in info["activations"]
     assert torch.isfinite(model(input_ids=torch.randint(0, 200, (1, 8))).logits).all()
