@@ -475,24 +475,23 @@ def _shape_groups(model: nn.Module, skip: Iterable[str] = ()) -> dict:
     return groups
 
 
-def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, act_dtype: Optional[torch.dtype] = None,
-                       kernels=W8A16_CPU_KERNELS, budget: int = KERNEL_BUDGET_BYTES, min_iters: int = 5,
-                       min_seconds: float = 0.1) -> list[dict]:
+def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8A16_CPU_KERNELS,
+                       min_iters: int = 5, min_seconds: float = 0.1) -> list[dict]:
     """One batch-1 decode step's linears, every candidate kernel on the model's own int8 weights.
 
     Rows: ``dense`` (the model's 16-bit or float32 linears as they are, the baseline INT8 builds on)
     and each of ``kernels``, with the step's ms (median, p10, p90), the weight bytes read and the
-    GB/s. Activations are 16-bit (``act_dtype_for``). A shape with more weights than ``budget``
-    allows is timed on its first ones and scaled by the count.
+    GB/s. Activations are 16-bit (``act_dtype_for``). A shape with more weights than
+    ``KERNEL_BUDGET_BYTES`` allows is timed on its first ones and scaled by the count.
     """
     unknown = [k for k in kernels if k not in W8A16_CPU_KERNELS]
     if unknown:
         raise ValueError(f"kernels contains {unknown[0]!r}; choose from {', '.join(W8A16_CPU_KERNELS)}")
     groups = _shape_groups(model, skip)
     model_dtype = next(iter(groups.values()))[0].dtype
-    act = act_dtype or act_dtype_for("int8pack", "cpu", model_dtype)
+    act = act_dtype_for("int8pack", "cpu", model_dtype)
     weights = sum(len(ws) * s[0] * s[1] for s, ws in groups.items())
-    keep = max(1e-9, min(1.0, budget / max(weights, 1)))
+    keep = max(1e-9, min(1.0, KERNEL_BUDGET_BYTES / max(weights, 1)))
     sampled = [(shape, w) for shape, ws in groups.items()
                for w in ws[:max(1, int(round(len(ws) * keep)))]]
     # each sampled weight stands for its share of the whole count of layers
@@ -573,8 +572,8 @@ def choose_cpu_w8a16_kernel(model: nn.Module, skip: Iterable[str] = ()) -> dict:
 
 
 @torch.inference_mode()
-def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 128,
-              skip: Iterable[str] = (), *, per_channel: bool = False) -> dict:
+def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 128, *,
+              per_channel: bool = False) -> dict:
     """Max |input| of every ``nn.Linear`` over ``texts``: the static activation range per layer.
 
     The guide's step 2 (量化参数计算：统计各层激活值分布, collect each layer's activation
@@ -584,7 +583,7 @@ def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 1
     """
     if not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
         raise ValueError("texts must be a non-empty list of non-empty calibration strings")
-    names = _check_model(model, skip)
+    names = _check_model(model)
     amax: dict = {}
     hooks = []
     for name in names:
@@ -610,18 +609,17 @@ def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 1
 
 @contextmanager
 def _quiet_imports():
-    """torchao logs missing optional CUDA kernels and torch warns about pytree enums on import."""
-    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree", "torch._dynamo")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    """torchao and torch.ao warn on import and dynamo logs while torchao quantizes; none of it
+    teaches anything (``helpers/__init__`` already keeps the torchao and pytree loggers quiet)."""
+    dynamo = logging.getLogger("torch._dynamo")
+    level = dynamo.level
+    dynamo.setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             yield
         finally:
-            for lg, lvl in zip(loggers, levels):
-                lg.setLevel(lvl)
+            dynamo.setLevel(level)
 
 
 def _torchao():
