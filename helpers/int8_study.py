@@ -33,7 +33,8 @@ def heldout_split(tokenizer, text: str, eval_tokens: int):
 
 
 def measure_variants(names: Iterable[str], model_name: str, device, dtype, eval_ids, ref_logits, *,
-                     prompt: str, new_tokens: int, batch_sizes: Iterable[int], repeats: int) -> tuple:
+                     prompt: str, new_tokens: int, batch_sizes: Iterable[int],
+                     repeats: int) -> tuple[dict, list]:
     """Each variant loaded and quantized, one model in memory at a time: its quality on the held-out
     text, its timings per batch size (none for an emulated kernel, whose speed means nothing) and
     its greedy answers. A variant that cannot run here (``quant.VariantUnavailable``) is returned
@@ -47,8 +48,8 @@ def measure_variants(names: Iterable[str], model_name: str, device, dtype, eval_
             continue
         row = rows[name] = {**info, **quality.evaluate(lm, eval_ids, ref_logits), "timings": {}}
         for b in batch_sizes if info["speed_is_meaningful"] else []:
-            row["timings"][b] = generation.measure_generation(lm, tok, [prompt] * b, new_tokens, device,
-                                                              repeats=repeats)
+            row["timings"][b] = generation.measure_generation(lm, tok, [prompt] * b, new_tokens,
+                                                              device, repeats=repeats)
         row["answers"] = [models.generate_text(lm, tok, p, new_tokens) for p in ANSWER_PROMPTS]
         del lm
         gc.collect()

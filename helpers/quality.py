@@ -75,7 +75,8 @@ def evaluate(model, input_ids: torch.Tensor, reference_logits: Optional[torch.Te
     ids = input_ids.to(backend.model_device(model))
     chunks = []
     for start in range(0, ids.shape[1], window):
-        chunks.append(model(input_ids=ids[:, start:start + window], use_cache=False).logits[0].float().cpu())
+        out = model(input_ids=ids[:, start:start + window], use_cache=False)
+        chunks.append(out.logits[0].float().cpu())
     logits = torch.cat(chunks)
     targets = input_ids[0].cpu()
     keep = torch.ones(targets.shape[0] - 1, dtype=torch.bool)
