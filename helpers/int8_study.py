@@ -32,30 +32,27 @@ def heldout_split(tokenizer, text: str, eval_tokens: int):
     return eval_ids, pool
 
 
-def measure_variant(name: str, model_name: str, device, dtype, eval_ids, ref_logits, *, prompt: str,
-                    new_tokens: int, batch_sizes: Iterable[int], repeats: int) -> dict:
-    """Load and quantize one variant, then its quality on the held-out text, its timings per batch
-    size (none for an emulated kernel, whose speed means nothing) and its greedy answers."""
-    lm, tok, info = quant.build_variant(name, model_name, device, dtype)
-    row = {**info, **quality.evaluate(lm, eval_ids, ref_logits), "timings": {}}
-    for b in batch_sizes if info["speed_is_meaningful"] else []:
-        row["timings"][b] = generation.measure_generation(lm, tok, [prompt] * b, new_tokens, device,
-                                                          repeats=repeats)
-    row["answers"] = [models.generate_text(lm, tok, p, new_tokens) for p in ANSWER_PROMPTS]
-    del lm
-    gc.collect()
-    return row
-
-
-def measure_variants(names: Iterable[str], *args, **kwargs) -> tuple[dict, list]:
-    """``measure_variant`` for each name, one model in memory at a time; a variant that cannot run
-    here (``quant.VariantUnavailable``) is returned in ``skipped`` with its reason."""
+def measure_variants(names: Iterable[str], model_name: str, device, dtype, eval_ids, ref_logits, *,
+                     prompt: str, new_tokens: int, batch_sizes: Iterable[int],
+                     repeats: int) -> tuple[dict, list]:
+    """Each variant loaded and quantized, one model in memory at a time: its quality on the held-out
+    text, its timings per batch size (none for an emulated kernel, whose speed means nothing) and
+    its greedy answers. A variant that cannot run here (``quant.VariantUnavailable``) is returned
+    in ``skipped`` with its reason: ``(rows, skipped)``."""
     rows, skipped = {}, []
     for name in names:
         try:
-            rows[name] = measure_variant(name, *args, **kwargs)
+            lm, tok, info = quant.build_variant(name, model_name, device, dtype)
         except quant.VariantUnavailable as exc:
             skipped.append({"variant": name, "reason": str(exc)})
+            continue
+        row = rows[name] = {**info, **quality.evaluate(lm, eval_ids, ref_logits), "timings": {}}
+        for b in batch_sizes if info["speed_is_meaningful"] else []:
+            row["timings"][b] = generation.measure_generation(lm, tok, [prompt] * b, new_tokens,
+                                                              device, repeats=repeats)
+        row["answers"] = [models.generate_text(lm, tok, p, new_tokens) for p in ANSWER_PROMPTS]
+        del lm
+        gc.collect()
     return rows, skipped
 
 

@@ -296,13 +296,11 @@ def hub_endpoint_seen(variable: str = "HF_ENDPOINT", value: str = "https://hf-mi
     """
     import subprocess
 
+    setting, hub = f"os.environ[{variable!r}] = {value!r}", "import huggingface_hub.constants as c"
+    env = {k: v for k, v in os.environ.items() if k != variable}
     seen = {}
-    for when in ("before", "after"):
-        setting = f"os.environ[{variable!r}] = {value!r}"
-        code = (f"import os; {setting}; import huggingface_hub.constants as c; print(c.ENDPOINT)"
-                if when == "before" else
-                f"import os; import huggingface_hub.constants as c; {setting}; print(c.ENDPOINT)")
-        env = {k: v for k, v in os.environ.items() if k != variable}
+    for when, first, second in (("before", setting, hub), ("after", hub, setting)):
+        code = f"import os; {first}; {second}; print(c.ENDPOINT)"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                              timeout=120)
         if out.returncode != 0:
@@ -340,32 +338,12 @@ def tiny_llama(seed: int = 0, hidden_size: int = 64, layers: int = 2, heads: int
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
+        torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(dtype)
-    finally:
-        torch.random.set_rng_state(generator_state)
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer
-
-
-def _resolve_hub(model: str, source: str, trust_remote_code: bool) -> str:
-    """Return a local folder for a hub id (ModelScope) or the id itself (Hugging Face)."""
-    if source == "modelscope":
-        try:
-            from modelscope import snapshot_download  # type: ignore
-        except ImportError as exc:
-            raise ModelLoadError(
-                f"source='modelscope' needs the modelscope package ('pip install modelscope'); "
-                f"or use source='hf' (set HF_ENDPOINT for a mirror) for model={model!r}"
-            ) from exc
-        try:
-            return snapshot_download(model)
-        except Exception as exc:
-            raise ModelLoadError(f"model={model!r} could not be downloaded from ModelScope: {exc}") from exc
-    return model
 
 
 def _hub_load(name_or_path: str, dtype: torch.dtype, trust_remote_code: bool, attn: Optional[str],
@@ -447,13 +425,23 @@ def _load_from_hub(name, dtype, trust_remote_code, attn, source):
         raise ModelLoadError(
             f"model={name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set. "
             f"Download it first, pass a local folder, or use {EMBEDDED_MODEL!r}.")
+    where = name
     if source == "hf":
         _check_reachable(name)
+    else:  # ModelScope: download to a local folder first
+        try:
+            from modelscope import snapshot_download  # type: ignore
+        except ImportError as exc:
+            raise ModelLoadError(
+                f"source='modelscope' needs the modelscope package ('pip install modelscope'); "
+                f"or use source='hf' (set HF_ENDPOINT for a mirror) for model={name!r}"
+            ) from exc
+        try:
+            where = snapshot_download(name)
+        except Exception as exc:
+            raise ModelLoadError(f"model={name!r} could not be downloaded from ModelScope: {exc}") from exc
     try:
-        resolved = _resolve_hub(name, source, trust_remote_code)
-        return _hub_load(resolved, dtype, trust_remote_code, attn)
-    except ModelLoadError:
-        raise
+        return _hub_load(where, dtype, trust_remote_code, attn)
     except Exception as exc:
         endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
         raise ModelLoadError(
@@ -488,13 +476,11 @@ def _tensor_nbytes(obj, seen: set) -> int:
         return sum(_tensor_nbytes(o, seen) for o in obj)
     if not isinstance(obj, torch.Tensor):
         return 0
-    if hasattr(obj, "__tensor_flatten__") and type(obj) is not torch.Tensor and not isinstance(
-            obj, torch.nn.Parameter):
+    if isinstance(obj, torch.nn.Parameter):
+        obj = obj.data
+    if type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
         names, _ = obj.__tensor_flatten__()
         return sum(_tensor_nbytes(getattr(obj, n), seen) for n in names)
-    if isinstance(obj, torch.nn.Parameter) and hasattr(obj.data, "__tensor_flatten__") and \
-            type(obj.data) is not torch.Tensor:
-        return _tensor_nbytes(obj.data, seen)
     try:
         key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), obj.numel())
     except Exception:  # quantized tensors have no untyped storage to share

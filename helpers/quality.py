@@ -41,42 +41,10 @@ def encode(tokenizer, text: str, max_tokens: Optional[int] = None) -> torch.Tens
     return ids
 
 
-@torch.inference_mode()
-def logits_for(model, input_ids: torch.Tensor, window: Optional[int] = None) -> torch.Tensor:
-    """Float32 logits (T, vocab) for one sequence, in non-overlapping windows of ``window`` tokens.
-
-    Each window starts a fresh context, so the first token of a window is predicted without the
-    previous window; the windows keep memory bounded for long texts.
-    """
-    device = backend.model_device(model)
-    ids = input_ids.to(device)
-    limit = getattr(model.config, "max_position_embeddings", None) or 2048
-    window = min(window or 1024, limit)
-    chunks = []
-    for start in range(0, ids.shape[1], window):
-        out = model(input_ids=ids[:, start:start + window], use_cache=False)
-        chunks.append(out.logits[0].float().cpu())
-    return torch.cat(chunks, dim=0)
-
-
-def perplexity_from_logits(logits: torch.Tensor, input_ids: torch.Tensor,
-                           window: Optional[int] = None) -> float:
-    """exp(mean next-token cross-entropy); targets that start a new window are not scored."""
-    ids = input_ids[0].cpu()
-    keep = torch.ones(ids.shape[0] - 1, dtype=torch.bool)
-    if window and window - 1 < keep.shape[0]:
-        keep[torch.arange(window - 1, ids.shape[0] - 1, window)] = False
-    nll = F.cross_entropy(logits[:-1][keep], ids[1:][keep], reduction="mean")
-    return float(math.exp(nll.item()))
-
-
 def perplexity(model, tokenizer, text: str, max_tokens: Optional[int] = None,
                window: int = 1024) -> float:
     """Perplexity of ``model`` on ``text`` (first ``max_tokens`` tokens), windows of ``window``."""
-    ids = encode(tokenizer, text, max_tokens)
-    limit = getattr(model.config, "max_position_embeddings", None) or 2048
-    window = min(window, limit)
-    return perplexity_from_logits(logits_for(model, ids, window), ids, window)
+    return evaluate(model, encode(tokenizer, text, max_tokens), window=window)["perplexity"]
 
 
 def agreement(reference: torch.Tensor, candidate: torch.Tensor) -> dict:
@@ -93,13 +61,28 @@ def agreement(reference: torch.Tensor, candidate: torch.Tensor) -> dict:
     }
 
 
+@torch.inference_mode()
 def evaluate(model, input_ids: torch.Tensor, reference_logits: Optional[torch.Tensor] = None,
              window: int = 1024, return_logits: bool = False) -> dict:
-    """Perplexity on ``input_ids`` and, given reference logits, top-1 agreement and logit diffs."""
-    limit = getattr(model.config, "max_position_embeddings", None) or 2048
-    window = min(window, limit)
-    logits = logits_for(model, input_ids, window)
-    out = {"perplexity": perplexity_from_logits(logits, input_ids, window), "tokens": int(input_ids.shape[1])}
+    """Perplexity on ``input_ids`` (one sequence) and, given reference logits, top-1 agreement and
+    logit diffs.
+
+    The float32 logits are computed in non-overlapping windows of ``window`` tokens (at most the
+    model's ``max_position_embeddings``): each window starts a fresh context, which keeps memory
+    bounded for long texts, so a target that starts a window is not scored.
+    """
+    window = min(window, getattr(model.config, "max_position_embeddings", None) or 2048)
+    ids = input_ids.to(backend.model_device(model))
+    chunks = []
+    for start in range(0, ids.shape[1], window):
+        out = model(input_ids=ids[:, start:start + window], use_cache=False)
+        chunks.append(out.logits[0].float().cpu())
+    logits = torch.cat(chunks)
+    targets = input_ids[0].cpu()
+    keep = torch.ones(targets.shape[0] - 1, dtype=torch.bool)
+    keep[window - 1::window] = False
+    nll = F.cross_entropy(logits[:-1][keep], targets[1:][keep], reduction="mean")
+    out = {"perplexity": float(math.exp(nll.item())), "tokens": int(input_ids.shape[1])}
     if reference_logits is not None:
         out.update(agreement(reference_logits, logits))
     if return_logits:

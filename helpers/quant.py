@@ -36,13 +36,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backend, bench, versions
+from . import backend, bench, ops, versions
 from .models import weight_bytes
 from .quality import perplexity  # noqa: F401  (part of this module's public API)
 
 IMPLS = ("auto", "npu", "int8pack", "dequant", "emulate")
 SCHEMES = ("w8a16", "w8a8")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INT8PACK = "torch._weight_int8pack_mm"
 
 
 # --- the math: symmetric per-channel weights, per-token or static activations ---------------
@@ -79,60 +80,93 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32)
     return (q.float() * scale.float()[:, None]).to(dtype)
 
 
-def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of ``x`` (M, K) -> (int8 (M, K), float32 scale (M,)): dynamic per-token quantization."""
+def quantize_activations(x: torch.Tensor, scale: Optional[float] = None):
+    """Rows of ``x`` (M, K) -> (int8 (M, K), float32 scale (M,)): per token (dynamic) without
+    ``scale``; with one calibrated ``scale``, values beyond the calibrated range are clipped."""
     x32 = x.float()
-    scale = x32.abs().amax(dim=-1).clamp(min=1e-8) / 127.0
-    return torch.round(x32 / scale[:, None]).clamp(-128, 127).to(torch.int8), scale
+    if scale is None:
+        rows = x32.abs().amax(dim=-1).clamp(min=1e-8) / 127.0
+    else:
+        rows = torch.full((x.shape[0],), scale, device=x.device)
+    return torch.round(x32 / rows[:, None]).clamp(-128, 127).to(torch.int8), rows
 
 
-def quantize_static(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """Quantize with one calibrated scale; values beyond the calibrated range are clipped."""
-    return torch.round(x.float() / scale).clamp(-128, 127).to(torch.int8)
+# --- which kernel runs -----------------------------------------------------------------------
+
+# The torch_npu ops each NPU scheme needs: checked with hasattr on the installed torch_npu (the INT8
+# ops arrive with torch_npu 2.1.0.post4, npu_dynamic_quant with 2.1.0.post6; ops.NPU_OP_SINCE).
+NPU_INT8_OPS = {
+    "w8a16": ("npu_weight_quant_batchmatmul",),
+    "w8a8": ("npu_dynamic_quant", "npu_quant_matmul"),
+    "w8a8_static": ("npu_quant_matmul", "npu_trans_quant_param"),
+}
+NPU_ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _int8_matmul(a: torch.Tensor, b_nk: torch.Tensor) -> torch.Tensor:
-    """Exact int8 (M, K) @ int8 (N, K).T -> int32 (M, N)."""
-    if hasattr(torch, "_int_mm") and a.device.type == "cpu":
-        return torch._int_mm(a, b_nk.t())
-    return a.to(torch.int32) @ b_nk.t().to(torch.int32)
-
-
-# --- the module ----------------------------------------------------------------------------
-
-def resolve_impl(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -> str:
-    """The concrete kernel for ``impl`` on this device and activation dtype."""
+def _check_choice(impl: str, scheme: str) -> None:
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r} is not valid; choose one of {', '.join(IMPLS)}")
     if scheme not in SCHEMES:
         raise ValueError(f"scheme={scheme!r} is not valid; choose one of {', '.join(SCHEMES)}")
+
+
+def choose_impl(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16",
+                static: bool = False) -> tuple[str, str]:
+    """``(kernel, why)``: the concrete kernel for ``impl`` on this device and activation dtype."""
+    _check_choice(impl, scheme)
+    kind = backend.as_device(device).type
+    if impl == "npu" or (impl == "auto" and kind == "npu"):
+        return npu_int8_choice(impl, dtype, scheme, static)  # raises for impl="npu" it cannot run
+    why = f"impl={impl!r} on {kind}"
     if impl != "auto":
-        if scheme == "w8a8" and impl not in ("npu", "emulate"):
+        if scheme == "w8a8" and impl != "emulate":
             raise ValueError(f"impl={impl!r} does not do W8A8; use impl='npu' or 'emulate'")
         if scheme == "w8a16" and impl == "emulate":
             raise ValueError("impl='emulate' is for scheme='w8a8'; W8A16 uses npu, int8pack or dequant")
-        if impl == "int8pack" and not versions.has_feature("torch._weight_int8pack_mm"):
+        if impl == "int8pack" and not versions.has_feature(INT8PACK):
             raise ValueError("impl='int8pack' needs torch._weight_int8pack_mm, which this torch "
                              "lacks; use impl='dequant' or 'auto'")
-        if impl == "npu":
-            return npu_int8_choice("npu", dtype, scheme)[0]  # raises for float32 or a missing op
-        return impl
-    kind = backend.as_device(device).type
-    if kind == "npu":
-        return npu_int8_choice("auto", dtype, scheme)[0]
+        return impl, why
     if scheme == "w8a8":
-        return "emulate"
-    if kind == "cpu" and versions.has_feature("torch._weight_int8pack_mm"):
-        return "int8pack"  # float32 models included: their activations are cast (act_dtype_for)
-    if dtype in (torch.bfloat16, torch.float16) and versions.has_feature("torch._weight_int8pack_mm"):
-        return "int8pack"
-    return "dequant"
+        return "emulate", why
+    # on a CPU float32 models included: their activations are cast (act_dtype_for)
+    if versions.has_feature(INT8PACK) and (kind == "cpu" or dtype in NPU_ACT_DTYPES):
+        return "int8pack", why
+    return "dequant", why
+
+
+def resolve_impl(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -> str:
+    """The concrete kernel for ``impl`` on this device and activation dtype (``choose_impl``)."""
+    return choose_impl(impl, device, dtype, scheme)[0]
+
+
+def npu_int8_choice(impl: str, dtype: torch.dtype, scheme: str = "w8a16", static: bool = False) -> tuple:
+    """``(kernel, why)`` for INT8 on an NPU: ``"npu"`` where this torch_npu has the scheme's ops and
+    the activations are float16 / bfloat16 (all these ops accept; op-plugin docs), otherwise the
+    fallback (``dequant`` for W8A16, ``emulate`` for W8A8) with the reason. ``impl="npu"`` turns a
+    float32 dtype or a missing op into an error naming it instead of falling back."""
+    ops_needed = NPU_INT8_OPS["w8a8_static" if scheme == "w8a8" and static else scheme]
+    fallback = "dequant" if scheme == "w8a16" else "emulate"
+    names = " + ".join(f"torch_npu.{name}" for name in ops_needed)
+    if dtype not in NPU_ACT_DTYPES:
+        if impl == "npu":
+            raise ValueError(f"dtype={backend.dtype_name(dtype)} is not valid for impl='npu': {names} take float16 "
+                             "or bfloat16 activations only; load the model with dtype=float16 (or bfloat16)")
+        return fallback, (f"{backend.dtype_name(dtype)} activations: {names} take float16 or bfloat16 only, so "
+                          f"the {fallback} kernel runs; load the model with dtype=float16 to use them")
+    missing = [m for m in (ops.npu_op_missing(name) for name in ops_needed) if m]
+    if missing:
+        if impl == "npu":
+            raise ValueError(f"impl='npu' for {scheme} needs {names}, but {'; '.join(missing)}; use impl='auto' "
+                             "to fall back")
+        return fallback, f"{'; '.join(missing)}: the {fallback} kernel runs instead"
+    return "npu", f"{names} with {backend.dtype_name(dtype)} activations" + (
+        "" if impl == "npu" else " (auto on an NPU: this torch_npu has them)")
 
 
 def act_dtype_for(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -> torch.dtype:
     """The activation dtype an ``Int8Linear`` computes in: the model's, except W8A16 on a CPU in a
-    float32 model, which casts to bfloat16 (float32's range) at the linear: the int8 kernels are
-    several times slower with float32 activations, and W8A16 means 16-bit activations."""
+    float32 model, which casts to bfloat16 (float32's range) at the linear."""
     if scheme == "w8a16" and impl in ("int8pack", "dequant") and dtype == torch.float32 and \
             backend.as_device(device).type == "cpu":
         return torch.bfloat16
@@ -147,43 +181,28 @@ def activations_label(act_dtype: torch.dtype, model_dtype: torch.dtype) -> str:
     return f"{name} (cast from {backend.dtype_name(model_dtype)} at each quantized linear, output cast back)"
 
 
-# The torch_npu ops each NPU scheme needs: checked with hasattr on the installed torch_npu (the INT8
-# ops arrive with torch_npu 2.1.0.post4, npu_dynamic_quant with 2.1.0.post6; ops.NPU_OP_SINCE).
-NPU_INT8_OPS = {
-    "w8a16": ("npu_weight_quant_batchmatmul",),
-    "w8a8": ("npu_dynamic_quant", "npu_quant_matmul"),
-    "w8a8_static": ("npu_quant_matmul", "npu_trans_quant_param"),
-}
-NPU_ACT_DTYPES = (torch.float16, torch.bfloat16)
+# --- the modules -----------------------------------------------------------------------------
+
+class _QuantizedLinear(nn.Module):
+    """What ``Int8Linear`` and ``Int4Linear`` share: the shapes, the bias, and a ``forward`` that
+    flattens the leading dimensions around the 2-D kernel (``_matmul``)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.model_dtype = linear.weight.dtype
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
+                                                                   requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self._matmul(x.reshape(-1, shape[-1]))
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
 
 
-def npu_int8_choice(impl: str, dtype: torch.dtype, scheme: str = "w8a16", static: bool = False) -> tuple:
-    """``(kernel, why)`` for INT8 on an NPU: ``"npu"`` where this torch_npu has the scheme's ops and
-    the activations are float16 / bfloat16 (all these ops accept; op-plugin docs), otherwise the
-    fallback (``dequant`` for W8A16, ``emulate`` for W8A8) with the reason. ``impl="npu"`` turns a
-    float32 dtype or a missing op into an error naming it instead of falling back."""
-    from .ops import npu_op_missing
-
-    ops_needed = NPU_INT8_OPS["w8a8_static" if scheme == "w8a8" and static else scheme]
-    fallback = "dequant" if scheme == "w8a16" else "emulate"
-    names = " + ".join(f"torch_npu.{name}" for name in ops_needed)
-    if dtype not in NPU_ACT_DTYPES:
-        if impl == "npu":
-            raise ValueError(f"dtype={backend.dtype_name(dtype)} is not valid for impl='npu': {names} take float16 "
-                             "or bfloat16 activations only; load the model with dtype=float16 (or bfloat16)")
-        return fallback, (f"{backend.dtype_name(dtype)} activations: {names} take float16 or bfloat16 only, so "
-                          f"the {fallback} kernel runs; load the model with dtype=float16 to use them")
-    missing = [m for m in (npu_op_missing(name) for name in ops_needed) if m]
-    if missing:
-        if impl == "npu":
-            raise ValueError(f"impl='npu' for {scheme} needs {names}, but {'; '.join(missing)}; use impl='auto' "
-                             "to fall back")
-        return fallback, f"{'; '.join(missing)}: the {fallback} kernel runs instead"
-    return "npu", f"{names} with {backend.dtype_name(dtype)} activations" + (
-        "" if impl == "npu" else " (auto on an NPU: this torch_npu has them)")
-
-
-class Int8Linear(nn.Module):
+class Int8Linear(_QuantizedLinear):
     """A drop-in ``nn.Linear`` replacement with an int8 weight and a per-output-channel scale.
 
     ``scheme="w8a16"`` keeps activations in the model dtype; ``"w8a8"`` quantizes them too,
@@ -192,28 +211,25 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, impl: str = "auto", scheme: str = "w8a16",
                  act_scale: Optional[float] = None):
-        super().__init__()
+        super().__init__(linear)
         weight = linear.weight
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.scheme = scheme
-        self.impl = resolve_impl(impl, weight.device, weight.dtype, scheme)
-        self.impl_reason = f"impl={impl!r} on {weight.device.type}"
-        if impl in ("auto", "npu") and (self.impl == "npu" or backend.as_device(weight.device).type == "npu"):
-            self.impl, self.impl_reason = npu_int8_choice(impl, weight.dtype, scheme, static=act_scale is not None)
-        self.model_dtype = weight.dtype
+        self.scheme, self.act_scale = scheme, act_scale
+        self.impl, self.impl_reason = choose_impl(impl, weight.device, weight.dtype, scheme,
+                                                  static=act_scale is not None)
         self.act_dtype = act_dtype_for(self.impl, weight.device, weight.dtype, scheme)
-        self.act_scale = act_scale
         q, scale = quantize_weight(weight)
-        layout = _npu_weight_layout(q, scheme) if self.impl == "npu" else q
-        self.register_buffer("qweight", layout.to(weight.device))
+        if self.impl == "npu" and scheme == "w8a8":
+            q = q.t().contiguous()  # W8A8: a contiguous (K, N) x2, as the docs' examples pass it
+        # W8A16 keeps the (N, K) tensor, passed as its .t() view: for per-channel scales the docs
+        # recommend that transposed input over a (K, N) copy (op-plugin 7.2.0
+        # docs/context/torch_npu-npu_weight_quant_batchmatmul.md, weight).
+        self.register_buffer("qweight", q.to(weight.device))
         self.register_buffer("scale", scale.to(weight.device))
         # int8pack and the NPU's W8A16 want the scale in the activation dtype; cast once, here.
         self.register_buffer("scale_act", scale.to(device=weight.device, dtype=self.act_dtype),
                              persistent=False)
         if self.impl == "npu" and scheme == "w8a8":
             self.register_buffer("npu_scale", _npu_w8a8_scale(self.scale, weight.dtype, act_scale), persistent=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
-                                                                   requires_grad=False)
 
     def extra_repr(self) -> str:
         act = "" if self.scheme == "w8a16" else (
@@ -223,22 +239,18 @@ class Int8Linear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"scheme={self.scheme}, impl={self.impl}{act}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if self.scheme == "w8a16":
-            y = self._w8a16(x2)
-        else:
-            y = self._w8a8(x2)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*shape[:-1], self.out_features)
-
-    def _w8a16(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.impl == "npu":
-            _check_npu_activation(x, self.scale_act.dtype)
-            # the (N, K) weight viewed as (K, N): the per-channel layout the docs recommend
-            return _torch_npu().npu_weight_quant_batchmatmul(x, self.qweight.t(), antiquant_scale=self.scale_act)
+            if x.dtype != self.scale_act.dtype:
+                raise ValueError(
+                    f"x is {backend.dtype_name(x.dtype)} but this NPU Int8Linear was quantized for "
+                    f"{backend.dtype_name(self.scale_act.dtype)} activations (the npu INT8 ops take float16 or "
+                    "bfloat16, with the scale in that dtype); quantize the model in the dtype it runs in")
+            return self._npu(x)
+        if self.scheme == "w8a8":
+            xq, token_scale = quantize_activations(x, self.act_scale)
+            acc = _int8_matmul(xq, self.qweight).float()
+            return (acc * self.scale[None, :] * token_scale[:, None]).to(x.dtype)
         work = x if x.dtype == self.act_dtype else x.to(self.act_dtype)
         if self.impl == "int8pack":
             scale = self.scale_act if self.scale_act.dtype == work.dtype else self.scale.to(work.dtype)
@@ -247,48 +259,25 @@ class Int8Linear(nn.Module):
             y = F.linear(work, self.qweight.to(work.dtype)) * self.scale.to(work.dtype)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
-    def _w8a8(self, x: torch.Tensor) -> torch.Tensor:
-        if self.impl == "npu":
-            return self._w8a8_npu(x)
-        if self.act_scale is None:
-            xq, token_scale = quantize_per_token(x)
-        else:
-            xq = quantize_static(x, self.act_scale)
-            token_scale = torch.full((x.shape[0],), self.act_scale, device=x.device)
-        acc = _int8_matmul(xq, self.qweight).float()
-        return (acc * self.scale[None, :] * token_scale[:, None]).to(x.dtype)
-
-    def _w8a8_npu(self, x: torch.Tensor) -> torch.Tensor:
-        """W8A8 on an NPU; ``output_dtype`` always given (``npu_quant_matmul`` defaults to int8)."""
-        npu = _torch_npu()
-        _check_npu_activation(x, self.scale_act.dtype)
+    def _npu(self, x: torch.Tensor) -> torch.Tensor:
+        """``output_dtype`` always given: ``npu_quant_matmul`` defaults to int8."""
+        npu = ops._torch_npu()
+        if self.scheme == "w8a16":
+            # the (N, K) weight viewed as (K, N): the per-channel layout the docs recommend
+            return npu.npu_weight_quant_batchmatmul(x, self.qweight.t(), antiquant_scale=self.scale_act)
         if self.act_scale is None:
             xq, token_scale = npu.npu_dynamic_quant(x)
             return npu.npu_quant_matmul(xq, self.qweight, self.npu_scale, pertoken_scale=token_scale,
                                         output_dtype=x.dtype)
-        xq = quantize_static(x, self.act_scale)
+        xq = quantize_activations(x, self.act_scale)[0]
         return npu.npu_quant_matmul(xq, self.qweight, self.npu_scale, output_dtype=x.dtype)
 
 
-def _torch_npu():
-    from .ops import _torch_npu as loaded
-
-    return loaded()
-
-
-def _check_npu_activation(x: torch.Tensor, dtype: torch.dtype) -> None:
-    if x.dtype != dtype:
-        raise ValueError(f"x is {backend.dtype_name(x.dtype)} but this NPU Int8Linear was quantized for "
-                         f"{backend.dtype_name(dtype)} activations (the npu INT8 ops take float16 or bfloat16, "
-                         "with the scale in that dtype); quantize the model in the dtype it runs in")
-
-
-def _npu_weight_layout(q: torch.Tensor, scheme: str) -> torch.Tensor:
-    """The int8 weight as the NPU kernels read it. W8A16: the (N, K) tensor itself, passed as its
-    ``.t()`` view; for per-channel scales the docs recommend that transposed input over a (K, N)
-    copy (op-plugin 7.2.0 docs/context/torch_npu-npu_weight_quant_batchmatmul.md, weight). W8A8:
-    a contiguous (K, N) x2, as the docs' examples pass it."""
-    return q if scheme == "w8a16" else q.t().contiguous()
+def _int8_matmul(a: torch.Tensor, b_nk: torch.Tensor) -> torch.Tensor:
+    """Exact int8 (M, K) @ int8 (N, K).T -> int32 (M, N)."""
+    if hasattr(torch, "_int_mm") and a.device.type == "cpu":
+        return torch._int_mm(a, b_nk.t())
+    return a.to(torch.int32) @ b_nk.t().to(torch.int32)
 
 
 def _npu_w8a8_scale(scale: torch.Tensor, dtype: torch.dtype, act_scale: Optional[float]) -> torch.Tensor:
@@ -306,7 +295,7 @@ def _npu_w8a8_scale(scale: torch.Tensor, dtype: torch.dtype, act_scale: Optional
         return scale.to(torch.bfloat16)
     if act_scale is None:
         return scale.float()
-    return _torch_npu().npu_trans_quant_param(scale.float().contiguous())
+    return ops._torch_npu().npu_trans_quant_param(scale.float().contiguous())
 
 
 # --- whole models --------------------------------------------------------------------------
@@ -322,12 +311,24 @@ def _check_model(model: nn.Module, skip: Iterable[str] = ()) -> list[str]:
     if not names:
         raise ValueError("model has no nn.Linear layers to quantize (already quantized, or not a "
                          "transformer made of nn.Linear modules)")
-    bad = {str(getattr(model.get_submodule(n), "weight").dtype) for n in names
+    bad = {str(model.get_submodule(n).weight.dtype) for n in names
            if model.get_submodule(n).weight.dtype not in FLOAT_DTYPES}
     if bad:
         raise ValueError(f"model dtype {', '.join(sorted(bad))} is not supported for INT8 "
                          "quantization; load the model in float32, float16 or bfloat16")
     return names
+
+
+def _replace_linears(model: nn.Module, names: Iterable[str], make) -> list[nn.Module]:
+    """Swap each named ``nn.Linear`` for ``make(name, linear)`` in place; returns the new modules."""
+    made = []
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        made.append(make(name, getattr(parent, child)))
+        setattr(parent, child, made[-1])
+    gc.collect()
+    return made
 
 
 def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a16", *,
@@ -337,10 +338,7 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
     ``act_scales`` (from ``calibrate``) makes W8A8 static; without it W8A8 is dynamic per-token.
     Returns ``bytes_before``, ``bytes_after`` (``weight_bytes``), ``layers``, ``impl``, ``scheme``.
     """
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme={scheme!r} is not valid; choose one of {', '.join(SCHEMES)}")
-    if impl not in IMPLS:
-        raise ValueError(f"impl={impl!r} is not valid; choose one of {', '.join(IMPLS)}")
+    _check_choice(impl, scheme)
     if act_scales is not None and scheme != "w8a8":
         raise ValueError("act_scales only applies to scheme='w8a8'")
     names = _check_model(model, skip)
@@ -350,33 +348,25 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
             raise ValueError(f"act_scales has no scale for {len(missing)} layers, e.g. {missing[0]!r}; "
                              "calibrate the same model before quantizing")
     before = weight_bytes(model)
-    first = model.get_submodule(names[0]).weight
     timed: dict = {}
-    if impl == "auto" and scheme == "w8a16" and backend.as_device(first.device).type == "cpu":
+    if impl == "auto" and scheme == "w8a16" and \
+            backend.as_device(model.get_submodule(names[0]).weight.device).type == "cpu":
         # On a CPU the kernel is chosen by timing the candidates on this model's own int8 weights.
         timed = choose_cpu_w8a16_kernel(model, skip)
-        if timed["kernel"] == "torchao":
-            info = torchao_int8_weight_only(model)
-            return {**info, "kernel_timings": timed["rows"], "kernel_choice": timed["decision"]}
-        impl = timed["kernel"]
-    impls, acts, reasons = set(), set(), set()
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        scale = None if act_scales is None else float(act_scales[name]) / 127.0
-        new = Int8Linear(getattr(parent, child), impl=impl, scheme=scheme, act_scale=scale)
-        impls.add(new.impl)
-        acts.add(activations_label(new.act_dtype, new.model_dtype))
-        reasons.add(new.impl_reason)
-        setattr(parent, child, new)
-    gc.collect()
-    out = {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
-           "impl": ",".join(sorted(impls)), "impl_reason": "; ".join(sorted(reasons)), "scheme": scheme,
-           "activations": ", ".join(sorted(acts)) if scheme == "w8a16" else (
-               "dynamic per-token int8" if act_scales is None else "static per-tensor int8 (calibrated)")}
-    if timed:
-        out.update(kernel_timings=timed["rows"], kernel_choice=timed["decision"])
-    return out
+        timed = {"kernel_timings": timed["rows"], "kernel_choice": timed["decision"]}
+        if timed["kernel_choice"]["kernel"] == "torchao":
+            return {**torchao_int8_weight_only(model), **timed}
+        impl = timed["kernel_choice"]["kernel"]
+    scales = {} if act_scales is None else {n: float(act_scales[n]) / 127.0 for n in names}
+    made = _replace_linears(model, names,
+                            lambda n, lin: Int8Linear(lin, impl, scheme, scales.get(n)))
+    acts = {activations_label(m.act_dtype, m.model_dtype) for m in made}
+    if scheme == "w8a8":
+        acts = {"dynamic per-token int8" if act_scales is None else "static per-tensor int8 (calibrated)"}
+    return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
+            "impl": ",".join(sorted({m.impl for m in made})),
+            "impl_reason": "; ".join(sorted({m.impl_reason for m in made})), "scheme": scheme,
+            "activations": ", ".join(sorted(acts)), **timed}
 
 
 # --- INT4 weights in groups (CPU): the grid of the embedded GGUF's Q4_1 --------------------------
@@ -418,40 +408,32 @@ def int4_problem(device) -> Optional[str]:
     return None
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(_QuantizedLinear):
     """Weight-only INT4, ``group_size`` weights per scale and zero, ``torch._weight_int4pack_mm_for_cpu``.
 
     Activations are bfloat16 (a float32 model's are cast at the linear, the output cast back).
     """
 
     def __init__(self, linear: nn.Linear, group_size: int = INT4_GROUP):
-        super().__init__()
         problem = int4_problem(linear.weight.device)
         if problem:
             raise ValueError(problem)
-        self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
-        self.model_dtype = linear.weight.dtype
-        self.act_dtype = torch.bfloat16
+        super().__init__(linear)
+        self.group_size, self.act_dtype = group_size, torch.bfloat16
         q, scale, zero = quantize_weight_int4(linear.weight, group_size)
         self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 8))
         # (K / group, N, 2): scale and zero per group and output channel, the kernel's layout
         self.register_buffer("scales_and_zeros",
                              torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(self.act_dtype))
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"group_size={self.group_size}, activations={backend.dtype_name(self.act_dtype)}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        work = x.reshape(-1, shape[-1])
-        work = work if work.dtype == self.act_dtype else work.to(self.act_dtype)
-        y = torch._weight_int4pack_mm_for_cpu(work, self.qweight, self.group_size, self.scales_and_zeros)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        y = y.reshape(*shape[:-1], self.out_features)
-        return y if y.dtype == x.dtype else y.to(x.dtype)
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int4pack_mm_for_cpu(x.to(self.act_dtype), self.qweight, self.group_size,
+                                              self.scales_and_zeros)
+        return y.to(x.dtype)
 
 
 def quantize_model_int4(model: nn.Module, group_size: int = INT4_GROUP, skip: Iterable[str] = ()) -> dict:
@@ -469,13 +451,8 @@ def quantize_model_int4(model: nn.Module, group_size: int = INT4_GROUP, skip: It
                          "out_features divisible by 16")
     before = weight_bytes(model)
     dtype = model.get_submodule(names[0]).weight.dtype
-    for name in names:
-        if name in kept:
-            continue
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Int4Linear(getattr(parent, child), group_size))
-    gc.collect()
+    _replace_linears(model, [n for n in names if n not in kept],
+                     lambda _, lin: Int4Linear(lin, group_size))
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names) - len(kept),
             "kept_unquantized": kept,
             "impl": f"_weight_int4pack_mm_for_cpu, groups of {group_size}", "scheme": "w4a16",
@@ -498,93 +475,65 @@ def _shape_groups(model: nn.Module, skip: Iterable[str] = ()) -> dict:
     return groups
 
 
-def _torchao_linear(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
-    """An ``nn.Linear`` holding ``q * scale`` quantized by torchao's ``Int8WeightOnlyConfig``."""
-    with _quiet_imports():
-        from torchao.quantization import Int8WeightOnlyConfig, quantize_
-
-        lin = nn.Linear(q.shape[1], q.shape[0], bias=False, dtype=dtype)
-        with torch.no_grad():
-            lin.weight.copy_(dequantize_weight(q, scale, dtype))
-        quantize_(lin, Int8WeightOnlyConfig())
-    return lin
-
-
-def torchao_usable() -> Optional[str]:
-    """None when torchao's weight-only config imports here, else why not."""
-    try:
-        with _quiet_imports():
-            from torchao.quantization import Int8WeightOnlyConfig, quantize_  # noqa: F401
-    except Exception as exc:  # noqa: BLE001  (not installed on the legacy set and older images)
-        return f"torchao is not usable here ({type(exc).__name__})"
-    return None
-
-
-def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, act_dtype: Optional[torch.dtype] = None,
-                       kernels=W8A16_CPU_KERNELS, budget: int = KERNEL_BUDGET_BYTES, min_iters: int = 5,
-                       min_seconds: float = 0.1) -> list[dict]:
+def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8A16_CPU_KERNELS,
+                       min_iters: int = 5, min_seconds: float = 0.1) -> list[dict]:
     """One batch-1 decode step's linears, every candidate kernel on the model's own int8 weights.
 
     Rows: ``dense`` (the model's 16-bit or float32 linears as they are, the baseline INT8 builds on)
     and each of ``kernels``, with the step's ms (median, p10, p90), the weight bytes read and the
-    GB/s. Activations are 16-bit (``act_dtype_for``). A shape with more weights than ``budget``
-    allows is timed on its first ones and scaled by the count.
+    GB/s. Activations are 16-bit (``act_dtype_for``). A shape with more weights than
+    ``KERNEL_BUDGET_BYTES`` allows is timed on its first ones and scaled by the count.
     """
+    unknown = [k for k in kernels if k not in W8A16_CPU_KERNELS]
+    if unknown:
+        raise ValueError(f"kernels contains {unknown[0]!r}; choose from {', '.join(W8A16_CPU_KERNELS)}")
     groups = _shape_groups(model, skip)
     model_dtype = next(iter(groups.values()))[0].dtype
-    act = act_dtype or act_dtype_for("int8pack", "cpu", model_dtype)
-    total_bytes = sum(w.numel() for ws in groups.values() for w in ws)
-    keep = max(1e-9, min(1.0, budget / max(total_bytes, 1)))
-    sampled = {shape: ws[:max(1, int(round(len(ws) * keep)))] for shape, ws in groups.items()}
-    counts = {shape: len(ws) for shape, ws in groups.items()}
-    xs = {shape: torch.full((1, shape[1]), 0.5, dtype=act) for shape in groups}
-    x_model = {shape: torch.full((1, shape[1]), 0.5, dtype=model_dtype) for shape in groups}
-    quantized = {shape: [quantize_weight(w) for w in ws] for shape, ws in sampled.items()}
-    linear = F.linear
+    act = act_dtype_for("int8pack", "cpu", model_dtype)
+    weights = sum(len(ws) * s[0] * s[1] for s, ws in groups.items())
+    keep = max(1e-9, min(1.0, KERNEL_BUDGET_BYTES / max(weights, 1)))
+    sampled = [(shape, w) for shape, ws in groups.items()
+               for w in ws[:max(1, int(round(len(ws) * keep)))]]
+    # each sampled weight stands for its share of the whole count of layers
+    stretch = sum(len(ws) for ws in groups.values()) / len(sampled)
+    x_act = {s: torch.full((1, s[1]), 0.5, dtype=act) for s in groups}
+    x_model = {s: torch.full((1, s[1]), 0.5, dtype=model_dtype) for s in groups}
+    quantized = [(s, q, sc.to(act), sc) for s, w in sampled for q, sc in [quantize_weight(w)]]
+    dense_name = backend.dtype_name(model_dtype)
+    label = backend.dtype_name(act) + ("" if act == model_dtype else f" (cast from {dense_name})")
+    problems = {"int8pack": None if versions.has_feature(INT8PACK) else
+                "torch._weight_int8pack_mm is missing in this torch", "dequant": None}
+    mods = []
+    if act != model_dtype:
+        problems["torchao"] = ("torchao's weight-only path keeps the model's float32 activations "
+                               "(W8A32), not W8A16")
+    elif "torchao" in kernels:
+        try:
+            mods = [(s, _torchao_linear(q, sc, act)) for s, q, _, sc in quantized]
+            problems["torchao"] = None
+        except VariantUnavailable as exc:
+            problems["torchao"] = str(exc)
+    steps = {
+        "int8pack": lambda: [torch._weight_int8pack_mm(x_act[s], q, sc)
+                             for s, q, sc, _ in quantized],
+        "dequant": lambda: [F.linear(x_act[s], q.to(act)) * sc for s, q, sc, _ in quantized],
+        "torchao": lambda: [m(x_act[s]) for s, m in mods],
+    }
+    candidates = [(f"dense {dense_name}", lambda: [F.linear(x_model[s], w) for s, w in sampled],
+                   torch.tensor([], dtype=model_dtype).element_size(), None, dense_name)]
+    candidates += [(k, steps[k], 1, problems[k], label) for k in kernels]
     rows = []
-
-    def timed(name, fn, nbytes_per_weight, problem=None):
+    for name, step, nbytes_per_weight, problem, activations in candidates:
         if problem:
-            rows.append({"kernel": name, "problem": problem})
-            return
-        from . import bench
-
+            rows.append({"kernel": name, "problem": problem, "activations": activations})
+            continue
         with torch.inference_mode():
-            t = bench.measure(fn, "cpu", name=name, warmup=2, min_iters=min_iters, min_seconds=min_seconds)
-        # each sampled group stands for its whole count of layers
-        scale = sum(counts[s] for s in groups) / max(sum(len(v) for v in sampled.values()), 1)
-        nbytes = sum(counts[s] * s[0] * s[1] for s in groups) * nbytes_per_weight
-        ms = t.median * 1e3 * scale
-        rows.append({"kernel": name, "decode_ms": ms, "decode_p10_ms": t.p10 * 1e3 * scale,
-                     "decode_p90_ms": t.p90 * 1e3 * scale, "weight_mb": nbytes / 1e6,
-                     "gbps": nbytes / (ms / 1e3) / 1e9, "problem": None})
-
-    dense = {s: [w for w in ws] for s, ws in sampled.items()}
-    timed(f"dense {backend.dtype_name(model_dtype)}",
-          lambda: [linear(x_model[s], w) for s, ws in dense.items() for w in ws],
-          torch.tensor([], dtype=model_dtype).element_size())
-    rows[-1]["activations"] = backend.dtype_name(model_dtype)
-    for kernel in kernels:
-        label = backend.dtype_name(act) + ("" if act == model_dtype else f" (cast from {backend.dtype_name(model_dtype)})")
-        if kernel == "int8pack":
-            problem = None if versions.has_feature("torch._weight_int8pack_mm") else \
-                "torch._weight_int8pack_mm is missing in this torch"
-            packs = {s: [(q, sc.to(act)) for q, sc in qs] for s, qs in quantized.items()}
-            timed("int8pack", lambda: [torch._weight_int8pack_mm(xs[s], q, sc) for s, qs in packs.items()
-                                       for q, sc in qs], 1, problem)
-        elif kernel == "dequant":
-            deq = {s: [(q, sc.to(act)) for q, sc in qs] for s, qs in quantized.items()}
-            timed("dequant", lambda: [linear(xs[s], q.to(act)) * sc for s, qs in deq.items() for q, sc in qs], 1)
-        elif kernel == "torchao":
-            problem = torchao_usable()
-            if problem is None and act != model_dtype:
-                problem = "torchao's weight-only path keeps the model's float32 activations (W8A32), not W8A16"
-            mods = {} if problem else {s: [_torchao_linear(q, sc, act) for q, sc in qs]
-                                       for s, qs in quantized.items()}
-            timed("torchao", lambda: [m(xs[s]) for s, ms in mods.items() for m in ms], 1, problem)
-        else:
-            raise ValueError(f"kernels contains {kernel!r}; choose from {', '.join(W8A16_CPU_KERNELS)}")
-        rows[-1]["activations"] = label
+            t = bench.measure(step, "cpu", name=name, warmup=2, min_iters=min_iters,
+                              min_seconds=min_seconds)
+        nbytes, ms = weights * nbytes_per_weight, t.median * 1e3 * stretch
+        rows.append({"kernel": name, "decode_ms": ms, "decode_p10_ms": t.p10 * 1e3 * stretch,
+                     "decode_p90_ms": t.p90 * 1e3 * stretch, "weight_mb": nbytes / 1e6,
+                     "gbps": nbytes / (ms / 1e3) / 1e9, "problem": None, "activations": activations})
     return rows
 
 
@@ -623,8 +572,8 @@ def choose_cpu_w8a16_kernel(model: nn.Module, skip: Iterable[str] = ()) -> dict:
 
 
 @torch.inference_mode()
-def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 128,
-              skip: Iterable[str] = (), *, per_channel: bool = False) -> dict:
+def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 128, *,
+              per_channel: bool = False) -> dict:
     """Max |input| of every ``nn.Linear`` over ``texts``: the static activation range per layer.
 
     The guide's step 2 (量化参数计算：统计各层激活值分布, collect each layer's activation
@@ -634,7 +583,7 @@ def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 1
     """
     if not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
         raise ValueError("texts must be a non-empty list of non-empty calibration strings")
-    names = _check_model(model, skip)
+    names = _check_model(model)
     amax: dict = {}
     hooks = []
     for name in names:
@@ -656,20 +605,43 @@ def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 1
     return {n: float(amax[n].max()) if n in amax else 0.0 for n in names}
 
 
+# --- library baselines -----------------------------------------------------------------------
+
 @contextmanager
 def _quiet_imports():
-    """torchao logs missing optional CUDA kernels and torch warns about pytree enums on import."""
-    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree", "torch._dynamo")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    """torchao and torch.ao warn on import and dynamo logs while torchao quantizes; none of it
+    teaches anything (``helpers/__init__`` already keeps the torchao and pytree loggers quiet)."""
+    dynamo = logging.getLogger("torch._dynamo")
+    level = dynamo.level
+    dynamo.setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             yield
         finally:
-            for lg, lvl in zip(loggers, levels):
-                lg.setLevel(lvl)
+            dynamo.setLevel(level)
+
+
+def _torchao():
+    """torchao's ``(Int8WeightOnlyConfig, quantize_)``; ``VariantUnavailable`` says why not."""
+    with _quiet_imports():
+        try:
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        except Exception as exc:  # noqa: BLE001  (not installed on the legacy set and older images)
+            raise VariantUnavailable(f"torchao is not usable here ({type(exc).__name__}: {exc}); "
+                                     "it is installed by make setup on the pinned CPU stack") from exc
+    return Int8WeightOnlyConfig, quantize_
+
+
+def _torchao_linear(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+    """An ``nn.Linear`` holding ``q * scale`` quantized by torchao's ``Int8WeightOnlyConfig``."""
+    config, quantize_ = _torchao()
+    lin = nn.Linear(q.shape[1], q.shape[0], bias=False, dtype=dtype)
+    with torch.no_grad():
+        lin.weight.copy_(dequantize_weight(q, scale, dtype))
+    with _quiet_imports():
+        quantize_(lin, config())
+    return lin
 
 
 def torchao_int8_weight_only(model: nn.Module) -> dict:
@@ -678,16 +650,11 @@ def torchao_int8_weight_only(model: nn.Module) -> dict:
     Transformers exposes the same thing at load time as ``TorchAoConfig(Int8WeightOnlyConfig())``.
     """
     _check_model(model)
+    config, quantize_ = _torchao()
+    before = weight_bytes(model)
+    dtype = next(model.parameters()).dtype
     with _quiet_imports():
-        try:
-            from torchao.quantization import Int8WeightOnlyConfig, quantize_
-        except Exception as exc:  # not installed on the reuse path of older Ascend images
-            raise VariantUnavailable(f"torchao is not usable here ({type(exc).__name__}: {exc}); "
-                                     "it is installed by make setup on the pinned CPU stack") from exc
-
-        before = weight_bytes(model)
-        dtype = next(model.parameters()).dtype
-        quantize_(model, Int8WeightOnlyConfig())
+        quantize_(model, config())
     # torchao computes in the activations' own dtype: W8A16 only when the model is 16-bit
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": None,
             "impl": "torchao Int8WeightOnlyConfig", "scheme": "w8a16" if dtype != torch.float32 else "w8a32",
@@ -714,6 +681,15 @@ def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
                    "activations": "dynamic per-tensor int8"}
 
 
+def bitsandbytes_config_takes(params=("load_in_8bit", "llm_int8_threshold")) -> dict:
+    """Does transformers' ``BitsAndBytesConfig`` take the guide's arguments? (chapter 05 records it)."""
+    from transformers import BitsAndBytesConfig
+
+    have = set(inspect.signature(BitsAndBytesConfig).parameters)
+    missing = [p for p in params if p not in have]
+    return {"takes": not missing, "missing": missing, "params": list(params)}
+
+
 # --- the chapter's variants ----------------------------------------------------------------
 
 VARIANTS = {
@@ -726,15 +702,9 @@ VARIANTS = {
     "w8a8_static": "W8A8, static per-tensor activation scales from calibration",
     "quantize_dynamic": "torch.ao quantize_dynamic, per-tensor W8 and A8 (float32, CPU only)",
 }
-
-
-def bitsandbytes_config_takes(params=("load_in_8bit", "llm_int8_threshold")) -> dict:
-    """Does transformers' ``BitsAndBytesConfig`` take the guide's arguments? (chapter 05 records it)."""
-    from transformers import BitsAndBytesConfig
-
-    have = set(inspect.signature(BitsAndBytesConfig).parameters)
-    missing = [p for p in params if p not in have]
-    return {"takes": not missing, "missing": missing, "params": list(params)}
+# quantize_model_int8's (impl, scheme) for the variants made of Int8Linear
+_INT8_VARIANTS = {"w8a16": ("auto", "w8a16"), "w8a16_dequant": ("dequant", "w8a16"),
+                  "w8a8_dynamic": ("auto", "w8a8"), "w8a8_static": ("auto", "w8a8")}
 
 
 class VariantUnavailable(RuntimeError):
@@ -772,21 +742,17 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
     model, tokenizer = load_model(model_name, dtype=load_dtype, device=device)
     info = {"variant": name, "description": VARIANTS[name], "dtype": backend.dtype_name(load_dtype),
             "device": str(device), "bytes_before": weight_bytes(model)}
-    if name in ("fp32", "dense"):
-        info.update(bytes_after=info["bytes_before"], impl="dense", scheme="none",
-                    activations=backend.dtype_name(load_dtype))
-    elif name == "w8a16":
-        info.update(quantize_model_int8(model, impl="auto"))
-    elif name == "w8a16_dequant":
-        info.update(quantize_model_int8(model, impl="dequant"))
+    if name in _INT8_VARIANTS:
+        impl, scheme = _INT8_VARIANTS[name]
+        scales = act_scales if name == "w8a8_static" else None
+        info.update(quantize_model_int8(model, impl, scheme, act_scales=scales))
     elif name == "torchao":
         info.update(torchao_int8_weight_only(model))
-    elif name == "w8a8_dynamic":
-        info.update(quantize_model_int8(model, scheme="w8a8"))
-    elif name == "w8a8_static":
-        info.update(quantize_model_int8(model, scheme="w8a8", act_scales=act_scales))
     elif name == "quantize_dynamic":
         model, extra = quantize_dynamic_cpu(model)
         info.update(extra)
+    else:  # fp32, dense
+        info.update(bytes_after=info["bytes_before"], impl="dense", scheme="none",
+                    activations=backend.dtype_name(load_dtype))
     info["speed_is_meaningful"] = "emulate" not in str(info.get("impl"))
     return model, tokenizer, info
