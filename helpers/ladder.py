@@ -149,12 +149,10 @@ def _float(value) -> float:
 def best_batch1_speedup(table) -> Optional[dict]:
     """The batch-1 rung with the highest speedup over the baseline, and what may be said of it.
 
-    The speedup is the table's own column (decode tokens/s over native eager's, with its p10-p90
-    spread from ``bench.speedup``), so the headline and the table show the same ratio; whether the
-    rung is "best" is ``decide.best_gain`` on the rungs' decode p10-p90 ranges, the same test as
-    ``ladder_steps`` (``decision``: ``best, clear``, ``best, tied`` with ``tied`` naming the rungs
-    within its noise, or ``no gain beyond the noise``). None with no rung beyond the baseline; rungs
-    that change the batch never enter this figure.
+    The speedup is the table's own column, so the headline and the table show the same ratio;
+    "best" is ``decide.best_gain`` on the rungs' decode p10-p90 ranges (``decision``: ``best, clear``,
+    ``best, tied`` with ``tied`` naming the rungs within its noise, or ``no gain beyond the noise``).
+    None with no rung beyond the baseline; rungs that change the batch never enter this figure.
     """
     from .decide import best_gain
 
@@ -358,15 +356,13 @@ def step_part(name: str) -> Optional[str]:
 
 def decode_step_parts(model, tokenizer, prompts: Sequence[str], *, decode_ms: float, steps: int = 8,
                       static_cache: bool = False, cache_tokens: Optional[int] = None, device="cpu") -> dict:
-    """ms per decode step in each of ``STEP_PARTS``, from ``torch.profiler``.
+    """ms per decode step in each of ``STEP_PARTS``, from ``torch.profiler``: greedy generations of
+    ``steps + 1`` tokens and of 1 token through ``model.generate`` differ by ``steps`` decode steps.
 
-    Profiles greedy generations of ``steps + 1`` tokens and of 1 token through ``model.generate``
-    (transformers' or ``GreedyLoop``): the difference is ``steps`` decode steps. Each kernel part's
-    share of the profiled step (self time over profiled wall time) is applied to the rung's measured
-    ``decode_ms``; ``framework and Python`` is the rest (Python, dispatch, graph wrappers and the
-    profiler's own cost), so the parts add up to ``decode_ms`` and none is negative. A static cache
-    is sized for ``cache_tokens`` new tokens (the measurement's): a compiled forward sees the shapes
-    it was compiled for and builds no graph here.
+    Each kernel part's share of the profiled step (self time over wall time) is applied to the rung's
+    measured ``decode_ms``; ``framework and Python`` is the rest (Python, dispatch, graph wrappers and
+    the profiler's own cost), so the parts add up to ``decode_ms``. The static cache is sized for
+    ``cache_tokens`` (the measurement's), so a compiled forward builds no graph here.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -696,9 +692,8 @@ def compare_with_guide(ours, label: str = "measured here"):
     ours = ours.copy()
     if "batch_size" in ours and ours["batch_size"].notna().any():
         # The guide's ladder is batch-1 latency: a rung serving more users stays out of this comparison.
-        first = ours.loc[ours["status"] == "ok", "batch_size"]
-        base_batch = first.iloc[0] if len(first) else 1
-        ours = ours[ours["batch_size"].isna() | (ours["batch_size"] == base_batch)]
+        base_batch = _ok_rows(ours)[1]
+        ours = ours[ours["batch_size"].isna() | (ours["batch_size"] == (base_batch or 1))]
     ok = ours["status"] == "ok"
     base_mem = ours.loc[ok, "peak_memory_bytes"].iloc[0] if ok.any() else None
     ours["memory_ratio"] = ours["peak_memory_bytes"] / base_mem if base_mem else None
