@@ -88,8 +88,8 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
         except RungSkipped as exc:
             row.update(status="skipped", error=str(exc))
         except Exception as exc:  # noqa: BLE001  (one broken rung must not stop the ladder)
-            lines = str(exc).strip().splitlines()
-            row.update(status="failed", error=f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300],
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            row.update(status="failed", error=f"{type(exc).__name__}: {first_line}"[:300],
                        traceback=traceback.format_exc(limit=3))
         finally:
             if cleanup is not None and variant is not None:
@@ -150,9 +150,9 @@ def best_batch1_speedup(table) -> Optional[dict]:
     """The batch-1 rung with the highest speedup over the baseline, and what may be said of it.
 
     The speedup is the table's own column, so the headline and the table show the same ratio;
-    "best" is ``decide.best_gain`` on the rungs' decode p10-p90 ranges (``decision``: ``best, clear``,
-    ``best, tied`` with ``tied`` naming the rungs within its noise, or ``no gain beyond the noise``).
-    None with no rung beyond the baseline; rungs that change the batch never enter this figure.
+    "best" is ``decide.best_gain`` on the rungs' decode p10-p90 ranges (``decision``: ``best,
+    clear``, ``best, tied`` with ``tied`` naming the rungs within its noise, or ``no gain beyond the
+    noise``). None with no rung beyond the baseline; rungs changing the batch never enter it.
     """
     from .decide import best_gain
 
@@ -171,10 +171,11 @@ def best_batch1_speedup(table) -> Optional[dict]:
     if found is None:
         return None
     best, base = same[same["rung"] == found.best].iloc[0], ok.iloc[0]
-    return {"rung": found.best, "speedup": _float(best["speedup"]), "low": _float(best.get("speedup_low")),
-            "high": _float(best.get("speedup_high")), "decision": found.decision, "tied": found.tied,
-            "tokens_per_s": float(best["tokens_per_s"]), "baseline_tokens_per_s": float(base["tokens_per_s"]),
-            "batch_size": int(base_batch)}
+    return {"rung": found.best, "speedup": _float(best["speedup"]),
+            "low": _float(best.get("speedup_low")), "high": _float(best.get("speedup_high")),
+            "decision": found.decision, "tied": found.tied,
+            "tokens_per_s": float(best["tokens_per_s"]),
+            "baseline_tokens_per_s": float(base["tokens_per_s"]), "batch_size": int(base_batch)}
 
 
 def ladder_steps(table) -> list[dict]:
@@ -194,9 +195,10 @@ def graph_count_problems(table, max_graphs: int = 2) -> list:
     shape is the static path's promise); an empty list when every graph rung kept it."""
     if "compiled_graphs" not in table:
         return []
-    return [f"{row['rung']}: {int(row['compiled_graphs'])} graphs built, more than {max_graphs} for one shape"
-            for _, row in table[table["status"] == "ok"].iterrows()
-            if _known(row["compiled_graphs"]) and row["compiled_graphs"] > max_graphs]
+    ok = table[table["status"] == "ok"]
+    over = ok[ok["compiled_graphs"].fillna(0) > max_graphs]  # an eager rung built none
+    return [f"{rung}: {int(graphs)} graphs built, more than {max_graphs} for one shape"
+            for rung, graphs in zip(over["rung"], over["compiled_graphs"])]
 
 
 def batch_throughput_ratio(table) -> Optional[dict]:
@@ -224,7 +226,10 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
     throughput ratio, the graph counts and each batch-1 step (``ladder_steps``). ``ch`` is the
     chapter (``helpers.chapter.Chapter``)."""
     # Counts are recorded as whole numbers (a template shows "2 graphs", not "2.00 graphs").
-    rows = [{k: (int(v) if _known(v) else None) if k in COUNT_COLUMNS else v for k, v in row.items()}
+    def whole(value):
+        return int(value) if _known(value) else None
+
+    rows = [{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()}
             for row in table.to_dict("records")]
     ch.results.table("ladder", rows)
     for row in (r for r in rows if r["status"] == "ok"):
@@ -275,8 +280,8 @@ def shown(table, columns: Sequence[str]):
 
 GOAL_FRACTION_OF_LLAMACPP = 0.5  # the best batch-1 rung should reach half of llama.cpp's decode
 # decide.met's words for a goal, as chapter 06 records them
-FRACTION_VERDICTS = {"met": "reached", "not met": "missed", "within the noise of the goal": "within_noise",
-                     "not measured": "not_measured"}
+FRACTION_VERDICTS = {"met": "reached", "not met": "missed",
+                     "within the noise of the goal": "within_noise", "not measured": "not_measured"}
 
 
 def decode_ratio(row, reference) -> Optional[dict]:
@@ -311,10 +316,13 @@ def reference_columns(table, reference: Optional[dict], name: str):
 
 def fraction_verdict(ratio: Optional[dict], fraction: float = GOAL_FRACTION_OF_LLAMACPP) -> str:
     """``reached`` when the whole spread is at or above ``fraction``, ``missed`` when it is all below,
-    ``within_noise`` when the spread straddles it, ``not_measured`` without a ratio (``decide.met``)."""
+    ``within_noise`` when the spread straddles it, ``not_measured`` without a ratio: ``decide.met``
+    in chapter 06's words."""
     from .decide import met
 
-    return FRACTION_VERDICTS[met(ratio["low"], ratio["high"], fraction)] if ratio else "not_measured"
+    if not ratio:
+        return "not_measured"
+    return FRACTION_VERDICTS[met(ratio["low"], ratio["high"], fraction)]
 
 
 def rung_effect(table, rung: str) -> Optional[dict]:
@@ -359,10 +367,10 @@ def decode_step_parts(model, tokenizer, prompts: Sequence[str], *, decode_ms: fl
     """ms per decode step in each of ``STEP_PARTS``, from ``torch.profiler``: greedy generations of
     ``steps + 1`` tokens and of 1 token through ``model.generate`` differ by ``steps`` decode steps.
 
-    Each kernel part's share of the profiled step (self time over wall time) is applied to the rung's
-    measured ``decode_ms``; ``framework and Python`` is the rest (Python, dispatch, graph wrappers and
-    the profiler's own cost), so the parts add up to ``decode_ms``. The static cache is sized for
-    ``cache_tokens`` (the measurement's), so a compiled forward builds no graph here.
+    Each kernel part's share of the profiled step (self time over wall time) is applied to the
+    rung's measured ``decode_ms``; ``framework and Python`` is the rest (Python, dispatch, graph
+    wrappers and the profiler's own cost), so the parts add up to ``decode_ms``. The static cache is
+    sized for ``cache_tokens`` (the measurement's), so a compiled forward builds no graph here.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -437,7 +445,7 @@ def int8_skip_reason(kernel_rows: list) -> str:
 
 
 def int8_kernel_saving(kernel_rows: Optional[list]) -> Optional[dict]:
-    """From ``quant.time_w8a16_kernels`` rows: the dense and the fastest int8 step (ms) and the saving."""
+    """From ``quant.time_w8a16_kernels`` rows: the dense and the fastest int8 step, the saving (ms)."""
     usable = [r for r in kernel_rows or [] if not r.get("problem")]
     dense = next((r for r in usable if r["kernel"].startswith("dense")), None)
     usable = [r for r in usable if not r["kernel"].startswith("dense")]
@@ -572,9 +580,10 @@ class Variant:
 
 # A ladder row's keys from measure_generation's, in the table's column order (the first two and the
 # two filled by generation_measure itself are placeholders here).
-_ROW_KEYS = ("latency_ms", "tokens_per_s", "peak_memory_bytes", "batch_size", "ttft_ms", "decode_ms_per_token",
-             "decode_p10_ms", "decode_p90_ms", "ttft_p10_ms", "ttft_p90_ms", "dtype", "code_path", "greedy_loop",
-             "prompt_tokens", "new_tokens", "weight_bytes", "compiled_graphs", "compile_s")
+_ROW_KEYS = ("latency_ms", "tokens_per_s", "peak_memory_bytes", "batch_size", "ttft_ms",
+             "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "ttft_p10_ms", "ttft_p90_ms",
+             "dtype", "code_path", "greedy_loop", "prompt_tokens", "new_tokens", "weight_bytes",
+             "compiled_graphs", "compile_s")
 
 
 def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, device, *,
@@ -586,8 +595,8 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
     ``latency_ms`` is one full ``generate`` of ``max_new_tokens``; ``tokens_per_s`` is the aggregate
     over the batch; the roofline is ``batch x bandwidth / weight bytes`` of that variant (memory-bound
     decode, KV cache ignored), so an INT8 rung gets its own, higher ceiling. A compiled forward
-    (``helpers.static_decode``) adds ``compiled_graphs`` and ``compile_s``. With ``profile_steps``, a
-    batch-1 rung also gets the ms per step in each of ``STEP_PARTS`` (``decode_step_parts``),
+    (``helpers.static_decode``) adds ``compiled_graphs`` and ``compile_s``. With ``profile_steps``,
+    a batch-1 rung also gets the ms per step in each of ``STEP_PARTS`` (``decode_step_parts``),
     profiled on the same shapes after the timed runs.
     """
     from . import static_decode
@@ -605,7 +614,7 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
             static_decode.use_greedy_loop(model)
         out = measure_generation(model, tokenizer, batch, max_new_tokens, device, repeats=repeats,
                                  static_cache=static)
-        if variant.greedy_loop:  # same protocol, but the tokens come from the loop, not from generate
+        if variant.greedy_loop:  # same protocol; the tokens come from the loop, not from generate
             out["code_path"] = out["code_path"].replace(
                 "transformers generate", "hand-written greedy loop (helpers.static_decode.GreedyLoop)", 1)
         row = {k: out.get(k) for k in _ROW_KEYS}
@@ -659,12 +668,11 @@ def apply_runtime_options(device, *, jit_compile: bool = False, allow_internal_f
 # The guide's claim, not a measurement: Llama-2-7B fp16 on one 910B, 100 new tokens implied by
 # 6012 ms at 16.6 tok/s. The MindSpeed rows cannot come from MindSpeed-LLM's inference script as
 # the guide shows it (its Pipeline class does not exist).
-GUIDE_LADDER = [dict(zip(("rung", "label", "latency_ms", "tokens_per_s", "memory_gb"), row)) for row in (
-    ("原生PyTorch", "native PyTorch", 6012, 16.6, 13.6),
-    ("+CANN优化", "+ CANN options", 4580, 21.7, 13.6),
-    ("+MindSpeed", "+ MindSpeed", 3250, 30.5, 13.6),
-    ("+MindSpeed+INT8", "+ MindSpeed + INT8", 2100, 47.2, 7.8),
-)]
+GUIDE_LADDER = [dict(zip(("rung", "label", "latency_ms", "tokens_per_s", "memory_gb"), row))
+                for row in (("原生PyTorch", "native PyTorch", 6012, 16.6, 13.6),
+                            ("+CANN优化", "+ CANN options", 4580, 21.7, 13.6),
+                            ("+MindSpeed", "+ MindSpeed", 3250, 30.5, 13.6),
+                            ("+MindSpeed+INT8", "+ MindSpeed + INT8", 2100, 47.2, 7.8))]
 
 
 def guide_ladder():

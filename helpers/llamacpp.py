@@ -89,7 +89,7 @@ def measure(gguf, prompt_ids, new_tokens: int, *, threads: Optional[int] = None,
 
         threads = torch.get_num_threads()
     gguf = Path(gguf)
-    weights = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else "unknown"  # ...Q4_1.gguf -> Q4_1
+    weights = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else "unknown"  # x.Q4_1.gguf: Q4_1
     request = {"gguf": str(gguf), "prompt_ids": ids, "new_tokens": new_tokens, "threads": int(threads),
                "repeats": repeats, "extra_buffers": True}
     out, failure = _run_child(request, timeout)
@@ -142,8 +142,9 @@ def summarize(raw: dict, new_tokens: int) -> dict:
     first = Timing("ttft", [x * 1e3 for x in raw["first_s"]])
     steps = zip(raw["full_s"], raw["first_s"])
     decode = Timing("decode", [(full - one) * 1e3 / (new_tokens - 1) for full, one in steps])
-    return {"status": "ok", "ttft_ms": first.median, "ttft_p10_ms": first.p10, "ttft_p90_ms": first.p90,
-            "decode_ms_per_token": decode.median, "decode_p10_ms": decode.p10, "decode_p90_ms": decode.p90,
+    return {"status": "ok", "ttft_ms": first.median, "ttft_p10_ms": first.p10,
+            "ttft_p90_ms": first.p90, "decode_ms_per_token": decode.median,
+            "decode_p10_ms": decode.p10, "decode_p90_ms": decode.p90,
             "tokens_per_s": 1e3 / decode.median if decode.median > 0 else float("nan"),
             "decode_samples_ms": decode.samples, "ttft_samples_ms": first.samples,
             "tokens": raw.get("tokens", []), "system_info": raw.get("system_info", ""),
