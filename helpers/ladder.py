@@ -111,9 +111,7 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
         if on_rung is not None:
             on_rung(row)
     table = pd.DataFrame(rows)
-    for col in COLUMNS:
-        if col not in table.columns:
-            table[col] = None
+    table = table.assign(**{col: None for col in COLUMNS if col not in table.columns})
     if "timing" in table.columns:
         table["timing"] = table["timing"].map(lambda t: t.summary() if isinstance(t, Timing) else t)
     return table[list(COLUMNS) + [c for c in table.columns if c not in COLUMNS]]
