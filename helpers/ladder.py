@@ -10,6 +10,7 @@ an Ascend machine instead of a number. Serving engines (vLLM, vLLM-Ascend) are c
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import time
@@ -41,9 +42,9 @@ def _as_rung(item) -> Rung:
                      "(name, description, prepare) tuple with a callable prepare")
 
 
-def _short_error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+def _known(value) -> bool:
+    """Not None and not NaN (pandas turns a gap in a numeric column into NaN)."""
+    return value is not None and value == value
 
 
 def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
@@ -52,15 +53,13 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
                on_rung: Optional[Callable[[dict], None]] = None):
     """Prepare and measure each rung; a failing rung is recorded and the ladder continues.
 
-    ``measure(variant)`` returns a dict with at least ``latency_ms`` (for the whole request) and
-    ``tokens_per_s``; optional ``peak_memory_bytes``, ``roofline_tok_s`` (overrides the ladder's, e.g.
-    fewer weight bytes after INT8), ``batch_size`` and ``timing`` (a ``bench.Timing``: then the speedup
-    and its spread come from ``bench.speedup``; chapter 06's ``generation_measure`` gives the decode
-    time per token, so a batch-1 speedup is the ratio of decode tokens/s). Speedup is over the first
-    rung that succeeded at the same batch size, the throughput ratio when the batch differs (the
-    guide's "+ best batch size" rung). Extra keys are kept as columns. ``cleanup(variant)`` frees a variant
-    before the next rung; ``on_rung(row)`` sees each row as it is done (to record or print it).
-    Returns a pandas DataFrame with ``COLUMNS`` first.
+    ``measure(variant)`` returns at least ``latency_ms`` (the whole request) and ``tokens_per_s``;
+    optional ``roofline_tok_s`` (overrides the ladder's, e.g. fewer weight bytes after INT8),
+    ``batch_size`` and ``timing`` (a ``bench.Timing``: the speedup and its spread then come from
+    ``bench.speedup``). Speedup is over the first rung that succeeded at the same batch size, the
+    throughput ratio when the batch differs (the guide's "+ best batch size" rung). Extra keys are
+    kept as columns. ``cleanup(variant)`` frees a variant before the next rung; ``on_rung(row)``
+    sees each row as it is done. Returns a pandas DataFrame with ``COLUMNS`` first.
     """
     import pandas as pd
 
@@ -89,19 +88,17 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
         except RungSkipped as exc:
             row.update(status="skipped", error=str(exc))
         except Exception as exc:  # noqa: BLE001  (one broken rung must not stop the ladder)
-            row.update(status="failed", error=_short_error(exc),
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            row.update(status="failed", error=f"{type(exc).__name__}: {first_line}"[:300],
                        traceback=traceback.format_exc(limit=3))
         finally:
             if cleanup is not None and variant is not None:
-                try:
+                with contextlib.suppress(Exception):
                     cleanup(variant)
-                except Exception:  # noqa: BLE001
-                    pass
         if row["status"] == "ok":
             ceiling = row.get("roofline_tok_s", roofline_tok_s)
             row["roofline_pct"] = 100.0 * row["tokens_per_s"] / ceiling if ceiling else None
-            if baseline is None:
-                baseline = row
+            baseline = baseline or row
             same_batch = row.get("batch_size", 1) == baseline.get("batch_size", 1)
             if same_batch and isinstance(row.get("timing"), Timing) and isinstance(baseline.get("timing"), Timing):
                 s = speedup(baseline["timing"], row["timing"])
@@ -114,80 +111,75 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
         if on_rung is not None:
             on_rung(row)
     table = pd.DataFrame(rows)
-    for col in COLUMNS:
-        if col not in table.columns:
-            table[col] = None
+    table = table.assign(**{col: None for col in COLUMNS if col not in table.columns})
     if "timing" in table.columns:
         table["timing"] = table["timing"].map(lambda t: t.summary() if isinstance(t, Timing) else t)
     return table[list(COLUMNS) + [c for c in table.columns if c not in COLUMNS]]
 
 
 def total_speedup(table) -> Optional[float]:
-    """Speedup of the last successful rung over the first (None with fewer than two).
-
-    Mixes kinds when the last rung changes the batch; chapter 06's headline figures are
-    ``best_batch1_speedup`` and ``batch_throughput_ratio`` instead.
-    """
+    """Speedup of the last successful rung over the first (None with fewer than two). It mixes kinds
+    when the last rung changes the batch: chapter 06's headline figures are ``best_batch1_speedup``
+    and ``batch_throughput_ratio``."""
     ok = table[table["status"] == "ok"]
-    if len(ok) < 2:
-        return None
-    return float(ok["speedup"].iloc[-1])
+    return float(ok["speedup"].iloc[-1]) if len(ok) >= 2 else None
 
 
 def _ok_rows(table):
+    """The ok rungs and the baseline's batch size (None without an ok rung)."""
     ok = table[table["status"] == "ok"]
     if not len(ok):
         return ok, None
     batch = ok["batch_size"] if "batch_size" in ok else None
-    base_batch = 1 if batch is None or batch.iloc[0] is None else batch.iloc[0]
-    return ok, base_batch
+    return ok, 1 if batch is None or batch.iloc[0] is None else batch.iloc[0]
+
+
+def _batch1(table):
+    """The ok rungs that decode one sequence (a rung without a batch size is batch 1)."""
+    ok = table[table["status"] == "ok"]
+    return ok[ok["batch_size"].fillna(1).astype(int) == 1] if "batch_size" in ok else ok
+
+
+def _float(value) -> float:
+    return float(value) if _known(value) else math.nan
 
 
 def best_batch1_speedup(table) -> Optional[dict]:
     """The batch-1 rung with the highest speedup over the baseline, and what may be said of it.
 
-    The speedup is the table's own column (decode tokens/s over native eager's, with its p10-p90
-    spread from ``bench.speedup``), so the headline and the table show the same ratio; whether the
-    rung is "best" is ``decide.best_gain`` on the rungs' decode p10-p90 ranges, the same test as
-    ``ladder_steps`` (``decision``: ``best, clear``, ``best, tied`` with ``tied`` naming the rungs
-    within its noise, or ``no gain beyond the noise``). Returns None with no rung beyond the
-    baseline. Rungs that change the batch never enter this figure.
+    The speedup is the table's own column, so the headline and the table show the same ratio;
+    "best" is ``decide.best_gain`` on the rungs' decode p10-p90 ranges (``decision``: ``best,
+    clear``, ``best, tied`` with ``tied`` naming the rungs within its noise, or ``no gain beyond the
+    noise``). None with no rung beyond the baseline; rungs changing the batch never enter it.
     """
     from .decide import best_gain
 
     ok, base_batch = _ok_rows(table)
-    if len(ok) < 2:
-        return None
     same = ok[ok["batch_size"].fillna(1) == base_batch] if "batch_size" in ok else ok
-    if len(same) < 2:
+    if len(ok) < 2 or len(same) < 2:
         return None
 
-    def tok_s(row) -> tuple:
-        def per_s(key):  # decode ms per token -> tokens/s (p90 of the time is p10 of the speed)
-            value = row.get(key)
-            return 1e3 / float(value) if value is not None and value == value and value > 0 else math.nan
+    def option(row) -> tuple:  # decode tok/s from ms per token: p90 of the time is p10 of the speed
+        def per_s(key):
+            ms = _float(row.get(key))
+            return 1e3 / ms if ms > 0 else math.nan
         return (row["rung"], float(row["tokens_per_s"]), per_s("decode_p90_ms"), per_s("decode_p10_ms"))
 
-    found = best_gain([tok_s(r) for _, r in same.iloc[1:].iterrows()], tok_s(same.iloc[0]))
+    found = best_gain([option(r) for _, r in same.iloc[1:].iterrows()], option(same.iloc[0]))
     if found is None:
         return None
     best, base = same[same["rung"] == found.best].iloc[0], ok.iloc[0]
-
-    def num(value):
-        return float(value) if value is not None and value == value else math.nan
-
-    return {"rung": found.best, "speedup": num(best["speedup"]), "low": num(best.get("speedup_low")),
-            "high": num(best.get("speedup_high")), "decision": found.decision, "tied": found.tied,
-            "tokens_per_s": float(best["tokens_per_s"]), "baseline_tokens_per_s": float(base["tokens_per_s"]),
-            "batch_size": int(base_batch)}
+    return {"rung": found.best, "speedup": _float(best["speedup"]),
+            "low": _float(best.get("speedup_low")), "high": _float(best.get("speedup_high")),
+            "decision": found.decision, "tied": found.tied,
+            "tokens_per_s": float(best["tokens_per_s"]),
+            "baseline_tokens_per_s": float(base["tokens_per_s"]), "batch_size": int(base_batch)}
 
 
 def ladder_steps(table) -> list[dict]:
     """Each ok batch-1 rung against the ok batch-1 rung before it: ``decode_ratio`` (above 1: the
     rung decodes faster) with the spread of both, for a sentence per step decided on the spreads."""
-    ok = table[table["status"] == "ok"]
-    if "batch_size" in ok:
-        ok = ok[ok["batch_size"].fillna(1).astype(int) == 1]
+    ok = _batch1(table)
     rows = []
     for (_, before), (_, row) in zip(ok.iloc[:-1].iterrows(), ok.iloc[1:].iterrows()):
         found = decode_ratio(row, before)
@@ -201,19 +193,15 @@ def graph_count_problems(table, max_graphs: int = 2) -> list:
     shape is the static path's promise); an empty list when every graph rung kept it."""
     if "compiled_graphs" not in table:
         return []
-    problems = []
-    for _, row in table[table["status"] == "ok"].iterrows():
-        graphs = row["compiled_graphs"]
-        if graphs is not None and graphs == graphs and graphs > max_graphs:
-            problems.append(f"{row['rung']}: {int(graphs)} graphs built, more than {max_graphs} for one shape")
-    return problems
+    ok = table[table["status"] == "ok"]
+    over = ok[ok["compiled_graphs"].fillna(0) > max_graphs]  # an eager rung built none
+    return [f"{rung}: {int(graphs)} graphs built, more than {max_graphs} for one shape"
+            for rung, graphs in zip(over["rung"], over["compiled_graphs"])]
 
 
 def batch_throughput_ratio(table) -> Optional[dict]:
-    """The last rung serving more users than the baseline: its aggregate tok/s over the baseline's.
-
-    A throughput ratio (more users per call), never to be compared with a batch-1 latency ladder.
-    """
+    """The last rung serving more users than the baseline: its aggregate tok/s over the baseline's
+    (more users per call, never to be compared with a batch-1 latency ladder)."""
     ok, base_batch = _ok_rows(table)
     if len(ok) < 2 or "batch_size" not in ok:
         return None
@@ -235,14 +223,15 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
     ``best_batch1_speedup`` decides it (the table's own ratio, with its spread), the batch rung's
     throughput ratio, the graph counts and each batch-1 step (``ladder_steps``). ``ch`` is the
     chapter (``helpers.chapter.Chapter``)."""
-    def whole(value):  # a count read from a column with gaps (pandas made it a float)
-        return int(value) if value is not None and value == value else None
-
     # Counts are recorded as whole numbers (a template shows "2 graphs", not "2.00 graphs").
-    rows = [{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()} for row in table.to_dict("records")]
+    def whole(value):
+        return int(value) if _known(value) else None
+
+    rows = [{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()}
+            for row in table.to_dict("records")]
     ch.results.table("ladder", rows)
     for row in (r for r in rows if r["status"] == "ok"):
-        extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if row.get(k) is not None and row[k] == row[k]}
+        extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if _known(row.get(k))}
         batch, prompt_tokens = row.get("batch_size"), row.get("prompt_tokens")
         ch.record(f"ladder_tok_s_{row['rung'].strip('+ ').replace(' ', '_')}", row["tokens_per_s"], "tok/s",
                   dtype=row.get("dtype"), shape=f"batch {batch}, {prompt_tokens}-token prompt, {new_tokens} new "
@@ -288,6 +277,9 @@ def shown(table, columns: Sequence[str]):
 # --- beside the ladder: a float32 eager run and llama.cpp, never in the ladder's own ratios ------
 
 GOAL_FRACTION_OF_LLAMACPP = 0.5  # the best batch-1 rung should reach half of llama.cpp's decode
+# decide.met's words for a goal, as chapter 06 records them
+FRACTION_VERDICTS = {"met": "reached", "not met": "missed",
+                     "within the noise of the goal": "within_noise", "not measured": "not_measured"}
 
 
 def decode_ratio(row, reference) -> Optional[dict]:
@@ -312,10 +304,7 @@ def reference_columns(table, reference: Optional[dict], name: str):
         table[f"vs_{name}{suffix}"] = None
     if not reference:
         return table
-    for i, row in table.iterrows():
-        batch = row.get("batch_size")
-        if row["status"] != "ok" or (batch is not None and batch == batch and int(batch) != 1):
-            continue
+    for i, row in _batch1(table).iterrows():
         found = decode_ratio(row, reference)
         if found:
             table.at[i, f"vs_{name}"], table.at[i, f"vs_{name}_low"], table.at[i, f"vs_{name}_high"] = (
@@ -325,41 +314,26 @@ def reference_columns(table, reference: Optional[dict], name: str):
 
 def fraction_verdict(ratio: Optional[dict], fraction: float = GOAL_FRACTION_OF_LLAMACPP) -> str:
     """``reached`` when the whole spread is at or above ``fraction``, ``missed`` when it is all below,
-    ``within_noise`` when the spread straddles it, ``not_measured`` without a ratio."""
+    ``within_noise`` when the spread straddles it, ``not_measured`` without a ratio: ``decide.met``
+    in chapter 06's words."""
+    from .decide import met
+
     if not ratio:
         return "not_measured"
-    if ratio["low"] >= fraction:
-        return "reached"
-    if ratio["high"] < fraction:
-        return "missed"
-    return "within_noise"
-
-
-def best_batch1_row(table):
-    """The ok batch-1 rung with the most decode tokens/s (a row), or None."""
-    ok = table[table["status"] == "ok"]
-    if "batch_size" in ok:
-        ok = ok[ok["batch_size"].fillna(1).astype(int) == 1]
-    if not len(ok):
-        return None
-    return ok.iloc[ok["tokens_per_s"].astype(float).values.argmax()]
+    return FRACTION_VERDICTS[met(ratio["low"], ratio["high"], fraction)]
 
 
 def rung_effect(table, rung: str) -> Optional[dict]:
     """``rung`` against the ok batch-1 rung before it: ``{"verdict": faster / slower / no_difference,
     "ratio", "low", "high", "previous"}`` from the decode spreads (None if either did not run)."""
-    ok = table[table["status"] == "ok"].reset_index(drop=True)
-    if "batch_size" in ok:
-        ok = ok[ok["batch_size"].fillna(1).astype(int) == 1].reset_index(drop=True)
-    where = ok.index[ok["rung"] == rung]
-    if not len(where) or where[0] == 0:
+    from .decide import SAME, direction
+
+    step = next((s for s in ladder_steps(table) if s["rung"] == rung), None)
+    if step is None:
         return None
-    row, before = ok.loc[where[0]], ok.loc[where[0] - 1]
-    found = decode_ratio(row, before)
-    if found is None:
-        return None
-    verdict = "faster" if found["low"] > 1 else "slower" if found["high"] < 1 else "no_difference"
-    return {**found, "verdict": verdict, "previous": before["rung"]}
+    verdict = direction(step["low"], step["high"])
+    step.pop("rung")
+    return {**step, "verdict": "no_difference" if verdict == SAME else verdict}
 
 
 # --- where a decode step's time goes ---------------------------------------------------------------
@@ -388,16 +362,13 @@ def step_part(name: str) -> Optional[str]:
 
 def decode_step_parts(model, tokenizer, prompts: Sequence[str], *, decode_ms: float, steps: int = 8,
                       static_cache: bool = False, cache_tokens: Optional[int] = None, device="cpu") -> dict:
-    """ms per decode step in each of ``STEP_PARTS``, from ``torch.profiler``.
+    """ms per decode step in each of ``STEP_PARTS``, from ``torch.profiler``: greedy generations of
+    ``steps + 1`` tokens and of 1 token through ``model.generate`` differ by ``steps`` decode steps.
 
-    Profiles a greedy generation of ``steps + 1`` tokens and one of 1 token through ``model.generate``
-    (whatever it is: transformers' or ``GreedyLoop``), so the difference is ``steps`` decode steps.
-    Each kernel part's share of the profiled step (its self time over the profiled wall time) is
-    applied to the rung's measured ``decode_ms``; ``framework and Python`` is the remaining share
-    (Python, dispatch, graph wrappers, and the profiler's own cost). The parts add up to ``decode_ms``
-    and none is negative; on a machine shared with other work the split is as noisy as the step.
-    A static cache is sized for ``cache_tokens`` new tokens (the measurement's), so a compiled forward
-    sees the shapes it was compiled for and builds no graph here.
+    Each kernel part's share of the profiled step (self time over wall time) is applied to the
+    rung's measured ``decode_ms``; ``framework and Python`` is the rest (Python, dispatch, graph
+    wrappers and the profiler's own cost), so the parts add up to ``decode_ms``. The static cache is
+    sized for ``cache_tokens`` (the measurement's), so a compiled forward builds no graph here.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -471,6 +442,18 @@ def int8_skip_reason(kernel_rows: list) -> str:
             "would make this rung slower")
 
 
+def int8_kernel_saving(kernel_rows: Optional[list]) -> Optional[dict]:
+    """From ``quant.time_w8a16_kernels`` rows: the dense and the fastest int8 step, the saving (ms)."""
+    usable = [r for r in kernel_rows or [] if not r.get("problem")]
+    dense = next((r for r in usable if r["kernel"].startswith("dense")), None)
+    usable = [r for r in usable if not r["kernel"].startswith("dense")]
+    if dense is None or not usable:
+        return None
+    best = min(usable, key=lambda r: r["decode_ms"])
+    return {"dense": dense["kernel"], "dense_ms": dense["decode_ms"], "kernel": best["kernel"],
+            "kernel_ms": best["decode_ms"], "saving_ms": dense["decode_ms"] - best["decode_ms"]}
+
+
 def weight_format_check(before, after, tokenizer, tokens: int = 128) -> dict:
     """Top-1 agreement and perplexity of ``after`` against ``before`` on held-out text (eager forwards):
     what a rung that changes the weights' format (INT4) costs in quality, measured where it runs."""
@@ -490,34 +473,22 @@ def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens
     from .models import EMBEDDED_MODEL, locate_embedded_gguf
 
     if not enabled:
-        return {"status": "skipped", "reason": "the llamacpp parameter is off"}
-    kind = as_device(device).type
-    if kind != "cpu":
-        return {"status": "skipped", "reason": f"llama.cpp is the CPU reference; this ladder ran on {kind}"}
-    if model != EMBEDDED_MODEL:
-        return {"status": "skipped", "reason": f"llama.cpp runs the embedded GGUF ({EMBEDDED_MODEL}); "
-                                               f"this ladder ran {model}"}
-    return llamacpp.measure(locate_embedded_gguf(), prompt_ids, new_tokens, repeats=repeats)
-
-
-def int8_kernel_saving(kernel_rows: Optional[list]) -> Optional[dict]:
-    """From ``quant.time_w8a16_kernels`` rows: the dense and the fastest int8 step (ms) and the saving."""
-    if not kernel_rows:
-        return None
-    dense = next((r for r in kernel_rows if r["kernel"].startswith("dense") and not r.get("problem")), None)
-    usable = [r for r in kernel_rows if not r["kernel"].startswith("dense") and not r.get("problem")]
-    if dense is None or not usable:
-        return None
-    best = min(usable, key=lambda r: r["decode_ms"])
-    return {"dense": dense["kernel"], "dense_ms": dense["decode_ms"], "kernel": best["kernel"],
-            "kernel_ms": best["decode_ms"], "saving_ms": dense["decode_ms"] - best["decode_ms"]}
+        reason = "the llamacpp parameter is off"
+    elif (kind := as_device(device).type) != "cpu":
+        reason = f"llama.cpp is the CPU reference; this ladder ran on {kind}"
+    elif model != EMBEDDED_MODEL:
+        reason = f"llama.cpp runs the embedded GGUF ({EMBEDDED_MODEL}); this ladder ran {model}"
+    else:
+        return llamacpp.measure(locate_embedded_gguf(), prompt_ids, new_tokens, repeats=repeats)
+    return {"status": "skipped", "reason": reason}
 
 
 def reference_facts(table, llama: dict, fp32: Optional[dict],
                     fraction: float = GOAL_FRACTION_OF_LLAMACPP, int8_kernels: Optional[list] = None) -> dict:
     """Everything the references paragraph states, each decided by a named function above.
     ``int8_kernels``: the INT8 rung's kernel timings, which explain an INT8 rung that is not faster."""
-    best = best_batch1_row(table)
+    ok = _batch1(table)
+    best = ok.iloc[ok["tokens_per_s"].astype(float).values.argmax()] if len(ok) else None
     facts: dict = {"llama": llama, "fraction": fraction, "best": None, "fp32": None, "blocker": None,
                    "int8": rung_effect(table, "+ INT8"), "int8_kernels": int8_kernel_saving(int8_kernels)}
     if facts["int8"]:
@@ -530,7 +501,7 @@ def reference_facts(table, llama: dict, fp32: Optional[dict],
                          "decode_ms": float(best["decode_ms_per_token"]), "ratio": ratio,
                          "verdict": fraction_verdict(ratio, fraction)}
         parts = {k: best.get(f"{k.split()[0]}_ms") for k in STEP_PARTS}
-        if ratio and facts["best"]["verdict"] != "reached" and all(v is not None and v == v for v in parts.values()):
+        if ratio and facts["best"]["verdict"] != "reached" and all(_known(v) for v in parts.values()):
             facts["blocker"] = {**what_stands_in_the_way(parts, float(llama["decode_ms_per_token"]), fraction),
                                 "parts": parts}
     if fp32 and best is not None:
@@ -605,6 +576,14 @@ class Variant:
     greedy_loop: bool = False
 
 
+# A ladder row's keys from measure_generation's, in the table's column order (the first two and the
+# two filled by generation_measure itself are placeholders here).
+_ROW_KEYS = ("latency_ms", "tokens_per_s", "peak_memory_bytes", "batch_size", "ttft_ms",
+             "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "ttft_p10_ms", "ttft_p90_ms",
+             "dtype", "code_path", "greedy_loop", "prompt_tokens", "new_tokens", "weight_bytes",
+             "compiled_graphs", "compile_s")
+
+
 def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, device, *,
                        bandwidth_gbps: Optional[float] = None, repeats: int = 3,
                        profile_steps: int = 0) -> Callable[[Any], dict]:
@@ -613,10 +592,10 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
     A variant is a ``Variant``, a model, or ``(model, prompts)`` for a rung that changes the batch.
     ``latency_ms`` is one full ``generate`` of ``max_new_tokens``; ``tokens_per_s`` is the aggregate
     over the batch; the roofline is ``batch x bandwidth / weight bytes`` of that variant (memory-bound
-    decode, KV cache ignored), so an INT8 rung gets its own, higher ceiling. A variant whose forward
-    is compiled (``helpers.static_decode``) adds ``compiled_graphs`` and ``compile_s``. With
-    ``profile_steps``, a batch-1 rung also gets ``decode_step_parts`` (ms per step in each of
-    ``STEP_PARTS``), profiled on the same shapes after the timed runs.
+    decode, KV cache ignored), so an INT8 rung gets its own, higher ceiling. A compiled forward
+    (``helpers.static_decode``) adds ``compiled_graphs`` and ``compile_s``. With ``profile_steps``,
+    a batch-1 rung also gets the ms per step in each of ``STEP_PARTS`` (``decode_step_parts``),
+    profiled on the same shapes after the timed runs.
     """
     from . import static_decode
     from .bench import Timing
@@ -624,39 +603,28 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
     from .models import weight_bytes
 
     def measure(variant) -> dict:
-        loop = False
-        if isinstance(variant, Variant):
-            model, batch, static = variant.model, variant.prompts or prompts, variant.static_cache
-            loop = variant.greedy_loop
-        else:
-            model, batch = variant if isinstance(variant, tuple) else (variant, prompts)
-            static = False
-        if loop:
-            if static_decode.greedy_loop_of(model) is None:
-                static_decode.use_greedy_loop(model)
-        else:
+        if not isinstance(variant, Variant):
+            variant = Variant(*variant) if isinstance(variant, tuple) else Variant(variant)
+        model, batch, static = variant.model, list(variant.prompts or prompts), variant.static_cache
+        if not variant.greedy_loop:
             static_decode.restore_generate(model)
-        out = measure_generation(model, tokenizer, list(batch), max_new_tokens, device, repeats=repeats,
+        elif static_decode.greedy_loop_of(model) is None:
+            static_decode.use_greedy_loop(model)
+        out = measure_generation(model, tokenizer, batch, max_new_tokens, device, repeats=repeats,
                                  static_cache=static)
-        if loop:  # same protocol, but the tokens come from the loop, not from generate
+        if variant.greedy_loop:  # same protocol; the tokens come from the loop, not from generate
             out["code_path"] = out["code_path"].replace(
                 "transformers generate", "hand-written greedy loop (helpers.static_decode.GreedyLoop)", 1)
-        row = {"latency_ms": out["total_ms"], "tokens_per_s": out["tokens_per_s_aggregate"],
-               "peak_memory_bytes": out.get("peak_memory_bytes"), "batch_size": out.get("batch_size"),
-               "ttft_ms": out.get("ttft_ms"), "decode_ms_per_token": out.get("decode_ms_per_token"),
-               "decode_p10_ms": out.get("decode_p10_ms"), "decode_p90_ms": out.get("decode_p90_ms"),
-               "ttft_p10_ms": out.get("ttft_p10_ms"), "ttft_p90_ms": out.get("ttft_p90_ms"),
-               "dtype": out.get("dtype"), "code_path": out.get("code_path"), "greedy_loop": loop,
-               "prompt_tokens": out.get("prompt_tokens"), "new_tokens": out.get("new_tokens"),
-               "weight_bytes": weight_bytes(model),
-               "compiled_graphs": out.get("compiled_graphs"), "compile_s": out.get("compile_s")}
+        row = {k: out.get(k) for k in _ROW_KEYS}
+        row.update(latency_ms=out["total_ms"], tokens_per_s=out["tokens_per_s_aggregate"],
+                   greedy_loop=variant.greedy_loop, weight_bytes=weight_bytes(model))
         if out.get("decode_resolved"):  # run_ladder's speedup and spread: decode time per token
             row["timing"] = Timing("decode per token", [x / 1e3 for x in out["decode_samples_ms"]],
                                    device=str(device))
         if bandwidth_gbps:
             row["roofline_tok_s"] = (out.get("batch_size") or len(batch)) * bandwidth_gbps * 1e9 / row["weight_bytes"]
         if profile_steps and row["batch_size"] == 1 and out.get("decode_resolved"):
-            parts = decode_step_parts(model, tokenizer, list(batch), decode_ms=out["decode_ms_per_token"],
+            parts = decode_step_parts(model, tokenizer, batch, decode_ms=out["decode_ms_per_token"],
                                       steps=min(profile_steps, max_new_tokens - 1), static_cache=static,
                                       cache_tokens=max_new_tokens, device=device)
             row.update({f"{k.split()[0]}_ms": parts[k] for k in STEP_PARTS})
@@ -678,21 +646,19 @@ def apply_runtime_options(device, *, jit_compile: bool = False, allow_internal_f
     if kind != "npu":
         raise RungSkipped(f"runtime options exist only in torch_npu; this run is on {kind}")
     npu = torch.npu
-    rows = []
     npu.set_compile_mode(jit_compile=jit_compile)
-    rows.append({"option": f"torch.npu.set_compile_mode(jit_compile={jit_compile})", "status": "applied",
-                 "note": "False uses the prebuilt binary kernels instead of compiling operators online"})
     npu.config.allow_internal_format = allow_internal_format
-    rows.append({"option": f"torch.npu.config.allow_internal_format = {allow_internal_format}",
-                 "status": "applied", "note": "set-only; already off by default on 910B/A2"})
     before = dict(vars(npu.config))
     npu.config.enable_auto_mixed_precision = True  # the guide's line, kept to show what it does
     stored = vars(npu.config) != before or "enable_auto_mixed_precision" in vars(npu.config)
-    rows.append({"option": "torch.npu.config.enable_auto_mixed_precision = True",
-                 "status": "stored (unexpected)" if stored else "silently ignored",
-                 "note": "no such option: the assignment raised nothing and changed nothing; mixed precision "
-                         "is torch.autocast('npu', dtype=torch.float16) or loading in float16"})
-    return rows
+    return [{"option": f"torch.npu.set_compile_mode(jit_compile={jit_compile})", "status": "applied",
+             "note": "False uses the prebuilt binary kernels instead of compiling operators online"},
+            {"option": f"torch.npu.config.allow_internal_format = {allow_internal_format}",
+             "status": "applied", "note": "set-only; already off by default on 910B/A2"},
+            {"option": "torch.npu.config.enable_auto_mixed_precision = True",
+             "status": "stored (unexpected)" if stored else "silently ignored",
+             "note": "no such option: the assignment raised nothing and changed nothing; mixed precision "
+                     "is torch.autocast('npu', dtype=torch.float16) or loading in float16"}]
 
 
 # --- the guide's table (4.2 MindSpeed-LLM框架应用) ----------------------------------------------
@@ -700,16 +666,11 @@ def apply_runtime_options(device, *, jit_compile: bool = False, allow_internal_f
 # The guide's claim, not a measurement: Llama-2-7B fp16 on one 910B, 100 new tokens implied by
 # 6012 ms at 16.6 tok/s. The MindSpeed rows cannot come from MindSpeed-LLM's inference script as
 # the guide shows it (its Pipeline class does not exist).
-GUIDE_LADDER = [
-    {"rung": "原生PyTorch", "label": "native PyTorch", "latency_ms": 6012, "tokens_per_s": 16.6,
-     "memory_gb": 13.6},
-    {"rung": "+CANN优化", "label": "+ CANN options", "latency_ms": 4580, "tokens_per_s": 21.7,
-     "memory_gb": 13.6},
-    {"rung": "+MindSpeed", "label": "+ MindSpeed", "latency_ms": 3250, "tokens_per_s": 30.5,
-     "memory_gb": 13.6},
-    {"rung": "+MindSpeed+INT8", "label": "+ MindSpeed + INT8", "latency_ms": 2100, "tokens_per_s": 47.2,
-     "memory_gb": 7.8},
-]
+GUIDE_LADDER = [dict(zip(("rung", "label", "latency_ms", "tokens_per_s", "memory_gb"), row))
+                for row in (("原生PyTorch", "native PyTorch", 6012, 16.6, 13.6),
+                            ("+CANN优化", "+ CANN options", 4580, 21.7, 13.6),
+                            ("+MindSpeed", "+ MindSpeed", 3250, 30.5, 13.6),
+                            ("+MindSpeed+INT8", "+ MindSpeed + INT8", 2100, 47.2, 7.8))]
 
 
 def guide_ladder():
@@ -737,9 +698,8 @@ def compare_with_guide(ours, label: str = "measured here"):
     ours = ours.copy()
     if "batch_size" in ours and ours["batch_size"].notna().any():
         # The guide's ladder is batch-1 latency: a rung serving more users stays out of this comparison.
-        first = ours.loc[ours["status"] == "ok", "batch_size"]
-        base_batch = first.iloc[0] if len(first) else 1
-        ours = ours[ours["batch_size"].isna() | (ours["batch_size"] == base_batch)]
+        base_batch = _ok_rows(ours)[1]
+        ours = ours[ours["batch_size"].isna() | (ours["batch_size"] == (base_batch or 1))]
     ok = ours["status"] == "ok"
     base_mem = ours.loc[ok, "peak_memory_bytes"].iloc[0] if ok.any() else None
     ours["memory_ratio"] = ours["peak_memory_bytes"] / base_mem if base_mem else None
@@ -781,12 +741,10 @@ bash examples/mcore/llama2/generate_llama2_7b_ptd.sh
 # 13B / 70B: the matching generate_llama2_*_ptd.sh with --tensor-model-parallel-size 2 / 8
 """
 
-def detect_frameworks() -> list[dict]:
-    """MindSpeed-LLM: installed or not, its real entry point, and the commands for an Ascend machine.
 
-    Serving engines (vLLM, vLLM-Ascend, an endpoint such as MindIE) are chapter 07's
-    (``helpers.serving``), which starts and measures them.
-    """
+def detect_frameworks() -> list[dict]:
+    """MindSpeed-LLM: installed or not, its real entry point, and the commands for an Ascend machine
+    (serving engines are chapter 07's, ``helpers.serving``)."""
     try:
         found = importlib.util.find_spec("mindspeed_llm") is not None
     except (ImportError, ValueError):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -58,22 +57,14 @@ def installed_version() -> Optional[str]:
 
 def availability() -> dict:
     """``{"available": bool, "version", "reason", "setup"}`` without importing llama_cpp here."""
-    setup = read_setup_status()
-    version = installed_version()
-    if version is None:
-        if setup.get("status") in ("failed", "skipped"):
-            reason = f"llama-cpp-python was not installed by setup ({setup['status']}: {setup.get('reason', '')})"
-        else:
-            reason = ("llama-cpp-python is not installed in this environment; `make setup` builds it "
-                      "where a C++ compiler is present (scripts/setup_llamacpp.sh)")
-        return {"available": False, "version": None, "reason": reason, "setup": setup}
-    return {"available": True, "version": version, "reason": "", "setup": setup}
-
-
-def _quantization(gguf: Path) -> str:
-    """The weight type named in the GGUF file name (``...Q4_1.gguf`` -> ``Q4_1``)."""
-    stem = gguf.stem
-    return stem.rsplit(".", 1)[-1] if "." in stem else "unknown"
+    setup, version = read_setup_status(), installed_version()
+    reason = ""
+    if version is None and setup.get("status") in ("failed", "skipped"):
+        reason = f"llama-cpp-python was not installed by setup ({setup['status']}: {setup.get('reason', '')})"
+    elif version is None:
+        reason = ("llama-cpp-python is not installed in this environment; `make setup` builds it "
+                  "where a C++ compiler is present (scripts/setup_llamacpp.sh)")
+    return {"available": version is not None, "version": version, "reason": reason, "setup": setup}
 
 
 def measure(gguf, prompt_ids, new_tokens: int, *, threads: Optional[int] = None, repeats: int = 3,
@@ -83,10 +74,10 @@ def measure(gguf, prompt_ids, new_tokens: int, *, threads: Optional[int] = None,
     Returns ``{"status": "ok", "ttft_ms", "decode_ms_per_token", "tokens_per_s", p10/p90 of both,
     "samples", "tokens", "system_info", ...}``, or ``{"status": "unavailable" | "failed", "reason"}``.
     """
-    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
-        raise ValueError(f"new_tokens={new_tokens!r} is not valid; it must be an integer >= 2")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} is not valid; it must be an integer >= 1")
+    from .params import check_positive_int  # here: the child runs this file as a script
+
+    check_positive_int("new_tokens", new_tokens, minimum=2)
+    check_positive_int("repeats", repeats)
     ids = [int(t) for t in prompt_ids]
     if not ids:
         raise ValueError("prompt_ids is empty; give the ladder's prompt token ids")
@@ -98,6 +89,7 @@ def measure(gguf, prompt_ids, new_tokens: int, *, threads: Optional[int] = None,
 
         threads = torch.get_num_threads()
     gguf = Path(gguf)
+    weights = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else "unknown"  # x.Q4_1.gguf: Q4_1
     request = {"gguf": str(gguf), "prompt_ids": ids, "new_tokens": new_tokens, "threads": int(threads),
                "repeats": repeats, "extra_buffers": True}
     out, failure = _run_child(request, timeout)
@@ -111,12 +103,12 @@ def measure(gguf, prompt_ids, new_tokens: int, *, threads: Optional[int] = None,
                 "measured without them (use_extra_bufts=False)")
     if failure:
         return {"status": "failed", "reason": failure[1]}
-    buffers = "" if request["extra_buffers"] and not note else ", use_extra_bufts=False"
-    return {**summarize(out, new_tokens), "version": found["version"], "quantization": _quantization(gguf),
+    buffers = ", use_extra_bufts=False" if note else ""
+    return {**summarize(out, new_tokens), "version": found["version"], "quantization": weights,
             "gguf": gguf.name, "threads": int(threads), "prompt_tokens": len(ids), "new_tokens": new_tokens,
             "repeats": repeats, "note": note, "extra_buffers": not note,
             "code_path": (f"llama-cpp-python {found['version']} (llama.cpp), Llama.eval + argmax, greedy, "
-                          f"{new_tokens} new tokens, {threads} threads, weights {_quantization(gguf)} "
+                          f"{new_tokens} new tokens, {threads} threads, weights {weights} "
                           f"from the GGUF{buffers}")}
 
 
@@ -141,26 +133,20 @@ def _run_child(request: dict, timeout: float):
     return None, (proc.returncode, f"llama.cpp {why}" + (f": {tail}" if tail else ""))
 
 
-def _percentile(values, q: float) -> float:
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def summarize(raw: dict, new_tokens: int) -> dict:
     """The child's per-repeat wall times -> TTFT and decode per token (ms), with p10 / p90."""
-    first, full = raw["first_s"], raw["full_s"]
-    if not first or len(first) != len(full):
+    from .bench import Timing
+
+    if not raw["first_s"] or len(raw["first_s"]) != len(raw["full_s"]):
         raise ValueError("raw must hold as many 1-token as full timings (first_s, full_s)")
-    decode = [(f - p) / (new_tokens - 1) for f, p in zip(full, first)]
-    ms = statistics.median(decode) * 1e3
-    return {"status": "ok", "ttft_ms": statistics.median(first) * 1e3,
-            "ttft_p10_ms": _percentile(first, 10) * 1e3, "ttft_p90_ms": _percentile(first, 90) * 1e3,
-            "decode_ms_per_token": ms, "decode_p10_ms": _percentile(decode, 10) * 1e3,
-            "decode_p90_ms": _percentile(decode, 90) * 1e3,
-            "tokens_per_s": 1e3 / ms if ms > 0 else float("nan"),
-            "decode_samples_ms": [d * 1e3 for d in decode], "ttft_samples_ms": [x * 1e3 for x in first],
+    first = Timing("ttft", [x * 1e3 for x in raw["first_s"]])
+    steps = zip(raw["full_s"], raw["first_s"])
+    decode = Timing("decode", [(full - one) * 1e3 / (new_tokens - 1) for full, one in steps])
+    return {"status": "ok", "ttft_ms": first.median, "ttft_p10_ms": first.p10,
+            "ttft_p90_ms": first.p90, "decode_ms_per_token": decode.median,
+            "decode_p10_ms": decode.p10, "decode_p90_ms": decode.p90,
+            "tokens_per_s": 1e3 / decode.median if decode.median > 0 else float("nan"),
+            "decode_samples_ms": decode.samples, "ttft_samples_ms": first.samples,
             "tokens": raw.get("tokens", []), "system_info": raw.get("system_info", ""),
             "load_s": raw.get("load_s")}
 

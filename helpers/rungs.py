@@ -57,10 +57,6 @@ class Climb:
     def compile(self) -> None:
         static_decode.compile_model(self.model, self.device, npu_mode=self.npu_graph_mode)
 
-    @property
-    def cpu(self) -> bool:
-        return as_device(self.device).type == "cpu"
-
 
 def native_eager(c: Climb):
     return c.variant()
@@ -98,7 +94,8 @@ def int8_weights(c: Climb):
     if not c.int8:
         raise ladder.RungSkipped("int8 is off in this profile")
     static_decode.restore_eager(c.model)  # quantize the eager model, then compile it once more
-    if c.cpu:  # the kernel is timed at this model's shapes, then kept; never slower than dense
+    # on a CPU the int8 kernel is timed at this model's shapes, then kept; never slower than dense
+    if as_device(c.device).type == "cpu":
         c.int8_kernels = quant.choose_cpu_w8a16_kernel(c.model)
         if c.int8_kernels["decision"]["loses_to_dense"]:
             raise ladder.RungSkipped(ladder.int8_skip_reason(c.int8_kernels["rows"]))
@@ -173,9 +170,6 @@ def fusion_description(fusion: Optional[dict]) -> Optional[str]:
 
 def weight_formats(c: Climb) -> list[dict]:
     """One row per weight format a rung produced: bytes before and after, layers, kernel."""
-    rows = []
-    for name, info in (("INT8", c.int8_info), ("INT4 g32", c.int4_info)):
-        if info:
-            rows.append({"format": name, **{k: info.get(k) for k in ("bytes_before", "bytes_after", "layers",
-                                                                    "impl", "lm_head")}})
-    return rows
+    keys = ("bytes_before", "bytes_after", "layers", "impl", "lm_head")
+    return [{"format": name, **{k: info.get(k) for k in keys}}
+            for name, info in (("INT8", c.int8_info), ("INT4 g32", c.int4_info)) if info]
