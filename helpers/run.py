@@ -195,24 +195,6 @@ def describe_failure(exc: BaseException, cell_timeout: Optional[int]) -> tuple[s
     return "error", f"{name}: {exc}"
 
 
-def execute(path: Path, output: Path, parameters: dict, cell_timeout: Optional[int], env: dict) -> None:
-    import papermill
-
-    old = dict(os.environ)
-    os.environ.update(env)  # the kernel inherits the runner's environment
-    try:
-        papermill.execute_notebook(
-            str(path), str(output), parameters=parameters, kernel_name="python3",
-            cwd=str(path.parent), execution_timeout=cell_timeout, progress_bar=False,
-            log_output=False, request_save_on_cell_execute=True,
-            # ipykernel warns on stderr that local TCP is unencrypted; it is harmless noise here.
-            extra_arguments=["--IPKernelApp.log_level=ERROR"],
-        )
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-
-
 def keep_output(notebook: Path, failure: Optional[str], with_html: bool) -> Optional[str]:
     """Finish the kept copy of an executed notebook; returns the name of its HTML copy, or None.
 
@@ -303,16 +285,23 @@ def _environment_summary() -> dict:
         return {"device": f"unknown ({exc})"}
 
 
-def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional[int], env: dict,
+def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional[int],
                   no_html: bool) -> None:
     """Run one notebook into ``run_dir`` and record the outcome in ``entry``.
 
     Every failure is recorded and swallowed so the run goes on; Ctrl-C is recorded and re-raised.
     """
+    import papermill
+
     output = run_dir / path.name
     start = time.perf_counter()
     try:
-        execute(path, output, entry["parameters"], cell_timeout, env)
+        papermill.execute_notebook(
+            str(path), str(output), parameters=entry["parameters"], kernel_name="python3",
+            cwd=str(path.parent), execution_timeout=cell_timeout, progress_bar=False,
+            log_output=False, request_save_on_cell_execute=True,
+            # ipykernel warns on stderr that local TCP is unencrypted; it is harmless noise here.
+            extra_arguments=["--IPKernelApp.log_level=ERROR"])
         results = load_results(run_dir, path.stem) or {}
         entry["status"] = "skipped" if results.get("status") == "skipped" else "ok"
     except KeyboardInterrupt:
@@ -423,14 +412,13 @@ def main(argv: Optional[list[str]] = None) -> int:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
-    def run_one(step: str, path: Path, section: str, entry: dict) -> dict:
+    def run_one(step: str, path: Path, section: str, entry: dict) -> None:
         chosen = notebook_parameters(path, profile, overrides, run_dir, section)
         entry.update(parameters=chosen["parameters"], output=path.name)
         if chosen["ignored_overrides"]:
             entry["ignored_overrides"] = chosen["ignored_overrides"]
         print(f"{step} {path.stem} ...", flush=True)
-        _run_notebook(entry, path, run_dir, cell_timeout, env, args.no_html)
-        return entry
+        _run_notebook(entry, path, run_dir, cell_timeout, args.no_html)
 
     def resumed(step: str, earlier: dict) -> dict:
         print(f"{step} {earlier['notebook']}: {earlier['status']} in an earlier attempt, skipped",
@@ -440,15 +428,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"workbook run {run_id}: profile {profile['name']}, {len(books)} notebook(s)"
           + (f" + {len(solutions)} solutions notebook(s)" if solutions else "") + f" -> {run_dir}",
           flush=True)
+    saved = dict(os.environ)
+    os.environ.update(env)  # the kernels inherit the runner's environment
     try:
         for i, book in enumerate(books, 1):
             step, earlier = f"[{i}/{len(books)}]", previous.get(book.stem, {})
+            entry = {"notebook": book.stem, "status": "running"}
+            run["notebooks"].append(entry)  # before it runs, so an interrupted run records it
             if earlier.get("status") in ("ok", "skipped"):
-                entry = resumed(step, earlier)
-                run["notebooks"].append(entry)
+                entry.update(resumed(step, earlier))
             else:
-                entry = {"notebook": book.stem, "status": "running"}
-                run["notebooks"].append(entry)  # before it runs, so an interrupted run records it
                 run_one(step, book, book.stem, entry)
             solution = solutions.get(book)
             done = earlier.get("solution") or {}
@@ -469,6 +458,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("interrupted: finished chapters are kept; rerun with "
               f"--run-id {run_id} --resume to continue", file=sys.stderr)
         return 130
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
     failed = [e["notebook"] for top in run["notebooks"] for e in (top, top.get("solution") or {})
               if e.get("status") == "failed"]
