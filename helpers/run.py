@@ -164,10 +164,9 @@ def list_parameters(books: list[Path], profile: dict, overrides: dict, run_dir: 
         lines.append(path.stem)
         chosen = notebook_parameters(path, profile, overrides, run_dir, section)["parameters"]
         for name, info in declared_parameters(path).items():
-            try:
-                default = ast.literal_eval(info["default"])
-            except (ValueError, SyntaxError):
-                default = info["default"]
+            default = info["default"]
+            with contextlib.suppress(ValueError, SyntaxError):  # an expression stays as written
+                default = ast.literal_eval(default)
             value = chosen.get(name, default)
             if name in RUNNER_OPTIONS:
                 origin = "  [runner]"
@@ -196,7 +195,8 @@ def describe_failure(exc: BaseException, cell_timeout: Optional[int]) -> tuple[s
 
 
 def keep_output(notebook: Path, failure: Optional[str], with_html: bool) -> Optional[str]:
-    """Finish the kept copy of an executed notebook; returns the name of its HTML copy, or None.
+    """Finish the kept copy of an executed notebook (if papermill wrote one); returns the name of
+    its HTML copy, or None.
 
     ``failure`` puts a red banner on top, for a failure papermill did not annotate (it adds its
     own for a failing cell, not when the kernel died or the run was interrupted); without it the
@@ -307,8 +307,7 @@ def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional
     except KeyboardInterrupt:
         entry.update(status="failed", error="interrupted (Ctrl-C)", failure="interrupted",
                      duration_s=time.perf_counter() - start)
-        if output.exists():
-            keep_output(output, entry["error"], with_html=False)
+        keep_output(output, entry["error"], with_html=False)
         raise
     except Exception as exc:  # noqa: BLE001  (every failure is recorded, the run goes on)
         failure, error = describe_failure(exc, cell_timeout)
@@ -317,7 +316,7 @@ def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional
             entry["traceback"] = traceback.format_exc(limit=5)
     entry["duration_s"] = time.perf_counter() - start
     failure = entry["error"] if entry.get("failure") not in (None, "error") else None
-    page = keep_output(output, failure, with_html=not no_html) if output.exists() else None
+    page = keep_output(output, failure, with_html=not no_html)
     if page is not None:
         entry["html"] = page
     print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
