@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import difflib
 import html
 import io
 import json
 import os
+import signal
 import sys
+import tempfile
 import time
 import tokenize
 import traceback
@@ -36,8 +39,6 @@ NOTEBOOKS = REPO / "notebooks"
 PROFILES = REPO / "profiles"
 SOLUTIONS = REPO / "solutions"
 EDITIONS = ("en", "zh")  # notebooks/ is the English edition, notebooks/zh/ the Chinese one
-SOLUTION_SUFFIX = "_solutions"
-RUNNER_PARAMETERS = ("run_dir", "profile")
 RUNNER_OPTIONS = {"run_dir": "--run-id / --reports-dir", "profile": "--profile"}
 
 
@@ -53,10 +54,7 @@ def load_profile(name: str) -> dict:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise SystemExit(f"profile {path} must be a YAML mapping")
-    data.setdefault("all", {})
-    data.setdefault("notebooks", {})
-    data["name"] = path.stem
-    return data
+    return {"all": {}, "notebooks": {}, **data, "name": path.stem}
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -71,29 +69,27 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 
 def select_notebooks(folder: Path, only: Optional[list[str]]) -> list[Path]:
+    """The notebooks of ``folder`` whose names start with one of ``only`` (all when it is empty)."""
     books = sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("_"))
-    if not only:
-        return books
-    chosen = [p for p in books if any(p.stem == o or p.stem.startswith(o) for o in only)]
-    unknown = [o for o in only if not any(p.stem == o or p.stem.startswith(o) for p in books)]
+    unknown = [o for o in only or [] if not any(p.stem.startswith(o) for p in books)]
     if unknown:
         raise SystemExit(f"--only {' '.join(unknown)}: no such notebook; choose from "
                          f"{', '.join(p.stem for p in books)}")
-    return chosen
+    return [p for p in books if not only or any(p.stem.startswith(o) for o in only)]
 
 
 def declared_parameters(path: Path) -> dict:
     """``name -> {"type", "default", "comment"}`` from the notebook's ``parameters`` cell.
 
-    Read with ``ast`` and ``tokenize`` rather than papermill, so checking a command line costs
-    milliseconds; papermill injects by the same names.
+    Read with ``ast`` and ``tokenize`` rather than papermill (whose import takes seconds), so
+    checking a command line costs milliseconds; papermill injects by the same names.
     """
     try:
         cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
     except (OSError, ValueError, KeyError) as exc:
         raise SystemExit(f"{path}: not a readable notebook ({exc})") from exc
-    source = next(("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-                   for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])), "")
+    source = next(("".join(c["source"]) for c in cells
+                   if "parameters" in c.get("metadata", {}).get("tags", [])), "")
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
@@ -121,17 +117,14 @@ def check_overrides(overrides: dict, books: list[Path]) -> None:
     Parameters go only to the notebooks that declare them, so a typo would otherwise be dropped
     without a word and the run would silently be a different experiment.
     """
-    declared: dict = {}
-    for book in books:
-        for name in declared_parameters(book):
-            declared.setdefault(name, []).append(book.stem)
+    declared = [name for book in books for name in declared_parameters(book)
+                if name not in RUNNER_OPTIONS]
     problems = []
     for name in overrides:
         if name in RUNNER_OPTIONS:
             problems.append(f"-p {name}=...: {name} is set by the runner; use {RUNNER_OPTIONS[name]}")
         elif name not in declared:
-            close = difflib.get_close_matches(name, [d for d in declared if d not in RUNNER_OPTIONS],
-                                              n=3, cutoff=0.6)
+            close = difflib.get_close_matches(name, list(dict.fromkeys(declared)), n=3, cutoff=0.6)
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             problems.append(f"-p {name}=...: no selected notebook declares {name!r}; {hint}"
                             f"(--list shows every parameter of {', '.join(b.stem for b in books)})")
@@ -152,123 +145,84 @@ def notebook_parameters(path: Path, profile: dict, overrides: dict, run_dir: Pat
         own.update(profile["notebooks"].get(name) or {})
     merged = {**profile.get("all", {}), **own, **overrides,
               "run_dir": str(run_dir), "profile": profile["name"]}
-    unknown = set(overrides) - declared
-    params = {k: v for k, v in merged.items() if k in declared}
-    return {"parameters": params, "ignored_overrides": sorted(unknown)}
+    return {"parameters": {k: v for k, v in merged.items() if k in declared},
+            "ignored_overrides": sorted(set(overrides) - declared)}
 
 
 def solution_for(book: Path, folder: Path) -> Optional[Path]:
     """``<folder>/<chapter>_solutions.ipynb`` when it exists."""
-    path = Path(folder) / f"{book.stem}{SOLUTION_SUFFIX}.ipynb"
+    path = Path(folder) / f"{book.stem}_solutions.ipynb"
     return path if path.exists() else None
 
 
 def list_parameters(books: list[Path], profile: dict, overrides: dict, run_dir: Path,
-                    solutions: Optional[dict] = None) -> str:
+                    solutions: dict) -> str:
     """Each notebook's parameters: name, type, the value this run would use, and the comment."""
     lines = []
-    for book in books:
-        for path, section in [(book, book.stem)] + ([(solutions[book], book.stem)]
-                                                     if solutions and solutions.get(book) else []):
-            lines.append(path.stem)
-            chosen = notebook_parameters(path, profile, overrides, run_dir, section)["parameters"]
-            for name, info in declared_parameters(path).items():
-                try:
-                    default = ast.literal_eval(info["default"])
-                except (ValueError, SyntaxError):
-                    default = info["default"]
-                value = chosen.get(name, default)
-                if name in RUNNER_OPTIONS:
-                    origin = "  [runner]"
-                elif name in overrides:
-                    origin = "  [-p]"
-                elif value != default:
-                    origin = f"  [profile {profile['name']}]"
-                else:
-                    origin = ""
-                kind = f": {info['type']}" if info["type"] else ""
-                lines.append(f"  {name}{kind} = {json.dumps(value)}{origin}"
-                             + (f"  # {info['comment']}" if info["comment"] else ""))
+    pairs = [(p, book.stem) for book in books for p in (book, solutions.get(book)) if p]
+    for path, section in pairs:  # a solution takes its chapter's profile section
+        lines.append(path.stem)
+        chosen = notebook_parameters(path, profile, overrides, run_dir, section)["parameters"]
+        for name, info in declared_parameters(path).items():
+            default = info["default"]
+            with contextlib.suppress(ValueError, SyntaxError):  # an expression stays as written
+                default = ast.literal_eval(default)
+            value = chosen.get(name, default)
+            if name in RUNNER_OPTIONS:
+                origin = "  [runner]"
+            elif name in overrides:
+                origin = "  [-p]"
+            else:
+                origin = f"  [profile {profile['name']}]" if value != default else ""
+            kind = f": {info['type']}" if info["type"] else ""
+            comment = f"  # {info['comment']}" if info["comment"] else ""
+            lines.append(f"  {name}{kind} = {json.dumps(value)}{origin}{comment}")
     return "\n".join(lines)
 
 
-def describe_failure(exc: BaseException, cell_timeout: Optional[int]) -> str:
+def describe_failure(exc: BaseException, cell_timeout: Optional[int]) -> tuple[str, str]:
+    """(error | kernel_died | timeout, message), so reports can tell a crash from a failing cell."""
     name = type(exc).__name__
+    if name == "DeadKernelError":
+        return "kernel_died", ("kernel died (killed by the OS, usually out of memory, or crashed "
+                               "in native code); try smaller shapes or batch sizes in the profile")
+    timed_out = name in ("CellTimeoutError", "TimeoutError") or "timed out" in str(exc).lower()
     if name == "PapermillExecutionError":
-        return f"{exc.ename}: {exc.evalue}".strip()
-    if name == "DeadKernelError":
-        return ("kernel died (killed by the OS, usually out of memory, or crashed in native code); "
-                "try smaller shapes or batch sizes in the profile")
-    if name in ("CellTimeoutError", "TimeoutError") or "timed out" in str(exc).lower():
-        return f"a cell ran longer than --cell-timeout {cell_timeout} s: {exc}"
-    return f"{name}: {exc}"
+        return "timeout" if timed_out else "error", f"{exc.ename}: {exc.evalue}".strip()
+    if timed_out:
+        return "timeout", f"a cell ran longer than --cell-timeout {cell_timeout} s: {exc}"
+    return "error", f"{name}: {exc}"
 
 
-def failure_kind(exc: BaseException) -> str:
-    """error | kernel_died | timeout, so reports can tell a crash from a failing cell."""
-    name = type(exc).__name__
-    if name == "DeadKernelError":
-        return "kernel_died"
-    if name in ("CellTimeoutError", "TimeoutError") or "timed out" in str(exc).lower():
-        return "timeout"
-    return "error"
+def keep_output(notebook: Path, failure: Optional[str], with_html: bool) -> Optional[str]:
+    """Finish the kept copy of an executed notebook (if papermill wrote one); returns the name of
+    its HTML copy, or None.
 
-
-def execute(path: Path, output: Path, parameters: dict, cell_timeout: Optional[int], env: dict) -> None:
-    import papermill
-
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the kernel inherits the runner's environment
-    try:
-        papermill.execute_notebook(
-            str(path), str(output), parameters=parameters, kernel_name="python3",
-            cwd=str(path.parent), execution_timeout=cell_timeout, progress_bar=False,
-            log_output=False, request_save_on_cell_execute=True,
-            # ipykernel warns on stderr that local TCP is unencrypted; it is harmless noise here.
-            extra_arguments=["--IPKernelApp.log_level=ERROR"],
-        )
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def mark_failure(notebook: Path, message: str) -> None:
-    """Put a red banner on top of a kept notebook whose failure papermill did not annotate.
-
-    papermill adds its error banner for a failing cell, but not when the kernel died or the
-    run was interrupted; then the kept copy would look like a clean partial run.
+    ``failure`` puts a red banner on top, for a failure papermill did not annotate (it adds its
+    own for a failing cell, not when the kernel died or the run was interrupted); without it the
+    kept copy would look like a clean partial run. The HTML copy is for browsers.
     """
     try:
         import nbformat
 
         nb = nbformat.read(str(notebook), as_version=4)
-        if any("workbook-failure" in c.metadata.get("tags", []) for c in nb.cells):
-            return
-        banner = nbformat.v4.new_markdown_cell(
-            f'<span style="color:red; font-size:1.4em;">Run failed: {html.escape(message)}</span>\n\n'
-            "Cells below ran until the failure; later cells have no output.",
-            metadata={"tags": ["workbook-failure"]})
-        nb.cells.insert(0, banner)
-        nbformat.write(nb, str(notebook))
+        if failure and not any("workbook-failure" in c.metadata.get("tags", []) for c in nb.cells):
+            nb.cells.insert(0, nbformat.v4.new_markdown_cell(
+                '<span style="color:red; font-size:1.4em;">Run failed: '
+                f"{html.escape(failure)}</span>\n\n"
+                "Cells below ran until the failure; later cells have no output.",
+                metadata={"tags": ["workbook-failure"]}))
+            nbformat.write(nb, str(notebook))
+        if with_html:
+            from nbconvert import HTMLExporter
+
+            body, _ = HTMLExporter().from_notebook_node(nb)
+            page = notebook.with_suffix(".html")
+            page.write_text(body, encoding="utf-8")
+            return page.name
     except Exception:  # noqa: BLE001  (the run.json entry still carries the error)
         pass
-
-
-def export_html(notebook: Path) -> Optional[Path]:
-    """An HTML copy of an executed notebook for browsers; None if nbconvert fails."""
-    try:
-        from nbconvert import HTMLExporter
-        import nbformat
-
-        body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
-        target = notebook.with_suffix(".html")
-        target.write_text(body, encoding="utf-8")
-        return target
-    except Exception:
-        return None
+    return None
 
 
 def refresh_index(run_dir: Path, run: dict) -> Optional[Path]:
@@ -290,26 +244,28 @@ def write_index(run_dir: Path, run: dict) -> Path:
     folder = read_run(run_dir, run=run)
     lang = run.get("lang", "en")
     text = pages.labels("index", lang)
+
+    def links(entry: dict, results: Optional[str] = None) -> list:
+        rels = {"notebook": entry.get("output"), "html": entry.get("html"), "results": results}
+        return [(text[f"link_{kind}"], rel) for kind, rel in rels.items() if rel]
+
     rows = []
     for chapter in folder.chapters.values():
         data, entry = chapter.data or {}, chapter.entry
         metrics = data.get("metrics", {})
-        links = [(text[f"link_{kind}"], rel) for kind, rel in (
-            ("notebook", entry.get("output")), ("html", entry.get("html")),
-            ("results", f"{chapter.name}/{RESULTS_NAME}" if chapter.data else None)) if rel]
-        links += [(art["label"], art["path"]) for art in data.get("artifacts", [])]
+        results = f"{chapter.name}/{RESULTS_NAME}" if chapter.data else None
         rows.append({"name": chapter.name, "status": chapter.status, "entry": entry, "solution_of": "",
                      "figures": [describe_key_figure(k, metrics[k], lang) for k in data.get("key_figures", [])
                                  if k in metrics],
                      "detail": "" if chapter.reason == "it wrote no results.json" else chapter.reason,
-                     "links": links})
+                     "links": links(entry, results)
+                     + [(art["label"], art["path"]) for art in data.get("artifacts", [])]})
         solution = entry.get("solution")
         if solution:
             rows.append({"name": solution["notebook"], "status": solution["status"], "entry": solution,
                          "solution_of": chapter.name, "figures": [],
                          "detail": solution.get("error") or solution.get("reason") or "",
-                         "links": [(text[f"link_{kind}"], solution[k]) for kind, k in
-                                   (("notebook", "output"), ("html", "html")) if solution.get(k)]})
+                         "links": links(solution)})
     return pages.write(Path(run_dir) / "index.html", "index", lang=lang, folder=folder, run=folder.run, rows=rows,
                        counts=index_verdict_counts(folder), colours=CLASS_COLOURS,
                        report_chapter=REPORT_CHAPTER)
@@ -329,58 +285,42 @@ def _environment_summary() -> dict:
         return {"device": f"unknown ({exc})"}
 
 
-def _point_latest(latest: Path, run_id: str) -> None:
-    """``reports/latest`` -> this run, set at the start so an interrupted run can be resumed."""
-    try:
-        if latest.is_symlink() or latest.exists():
-            latest.unlink()
-        latest.symlink_to(run_id)
-    except OSError:
-        pass
-
-
-def _execute_entry(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional[int], env: dict,
-                   no_html: bool) -> None:
+def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional[int],
+                  no_html: bool) -> None:
     """Run one notebook into ``run_dir`` and record the outcome in ``entry``.
 
     Every failure is recorded and swallowed so the run goes on; Ctrl-C is recorded and re-raised.
     """
+    import papermill
+
     output = run_dir / path.name
     start = time.perf_counter()
     try:
-        execute(path, output, entry["parameters"], cell_timeout, env)
+        papermill.execute_notebook(
+            str(path), str(output), parameters=entry["parameters"], kernel_name="python3",
+            cwd=str(path.parent), execution_timeout=cell_timeout, progress_bar=False,
+            log_output=False, request_save_on_cell_execute=True,
+            # ipykernel warns on stderr that local TCP is unencrypted; it is harmless noise here.
+            extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        results = load_results(run_dir, path.stem) or {}
+        entry["status"] = "skipped" if results.get("status") == "skipped" else "ok"
     except KeyboardInterrupt:
         entry.update(status="failed", error="interrupted (Ctrl-C)", failure="interrupted",
                      duration_s=time.perf_counter() - start)
-        if output.exists():
-            mark_failure(output, entry["error"])
+        keep_output(output, entry["error"], with_html=False)
         raise
     except Exception as exc:  # noqa: BLE001  (every failure is recorded, the run goes on)
-        entry.update(status="failed", error=describe_failure(exc, cell_timeout),
-                     failure=failure_kind(exc))
+        failure, error = describe_failure(exc, cell_timeout)
+        entry.update(status="failed", error=error, failure=failure)
         if type(exc).__module__.split(".")[0] not in ("papermill", "nbclient"):
             entry["traceback"] = traceback.format_exc(limit=5)
-        if entry["failure"] != "error" and output.exists():
-            mark_failure(output, entry["error"])
     entry["duration_s"] = time.perf_counter() - start
-    if output.exists() and not no_html:
-        page = export_html(output)
-        if page is not None:
-            entry["html"] = page.name
-
-
-def _report_status(entry: dict) -> None:
+    failure = entry["error"] if entry.get("failure") not in (None, "error") else None
+    page = keep_output(output, failure, with_html=not no_html)
+    if page is not None:
+        entry["html"] = page
     print(f"    {entry['status']} in {entry['duration_s']:.1f} s"
           + (f": {entry['error']}" if entry.get("error") else ""), flush=True)
-
-
-def _interrupted(run: dict, run_dir: Path, run_file: Path, run_id: str) -> int:
-    run["status"] = "interrupted"
-    write_json_atomic(run_file, run)
-    refresh_index(run_dir, run)
-    print("interrupted: finished chapters are kept; rerun with "
-          f"--run-id {run_id} --resume to continue", file=sys.stderr)
-    return 130
 
 
 def _terminate_like_ctrl_c(signum, frame):
@@ -390,8 +330,6 @@ def _terminate_like_ctrl_c(signum, frame):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import signal
-
     signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
     # A shell starts background jobs with SIGINT ignored, and Python then never raises
     # KeyboardInterrupt; an explicit interrupt (kill -INT) must still stop the run cleanly.
@@ -405,7 +343,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="override a notebook parameter (YAML literal), e.g. -p device=cpu")
     parser.add_argument("--run-id", help="folder name under --reports-dir (default: time + profile)")
     parser.add_argument("--reports-dir", default=os.environ.get("WORKBOOK_REPORTS", str(REPO / "reports")))
-    parser.add_argument("--notebooks-dir", default=str(NOTEBOOKS))
+    parser.add_argument("--notebooks-dir", help="default: notebooks/ (--lang zh: notebooks/zh/)")
     parser.add_argument("--resume", action="store_true",
                         help="skip notebooks that already succeeded in the run given by --run-id "
                         "(default: the run reports/latest points to)")
@@ -417,24 +355,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--solutions", action="store_true",
                         help="after each chapter, run its worked answers to the exercises "
                         "(<chapter>_solutions.ipynb in --solutions-dir) into the same run folder")
-    parser.add_argument("--solutions-dir", default=str(SOLUTIONS))
+    parser.add_argument("--solutions-dir", help="default: solutions/ (--lang zh: solutions/zh/)")
     parser.add_argument("--lang", choices=EDITIONS, default="en",
                         help="the edition to run: en (notebooks/, solutions/) or zh (notebooks/zh/, "
                         "solutions/zh/, Chinese prose and pages; the same code, so the same figures)")
     args = parser.parse_args(argv)
-    if args.lang != "en":  # an edition is a folder beside the English one (tests/test_editions.py)
-        if args.notebooks_dir == str(NOTEBOOKS):
-            args.notebooks_dir = str(NOTEBOOKS / args.lang)
-        if args.solutions_dir == str(SOLUTIONS):
-            args.solutions_dir = str(SOLUTIONS / args.lang)
+    # An edition is a folder beside the English one (tests/test_editions.py).
+    edition = "" if args.lang == "en" else args.lang
 
     profile = load_profile(args.profile)
     overrides = parse_overrides(args.param)
-    books = select_notebooks(Path(args.notebooks_dir), args.only)
-    solutions = {}
-    if args.solutions:
-        solutions = {b: solution_for(b, Path(args.solutions_dir)) for b in books}
-        solutions = {b: s for b, s in solutions.items() if s is not None}
+    books = select_notebooks(Path(args.notebooks_dir or NOTEBOOKS / edition), args.only)
+    solutions_dir = Path(args.solutions_dir or SOLUTIONS / edition)
+    solutions = {b: solution_for(b, solutions_dir) for b in books} if args.solutions else {}
+    solutions = {b: s for b, s in solutions.items() if s is not None}
     check_overrides(overrides, books + list(solutions.values()))
     reports = Path(args.reports_dir).resolve()
     latest = reports / "latest"
@@ -442,24 +376,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not latest.is_symlink():
             raise SystemExit("--resume needs --run-id of an earlier run (no reports/latest to resume)")
         args.run_id = os.readlink(latest)
-    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{profile['name']}" + (
-        "" if args.lang == "en" else f"-{args.lang}")
+    default_id = [time.strftime("%Y%m%d-%H%M%S"), profile["name"], edition]
+    run_id = args.run_id or "-".join(filter(None, default_id))
     run_dir = reports / run_id
     if args.list:
         print(list_parameters(books, profile, overrides, run_dir, solutions))
         return 0
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        tempfile.TemporaryFile(dir=run_dir).close()
     except OSError as exc:
         print(f"error: the reports folder {run_dir} is not writable ({exc.strerror or exc}); "
               "pass --reports-dir (or set WORKBOOK_REPORTS) to a writable folder", file=sys.stderr)
         return 2
     cell_timeout = args.cell_timeout or profile.get("cell_timeout")
 
-    previous = {}
+    previous = {}  # only --resume reads the earlier attempt
     run_file = run_dir / "run.json"
     if args.resume and run_file.exists():
         try:
@@ -467,7 +399,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"warning: {run_file} is unreadable ({exc}); rerunning every notebook",
                   file=sys.stderr)
-    _point_latest(latest, run_id)
+    # reports/latest -> this run, set at the start so an interrupted run can be resumed.
+    with contextlib.suppress(OSError):
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(run_id)
     run = {"run_id": run_id, "profile": profile["name"], "lang": args.lang,
            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
            "status": "running", "overrides": overrides, "environment": _environment_summary(),
@@ -476,72 +411,67 @@ def main(argv: Optional[list[str]] = None) -> int:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
+    def run_one(step: str, path: Path, section: str, entry: dict) -> None:
+        chosen = notebook_parameters(path, profile, overrides, run_dir, section)
+        entry.update(parameters=chosen["parameters"], output=path.name)
+        if chosen["ignored_overrides"]:
+            entry["ignored_overrides"] = chosen["ignored_overrides"]
+        print(f"{step} {path.stem} ...", flush=True)
+        _run_notebook(entry, path, run_dir, cell_timeout, args.no_html)
+
+    def resumed(step: str, earlier: dict) -> dict:
+        print(f"{step} {earlier['notebook']}: {earlier['status']} in an earlier attempt, skipped",
+              flush=True)
+        return {**earlier, "resumed": True}
+
     print(f"workbook run {run_id}: profile {profile['name']}, {len(books)} notebook(s)"
           + (f" + {len(solutions)} solutions notebook(s)" if solutions else "") + f" -> {run_dir}",
           flush=True)
-    for i, book in enumerate(books, 1):
-        entry = {"notebook": book.stem, "status": "running"}
-        earlier = previous.get(book.stem, {})
-        if args.resume and earlier.get("status") in ("ok", "skipped"):
-            entry = {**earlier, "resumed": True}
-            run["notebooks"].append(entry)
-            print(f"[{i}/{len(books)}] {book.stem}: {entry['status']} in an earlier attempt, skipped",
-                  flush=True)
-        else:
-            run["notebooks"].append(entry)
-            chosen = notebook_parameters(book, profile, overrides, run_dir)
-            entry.update(parameters=chosen["parameters"], output=book.name)
-            if chosen["ignored_overrides"]:
-                entry["ignored_overrides"] = chosen["ignored_overrides"]
-            print(f"[{i}/{len(books)}] {book.stem} ...", flush=True)
-            try:
-                _execute_entry(entry, book, run_dir, cell_timeout, env, args.no_html)
-            except KeyboardInterrupt:
-                return _interrupted(run, run_dir, run_file, run_id)
-            if entry["status"] != "failed":
-                results = load_results(run_dir, book.stem) or {}
-                entry["status"] = "skipped" if results.get("status") == "skipped" else "ok"
-            _report_status(entry)
-        solution = solutions.get(book)
-        if solution is not None:
+    saved = dict(os.environ)
+    os.environ.update(env)  # the kernels inherit the runner's environment
+    try:
+        for i, book in enumerate(books, 1):
+            step, earlier = f"[{i}/{len(books)}]", previous.get(book.stem, {})
+            entry = {"notebook": book.stem, "status": "running"}
+            run["notebooks"].append(entry)  # before it runs, so an interrupted run records it
+            if earlier.get("status") in ("ok", "skipped"):
+                entry.update(resumed(step, earlier))
+            else:
+                run_one(step, book, book.stem, entry)
+            solution = solutions.get(book)
             done = earlier.get("solution") or {}
-            if args.resume and entry.get("resumed") and done.get("status") == "ok":
-                entry["solution"] = {**done, "resumed": True}
-                print(f"[{i}/{len(books)}] {solution.stem}: ok in an earlier attempt, skipped",
-                      flush=True)
-            elif entry["status"] != "ok":
+            if solution is not None and entry.get("resumed") and done.get("status") == "ok":
+                entry["solution"] = resumed(step, done)
+            elif solution is not None and entry["status"] != "ok":
                 entry["solution"] = {"notebook": solution.stem, "status": "skipped",
                                      "reason": f"its chapter {book.stem} is {entry['status']}"}
-            else:
-                sol = {"notebook": solution.stem, "status": "running", "output": solution.name}
-                entry["solution"] = sol
-                sol["parameters"] = notebook_parameters(solution, profile, overrides, run_dir,
-                                                        section=book.stem)["parameters"]
-                print(f"[{i}/{len(books)}] {solution.stem} ...", flush=True)
-                try:
-                    _execute_entry(sol, solution, run_dir, cell_timeout, env, args.no_html)
-                except KeyboardInterrupt:
-                    return _interrupted(run, run_dir, run_file, run_id)
-                if sol["status"] != "failed":
-                    sol["status"] = "ok"
-                _report_status(sol)
+            elif solution is not None:
+                entry["solution"] = {"notebook": solution.stem, "status": "running"}
+                run_one(step, solution, book.stem, entry["solution"])
+            write_json_atomic(run_file, run)
+            refresh_index(run_dir, run)
+    except KeyboardInterrupt:
+        run["status"] = "interrupted"
         write_json_atomic(run_file, run)
         refresh_index(run_dir, run)
+        print("interrupted: finished chapters are kept; rerun with "
+              f"--run-id {run_id} --resume to continue", file=sys.stderr)
+        return 130
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
-    failed = [e["notebook"] for e in run["notebooks"] if e["status"] == "failed"]
-    failed += [e["solution"]["notebook"] for e in run["notebooks"]
-               if (e.get("solution") or {}).get("status") == "failed"]
+    failed = [e["notebook"] for top in run["notebooks"] for e in (top, top.get("solution") or {})
+              if e.get("status") == "failed"]
     run["status"] = "failed" if failed else "ok"
     run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     write_json_atomic(run_file, run)
     index = refresh_index(run_dir, run)
     print(f"report: {index}" if index else f"report: {run_dir} (no index.html, see the warning above)")
-    if failed or index is None:
-        if failed:
-            print(f"FAILED notebooks: {', '.join(failed)} (their executed copies show the error)",
-                  file=sys.stderr)
-        return 1
-    return 0
+    if failed:
+        print(f"FAILED notebooks: {', '.join(failed)} (their executed copies show the error)",
+              file=sys.stderr)
+    return 1 if failed or index is None else 0
 
 
 if __name__ == "__main__":

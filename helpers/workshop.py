@@ -13,6 +13,7 @@ header of ``model.safetensors``, the JSON files) and rebuilds the embedded model
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shlex
 import stat
@@ -30,18 +31,12 @@ REFERENCE_RUN = "reference"
 
 def unreadable_by_others(folder: "str | Path", limit: int = 20) -> list[Path]:
     """Paths under ``folder`` that other users cannot read (folders: cannot list or enter)."""
-    out = []
-    folder = Path(folder)
-    for path in [folder, *folder.rglob("*")]:
-        if path.is_symlink():
-            continue
-        mode = path.stat().st_mode
+    def private(path: Path) -> bool:
         need = (stat.S_IROTH | stat.S_IXOTH) if path.is_dir() else stat.S_IROTH
-        if mode & need != need:
-            out.append(path)
-            if len(out) >= limit:
-                break
-    return out
+        return not path.is_symlink() and path.stat().st_mode & need != need
+
+    paths = itertools.chain([Path(folder)], Path(folder).rglob("*"))
+    return list(itertools.islice(filter(private, paths), limit))
 
 
 def check_cache(cache_dir=None, rebuild: bool = False) -> tuple[bool, str]:
@@ -58,19 +53,6 @@ def check_cache(cache_dir=None, rebuild: bool = False) -> tuple[bool, str]:
     if problem:
         return False, f"{folder} is damaged ({problem}); rebuild it with: {models.rebuild_command(cache_dir)}"
     return True, f"{folder} is complete"
-
-
-def write_env_file(workshop_dir: Path, cache: Path) -> Path:
-    lines = ["# Source this file before starting Jupyter or make lab: the class reads the prepared cache.",
-             f"export WORKBOOK_CACHE={shlex.quote(str(cache))}",
-             "# The embedded model needs no network; keep transformers from trying to reach the hub.",
-             "export HF_HUB_OFFLINE=1"]
-    venv = workshop_dir / "venv"
-    if (venv / "bin" / "python").exists():
-        lines.append(f"export VENV={shlex.quote(str(venv))}")
-    target = workshop_dir / ENV_FILE
-    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return target
 
 
 def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "default",
@@ -91,17 +73,24 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
     models.share_readable(cache)
     code = 0
     if report:
-        reports = workshop_dir / "reports"
+        reference = workshop_dir / "reports" / REFERENCE_RUN
+        command = [sys.executable, "-m", "helpers.run", "--profile", profile,
+                   "--reports-dir", str(reference.parent), "--run-id", REFERENCE_RUN]
         env = {**os.environ, "WORKBOOK_CACHE": str(cache)}
-        proc = subprocess.run([sys.executable, "-m", "helpers.run", "--profile", profile,
-                               "--reports-dir", str(reports), "--run-id", REFERENCE_RUN],
-                              cwd=REPO, env=env)
-        code = 1 if proc.returncode else 0
-        if (reports / REFERENCE_RUN).exists():
-            models.share_readable(reports / REFERENCE_RUN)
-            print(f"reference report: {reports / REFERENCE_RUN / 'index.html'}"
+        code = 1 if subprocess.run(command, cwd=REPO, env=env).returncode else 0
+        if reference.exists():
+            models.share_readable(reference)
+            print(f"reference report: {reference / 'index.html'}"
                   + (" (some chapters failed; see the index)" if code else ""), file=out)
-    env_file = write_env_file(workshop_dir, cache)
+    lines = ["# Source this file before starting Jupyter or make lab: the class reads the prepared cache.",
+             f"export WORKBOOK_CACHE={shlex.quote(str(cache))}",
+             "# The embedded model needs no network; keep transformers from trying to reach the hub.",
+             "export HF_HUB_OFFLINE=1"]
+    venv = workshop_dir / "venv"  # built there by make workshop-prep
+    if (venv / "bin" / "python").exists():
+        lines.append(f"export VENV={shlex.quote(str(venv))}")
+    env_file = workshop_dir / ENV_FILE
+    env_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
     models.share_readable(env_file)
     private = unreadable_by_others(workshop_dir)
     if private:
