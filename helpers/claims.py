@@ -312,7 +312,7 @@ def _context(entry: dict) -> str:
 
 def _spread(entry: Optional[dict]) -> tuple[Optional[float], Optional[float]]:
     """The recorded p10-p90 spread of a figure (``low``/``high``), when the chapter recorded one."""
-    for lo, hi in (("low", "high"), ("spread_low", "spread_high"), ("p10", "p90")):
+    for lo, hi in (("low", "high"), ("p10", "p90")):
         if entry and entry.get(lo) is not None and entry.get(hi) is not None:
             return float(entry[lo]), float(entry[hi])
     return None, None
