@@ -655,9 +655,29 @@ def rule_pairing(claim: dict, args: dict, ev: Evidence) -> Verdict:
 
 
 def rule_consistency(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """The guide against itself: an expression of its figures, the same figure elsewhere, or ms vs tok/s."""
+    """The guide against itself: an expression of its figures, the same figure elsewhere, ms vs tok/s,
+    or (``k``) an accuracy threshold against the float16 step at the size of the guide's own outputs.
+
+    Dot products of ``k`` standard-normal pairs have a standard deviation of sqrt(k); float16 keeps 10
+    mantissa bits, so neighbouring values there are 2**(floor(log2(sqrt(k))) - 10) apart. Two kernels
+    that sum in a different order differ by at least one step somewhere; a threshold below half a step
+    passes only bit-identical results.
+    """
     claimed = number(claim["claimed_value"])
     tol = float(args.get("tolerance", 0.02))
+    if "k" in args:
+        k = int(args["k"])
+        std = math.sqrt(k)
+        step = 2.0 ** (math.floor(math.log2(std)) - int(args.get("mantissa_bits", 10)))
+        how = (f"outputs of {k}-long dot products of standard-normal values have std {std:.3g}; float16 "
+               f"values there are {step:.3g} apart")
+        if claimed < step / 2:
+            return Verdict("internally inconsistent", f"{how}, so a threshold of {claimed:g} is below half a "
+                                                      "step: only a bit-identical kernel meets it with the "
+                                                      "guide's own inputs", "computed", step,
+                           ratio=claimed / step)
+        return Verdict("internally consistent", f"{how}: a threshold of {claimed:g} allows for rounding",
+                       "computed", step, ratio=claimed / step)
     if "expr" in args:
         other = number(args["expr"])
         how = f"{args['expr']} = {other:.3g}"
@@ -721,27 +741,6 @@ def rule_npu_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
                    "none")
 
 
-def rule_fp16_spacing(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """An accuracy threshold against the float16 step at the size of the guide's own outputs.
-
-    Dot products of ``k`` standard-normal pairs have a standard deviation of sqrt(k); float16 keeps 10
-    mantissa bits, so neighbouring values there are 2**(floor(log2(sqrt(k))) - 10) apart. Two kernels
-    that sum in a different order differ by at least one step somewhere; a threshold below half a step
-    passes only bit-identical results.
-    """
-    threshold, k = number(claim["claimed_value"]), int(args["k"])
-    std = math.sqrt(k)
-    step = 2.0 ** (math.floor(math.log2(std)) - int(args.get("mantissa_bits", 10)))
-    how = (f"outputs of {k}-long dot products of standard-normal values have std {std:.3g}; float16 values "
-           f"there are {step:.3g} apart")
-    if threshold < step / 2:
-        return Verdict("internally inconsistent", f"{how}, so a threshold of {threshold:g} is below half a step: "
-                                                  "only a bit-identical kernel meets it with the guide's own "
-                                                  "inputs", "computed", step, ratio=threshold / step)
-    return Verdict("internally consistent", f"{how}: a threshold of {threshold:g} allows for rounding",
-                   "computed", step, ratio=threshold / step)
-
-
 def _as_fact(value: Any) -> str:
     text = str(value).strip().lower()
     try:
@@ -770,7 +769,7 @@ RULES = {
     "bound": rule_bound, "weight_memory": rule_weight_memory, "fits": rule_fits, "spec": rule_spec,
     "pairing": rule_pairing, "consistency": rule_consistency, "documented": rule_documented,
     "npu_ratio": rule_npu_ratio, "torch_autoload": rule_torch_autoload,
-    "speedup_every_shape": rule_speedup_every_shape, "fp16_spacing": rule_fp16_spacing,
+    "speedup_every_shape": rule_speedup_every_shape,
 }
 
 
