@@ -21,14 +21,13 @@ import operator
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from . import decide, roofline
 from .results import device_class, read_run
 from .roofline import LLAMA2_7B_CONFIG, llama2_weight_bytes, llama_parameter_count
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-CLAIMS_CSV = DATA / "guide_claims.csv"
+CLAIMS_CSV = Path(__file__).resolve().parent.parent / "data" / "guide_claims.csv"
 COLUMNS = ("id", "seed", "section", "text_zh", "gloss_en", "kind", "claimed_value", "unit", "hardware", "model",
            "rule", "args")
 KINDS = ("api", "performance", "ratio", "fact", "hardware")
@@ -37,27 +36,9 @@ KINDS = ("api", "performance", "ratio", "fact", "hardware")
 # guide's own arithmetic) and the verdict it keeps until a run on that class measures it.
 HARDWARE = {"npu": "an Ascend NPU (910B)", "cuda": "a CUDA GPU (A100)"}
 NEEDS = {"npu": "needs an NPU to check", "cuda": "needs a CUDA GPU to check"}
+NOT_MEASURED = "not measured in this run"
 
-VERDICTS = {
-    "reproduced": "measured on the hardware class the claim is about, with a comparable model (or, for a "
-                  "device-independent claim, computed here), and within the stated tolerance",
-    "contradicted": "as above, but outside the tolerance",
-    "physically impossible": "beyond what the hardware can do even at its peak (the bound is shown)",
-    "API does not exist": "no such name in any torch_npu / library release checked (the real one is shown)",
-    "API exists": "the name exists (live check on an NPU run where possible, else documented)",
-    "disagrees with sources": "documentation or the specs table says otherwise (not measured)",
-    "agrees with sources": "matches documentation or the specs table (not measured)",
-    "internally inconsistent": "the guide's own numbers or steps disagree with each other",
-    "internally consistent": "the guide's own numbers agree with each other (not a measurement)",
-    NEEDS["npu"]: "within every bound; only an Ascend NPU run with a comparable model can decide it "
-                  "(see `elsewhere` for the same technique measured on another device)",
-    NEEDS["cuda"]: "within every bound; only a CUDA GPU run with a comparable model can decide it",
-    "does not apply to inference": "a training-time technique: inference has nothing for it to act on",
-    "not measured in this run": "the chapter that measures it did not run, failed, skipped it, or no "
-                                "chapter measures it (the detail says which)",
-}
-
-# Verdicts grouped for counting: the index, the claims report and chapter 08 show these apart.
+# The classes the index, the claims report and chapter 08 count verdicts in, with what each means.
 VERDICT_CLASSES = {
     "reproduced": "measured on the claimed hardware class with a comparable model (or computed, for "
                   "device-independent claims) and within tolerance",
@@ -74,6 +55,23 @@ VERDICT_CLASSES = {
     "not for inference": "the claim is about training and does not apply to inference",
     "not measured": "the chapter that measures it did not run or failed, or nothing measures it",
 }
+# Every verdict a rule gives, and its class; a "needs ..." verdict counts as "measured on other
+# hardware" when another device measured the same technique (``verdict_class``).
+VERDICTS = {
+    "reproduced": "reproduced",
+    "contradicted": "contradicted",
+    "physically impossible": "physically impossible",
+    "API does not exist": "contradicted by sources",
+    "API exists": "supported by sources",
+    "disagrees with sources": "contradicted by sources",
+    "agrees with sources": "supported by sources",
+    "internally inconsistent": "guide inconsistent",
+    "internally consistent": "guide consistent",
+    NEEDS["npu"]: "needs the claimed hardware",
+    NEEDS["cuda"]: "needs the claimed hardware",
+    "does not apply to inference": "not for inference",
+    NOT_MEASURED: "not measured",
+}
 # One colour per class, shared by chapter 08's plot and the claims report's badges (white text reads on all).
 CLASS_COLOURS = {
     "reproduced": "#1a7f37", "contradicted": "#cf222e", "physically impossible": "#82071e",
@@ -87,22 +85,15 @@ GUIDES = {
                                 "(the ops-nn checklist: keeping the basic operators fast for Llama on an Ascend NPU)",
     "002_c082ff817235df57.txt": "昇腾NPU与Llama大模型性能优化实战指南 (the Llama performance guide for Ascend NPUs)",
 }
-_CLASS_OF = {
-    "reproduced": "reproduced", "contradicted": "contradicted", "physically impossible": "physically impossible",
-    "API does not exist": "contradicted by sources", "disagrees with sources": "contradicted by sources",
-    "API exists": "supported by sources", "agrees with sources": "supported by sources",
-    "internally inconsistent": "guide inconsistent", "internally consistent": "guide consistent",
-    "does not apply to inference": "not for inference", "not measured in this run": "not measured",
-}
 
 
 def verdict_class(verdict: str, elsewhere: str = "") -> str:
     """The class of a verdict; a "needs ..." verdict splits on whether another device measured it."""
-    if verdict in NEEDS.values():
-        return "measured on other hardware" if elsewhere else "needs the claimed hardware"
-    if verdict not in _CLASS_OF:
+    if verdict not in VERDICTS:
         raise ValueError(f"unknown verdict {verdict!r}; known: {', '.join(VERDICTS)}")
-    return _CLASS_OF[verdict]
+    if verdict in NEEDS.values() and elsewhere:
+        return "measured on other hardware"
+    return VERDICTS[verdict]
 
 
 def _model_key(name: str) -> str:
@@ -112,7 +103,6 @@ def _model_key(name: str) -> str:
 def comparable_model(claimed: str, used: str) -> bool:
     """Is the run's model the one the claim is about? (``llama2-7b`` matches ``meta-llama/Llama-2-7b-hf``)."""
     return not claimed or (bool(used) and _model_key(claimed) in _model_key(used))
-
 
 
 def weight_bytes(model: str = "llama2-7b", dtype: str = "float16") -> int:
@@ -254,13 +244,12 @@ class Evidence:
     def entry(self, dotted: str) -> Optional[dict]:
         """``"04_batching.batch_throughput_ratio_4"`` -> the metric entry, if the chapter recorded it."""
         chapter, _, key = dotted.partition(".")
-        data = self.results.get(chapter)
-        if not data:
-            return None
-        entry = data.get("metrics", {}).get(key)
-        if entry is None or entry.get("value") is None:
-            return None
-        return entry
+        entry = (self.results.get(chapter) or {}).get("metrics", {}).get(key)
+        return None if entry is None or entry.get("value") is None else entry
+
+    def rows(self, chapter: str, table: str) -> list:
+        """A table the chapter recorded (``[]`` when it recorded none)."""
+        return (self.results.get(chapter) or {}).get("tables", {}).get(table) or []
 
     def chapter_state(self, chapter: str) -> str:
         """The chapter's status as every page shows it, with the reason when it did not finish."""
@@ -305,7 +294,7 @@ def gather_evidence(run_dir: "str | Path", specs_path=None) -> Evidence:
 class Verdict:
     verdict: str
     detail: str
-    evidence: str  # measured / bound / computed / documentation / guide
+    evidence: str  # measured / bound / computed / documentation / guide / none
     measured: Any = None
     measured_on: str = ""
     ratio: Optional[float] = None  # measured / claimed
@@ -323,7 +312,7 @@ def _context(entry: dict) -> str:
 
 def _spread(entry: Optional[dict]) -> tuple[Optional[float], Optional[float]]:
     """The recorded p10-p90 spread of a figure (``low``/``high``), when the chapter recorded one."""
-    for lo, hi in (("low", "high"), ("spread_low", "spread_high"), ("p10", "p90")):
+    for lo, hi in (("low", "high"), ("p10", "p90")):
         if entry and entry.get(lo) is not None and entry.get(hi) is not None:
             return float(entry[lo]), float(entry[hi])
     return None, None
@@ -357,8 +346,7 @@ def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[di
     effect, or none beyond the noise, from the recorded spread (else ``noise`` around the value);
     for figures that are not ratios or percentages, holds / does not hold."""
     unit = claim.get("unit", "")
-    default = {"x": 1.0, "%": 0.0}.get(unit)
-    neutral = float(args["neutral"]) if "neutral" in args else default
+    neutral = float(args["neutral"]) if "neutral" in args else {"x": 1.0, "%": 0.0}.get(unit)
     if neutral is None:
         return "holds" if ok else "does not hold"
     noise = float(args.get("noise", 0.05 if unit == "x" else 2.0))
@@ -370,39 +358,30 @@ def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[di
     low, high = _spread(entry)
     text = decide.effect(claimed, measured, neutral, low=low, high=high,
                          noise=noise * abs(neutral) if neutral else noise, factor=factor)
-    shown = f"{args['op']} {number(claim['claimed_value']):.3g}" if "op" in args else \
-        f"{number(claim['claimed_value']):.3g}"
+    shown = (f"{args['op']} " if "op" in args else "") + f"{number(claim['claimed_value']):.3g}"
     spread = f" (spread {low:.3g}-{high:.3g})" if low is not None else ""
     size = "" if math.isinf(factor) else f"; same effect means within {factor:g}x of the claimed size"
     return f"{text}: {measured:.3g}{unit}{spread} vs claimed {shown}{unit}{size}"
 
 
-def _not_measured(ev: Evidence, dotted: str, where: str = "") -> Verdict:
+def _not_measured(ev: Evidence, dotted: str) -> Verdict:
     chapter, _, name = dotted.partition(".")
     state = ev.chapter_state(chapter)
     why = f"{chapter} {state}" if state not in ("ok", "skipped") else f"{chapter} ({state}) did not record {name}"
     recorded = ev.results.get(chapter, {})
     # a chapter that ran but could not record the figure says why (``Results.not_recorded``)
     reason = recorded.get("status_reason") or (recorded.get("not_recorded") or {}).get(name, "")
-    return Verdict("not measured in this run", why + (f": {reason}" if reason else "")
-                   + (f"; run {where}" if where else ""), "none")
+    return Verdict(NOT_MEASURED, why + (f": {reason}" if reason else ""), "none")
 
 
 def rule_api(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """A guide API name, judged by chapter 00's table (live hasattr where torch_npu imports)."""
-    name = args["name"]
-    source = ev.api_source
+    name, source = args["name"], ev.api_source
     row = next((r for r in ev.api_rows if r.get("guide_name") == name), None)
-    if row is None:  # an older chapter 00 table without this name: the documented row still decides
-        from .guide_api import api_check
-
-        row = next((r for r in api_check(None) if r["guide_name"] == name), None)
-        source = "helpers.guide_api.API_CLAIMS (documented)"
     if row is None:
-        return Verdict("not measured in this run", f"{name} is in no API table ({ev.api_source})", "none")
-    live = row.get("exists_here")
+        return Verdict(NOT_MEASURED, f"{name} is in no API table ({source})", "none")
+    live, real = row.get("exists_here"), row.get("real_api", "")
     documented = str(row.get("documented", ""))
-    real = row.get("real_api", "")
     if live is True:
         return Verdict("API exists", f"hasattr check on this machine found {name}; documented: {documented}",
                        "measured", True, device_class=ev.device_class)
@@ -413,69 +392,63 @@ def rule_api(claim: dict, args: dict, ev: Evidence) -> Verdict:
     if live is False:
         return Verdict("API does not exist", f"hasattr check on this machine: missing. Real API: {real}",
                        "measured", False, device_class=ev.device_class)
-    if documented.lower().startswith("does not exist") or documented.lower().startswith("no "):
+    if documented.lower().startswith(("does not exist", "no ")):
         return Verdict("API does not exist", f"{documented}. Real API: {real} (source: {source})",
                        "documentation")
     return Verdict("API exists", f"{documented}; real form: {real} (source: {source}; live check "
                                  "needs torch_npu)", "documentation")
 
 
-def rule_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """A claimed ratio against a measured one: relative ``tolerance`` or absolute ``abs_tol``."""
+_CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+
+def rule_measured(claim: dict, args: dict, ev: Evidence) -> Verdict:
+    """A recorded figure against the claimed one (rules ``ratio`` and ``threshold``).
+
+    ``ratio``: within a relative ``tolerance`` (default 25 %) or an absolute ``abs_tol`` of it.
+    ``threshold``: ``measured <op> claimed`` (a max-abs difference below 1e-3, a speedup of at least
+    3x); ``tolerance`` loosens the bound by that fraction in the claim's favour (``>= 3`` with
+    tolerance 0.25 accepts 2.25), and ``requires=key:value`` names a field the chapter must record
+    beside the figure for it to test the claim.
+    """
     claimed = number(claim["claimed_value"])
+    op = args.get("op", "<") if claim["rule"] == "threshold" else None
+    if op is not None and op not in _CMP:
+        raise ValueError(f"claim {claim['id']}: op={op!r}; choose one of {', '.join(_CMP)}")
     entry = ev.entry(args["metric"])
     note = f" ({args['note']})" if args.get("note") else ""
     if entry is None:
         v = _not_measured(ev, args["metric"])
-        v.detail += note
+        v.detail += "" if op else note
         return v
-    measured = float(entry["value"])
-    on = _context(entry)
-    if "abs_tol" in args:
-        tol = float(args["abs_tol"])
-        ok = abs(measured - claimed) <= tol
-        rule_text = f"|measured - claimed| = {abs(measured - claimed):.3g} vs tolerance {tol:g}"
-    else:
-        tol = float(args.get("tolerance", 0.25))
-        ok = claimed != 0 and abs(measured / claimed - 1) <= tol
-        rule_text = f"measured/claimed = {measured / claimed:.2f} (tolerance ±{tol:.0%})"
-    ratio = measured / claimed if claimed else None
-    detail = f"measured {measured:.3g}{claim['unit'] and ' ' + claim['unit']} vs claimed {claimed:.3g}: " \
-             f"{rule_text}; on {on or '?'}{note}"
-    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured, ratio,
-                   _seen(claim, args, measured, ok, entry))
-
-
-_CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
-
-
-def rule_threshold(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """``measured <op> claimed`` (a max-abs difference below 1e-3, a speedup of at least 3x).
-
-    ``tolerance`` loosens the bound by that fraction in the claim's favour (``>= 3`` with
-    tolerance 0.25 accepts 2.25).
-    """
-    claimed = number(claim["claimed_value"])
-    tol = float(args.get("tolerance", 0.0))
-    bound = claimed * (1 - tol) if args.get("op", "<") in (">", ">=") else claimed * (1 + tol)
-    op = args.get("op", "<")
-    if op not in _CMP:
-        raise ValueError(f"claim {claim['id']}: op={op!r}; choose one of {', '.join(_CMP)}")
-    entry = ev.entry(args["metric"])
-    if entry is None:
-        return _not_measured(ev, args["metric"])
-    if "requires" in args:  # a field the chapter must record beside the figure for it to test the claim
+    if "requires" in args:
         key, _, wanted = args["requires"].partition(":")
         if str(entry.get(key)).lower() != wanted.lower():
-            return Verdict("not measured in this run",
-                           f"{args['metric']} was recorded with {key}={entry.get(key)!r}, not {wanted}: "
-                           f"{args.get('why', 'the figure does not test the claim')}", "none")
+            why = args.get("why", "the figure does not test the claim")
+            return Verdict(NOT_MEASURED, f"{args['metric']} was recorded with {key}={entry.get(key)!r}, "
+                                         f"not {wanted}: {why}", "none")
     measured = float(entry["value"])
-    ok = _CMP[op](measured, bound)
-    shown = f"{claimed:g}" + (f" (tolerance {tol:.0%}: {bound:.3g})" if tol else "")
-    detail = f"measured {measured:.3g} {op if ok else 'is not ' + op} {shown}; on {_context(entry) or '?'}"
-    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured,
-                   measured / claimed if claimed and op in (">", ">=") else None,
+    on = _context(entry) or "?"
+    if op is not None:
+        tol = float(args.get("tolerance", 0.0))
+        bound = claimed * (1 - tol) if op in (">", ">=") else claimed * (1 + tol)
+        ok = _CMP[op](measured, bound)
+        shown = f"{claimed:g}" + (f" (tolerance {tol:.0%}: {bound:.3g})" if tol else "")
+        detail = f"measured {measured:.3g} {op if ok else 'is not ' + op} {shown}; on {on}"
+        ratio = measured / claimed if claimed and op in (">", ">=") else None
+    else:
+        if "abs_tol" in args:
+            tol = float(args["abs_tol"])
+            ok = abs(measured - claimed) <= tol
+            rule_text = f"|measured - claimed| = {abs(measured - claimed):.3g} vs tolerance {tol:g}"
+        else:
+            tol = float(args.get("tolerance", 0.25))
+            ok = claimed != 0 and abs(measured / claimed - 1) <= tol
+            rule_text = f"measured/claimed = {measured / claimed:.2f} (tolerance ±{tol:.0%})"
+        ratio = measured / claimed if claimed else None
+        unit = claim["unit"] and " " + claim["unit"]
+        detail = f"measured {measured:.3g}{unit} vs claimed {claimed:.3g}: {rule_text}; on {on}{note}"
+    return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured, ratio,
                    _seen(claim, args, measured, ok, entry))
 
 
@@ -486,36 +459,23 @@ def rule_speedup_every_shape(claim: dict, args: dict, ev: Evidence) -> Verdict:
     the claim holds only where the faster mode wins at each of them.
     """
     chapter, _, name = args["table"].partition(".")
-    rows = (ev.results.get(chapter) or {}).get("tables", {}).get(name) or []
     by_case: dict = {}
-    for row in rows:
+    for row in ev.rows(chapter, name):
         mode = str(row.get("mode", "")).split()[0]
         if row.get("median_ms"):
             by_case.setdefault(row.get("case", "?"), {})[mode] = float(row["median_ms"])
-    ratios = {case: t[args["slow"]] / t[args["fast"]] for case, t in by_case.items()
-              if args["slow"] in t and args["fast"] in t}
+    slow, fast = args["slow"], args["fast"]
+    ratios = {case: t[slow] / t[fast] for case, t in by_case.items() if slow in t and fast in t}
     if not ratios:
-        return _not_measured(ev, f"{chapter}.{name}")
-    ok = all(r > 1 for r in ratios.values())
+        return _not_measured(ev, args["table"])
     shown = "; ".join(f"{case}: {r:.2f}x" for case, r in ratios.items())
-    detail = f"{args['slow']} / {args['fast']} time per shape: {shown} (the claim needs > 1 at each)"
+    detail = f"{slow} / {fast} time per shape: {shown} (the claim needs > 1 at each)"
     noise = float(args.get("noise", 0.05))
     sides = {decide.effect(2.0, r, 1.0, noise=noise, factor=math.inf) for r in ratios.values()}
     seen = sides.pop() if len(sides) == 1 else "mixed effect"
+    ok = all(r > 1 for r in ratios.values())
     entry = {"device": ev.chapter_device(chapter)}
     return _judged(claim, ev, chapter, entry, ok, detail, min(ratios.values()), None, f"{seen}: {shown}")
-
-
-def _npu_measurement(ev: Evidence, dotted: Optional[str], want: str, context: str = "") -> Optional[dict]:
-    """The metric when it was measured on the claim's kind of device (and, if asked, in its setting)."""
-    if not dotted:
-        return None
-    entry = ev.entry(dotted)
-    if not entry or device_class(ev.chapter_device(dotted.partition(".")[0], entry)) != want:
-        return None
-    if context and context not in str(entry.get("context", "")):
-        return None  # e.g. measured at the profile's shape, not the guide's
-    return entry
 
 
 def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -525,8 +485,8 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
     chips at their (generous) spec. A claim faster than that is physically impossible; otherwise an
     NPU measurement of this run decides it, or it waits for one.
     """
-    device = args["device"]
-    n = int(args.get("devices", 1))
+    device, n, unit = args["device"], int(args.get("devices", 1)), claim["unit"]
+    want = claim.get("hardware") or ("npu" if "910" in device else "cuda")
     bw, bw_src = ev.spec(device, "bandwidth_gbps")
     flops, fl_src = ev.spec(device, "fp16_dense_tflops")
     if "bytes" in args:
@@ -536,7 +496,6 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
     prompt = int(args.get("prompt_tokens", 0))
     work = 2 * llama_parameter_count(**LLAMA2_7B_CONFIG) * prompt if prompt else 0.0
     low, high = claimed_range(claim["claimed_value"])
-    unit = claim["unit"]
     if unit == "tok/s":  # the most lenient end: the slowest claimed rate
         claimed_s, shown = 1.0 / low, f"{low:g} tok/s = {1e3 / low:.3g} ms per token"
     elif unit == "ms":  # the most lenient end: the longest claimed time
@@ -544,69 +503,37 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
     else:
         raise ValueError(f"claim {claim['id']}: rule bound needs unit tok/s or ms, not {unit!r}")
     if bw is None:
-        return Verdict(NEEDS[claim.get("hardware") or ("npu" if "910" in device else "cuda")],
-                       f"no bandwidth for {device} in {ev.specs_source}", "none")
+        return Verdict(NEEDS[want], f"no bandwidth for {device} in {ev.specs_source}", "none")
     t_mem = nbytes / (bw * 1e9 * n)
     t_cmp = work / (flops * 1e12 * n) if (work and flops) else 0.0
     bound = max(t_mem, t_cmp)
     how = (f"{nbytes / 1e9:.3g} GB / ({n} x {bw:g} GB/s) = {t_mem * 1e3:.3g} ms"
            + (f"; {work / 1e9:.3g} GFLOP / ({n} x {flops:g} TFLOPS) = {t_cmp * 1e3:.3g} ms" if t_cmp else ""))
-    source = f"spec {bw_src}" + (f"; {fl_src}" if t_cmp else "")
     if claimed_s < bound:
+        source = f"spec {bw_src}" + (f"; {fl_src}" if t_cmp else "")
         need = nbytes / claimed_s / 1e12
         return Verdict("physically impossible",
                        f"claimed {shown}, but the floor is {how} (it would need {need:.3g} TB/s); {source}",
                        "bound", ratio=bound / claimed_s)
-    want = claim.get("hardware") or ("npu" if "910" in device else "cuda")
-    entry = _npu_measurement(ev, args.get("metric"), want, args.get("context", ""))
     chapter = str(args.get("metric", "")).partition(".")[0]
+    entry = ev.entry(args["metric"]) if args.get("metric") else None
+    if entry and (device_class(ev.chapter_device(chapter, entry)) != want
+                  or args.get("context", "") not in str(entry.get("context", ""))):
+        entry = None  # measured on another kind of device, or at the profile's shape, not the guide's
     other_model = ""
-    if entry is not None and comparable_model(claim.get("model", ""), ev.chapter_model(chapter)):
+    if entry and comparable_model(claim.get("model", ""), ev.chapter_model(chapter)):
         measured = float(entry["value"])
         ok = low * 0.75 <= measured <= high * 1.25  # the guides give no tolerance; ±25 % of the range
         return _judged(claim, ev, chapter, entry, ok,
                        f"measured {measured:.3g} {unit} vs claimed {claim['claimed_value']} {unit} (±25%)",
                        measured, measured / ((low + high) / 2), "")
-    if entry is not None:  # the right device, another model: an absolute figure says nothing here
+    if entry:  # the right device, another model: an absolute figure says nothing here
         other_model = (f"; this run's {chapter} measured {float(entry['value']):.3g} {unit} on "
                        f"{ev.chapter_device(chapter, entry)} with {ev.chapter_model(chapter) or '?'}, not "
                        f"{claim.get('model') or 'the claimed model'}")
     return Verdict(NEEDS[want], f"within the bound (floor {how}; claimed {shown}); run "
                                 f"{args.get('where', 'the matching chapter on that device')}{other_model}",
                    "bound", ratio=bound / claimed_s)
-
-
-def rule_weight_memory(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """A memory/storage figure (GB) against the weights it must hold, in GB and GiB readings."""
-    claimed = number(claim["claimed_value"])
-    weights = weight_bytes("llama2-7b", args.get("weights", "float16"))
-    as_gb, as_gib = claimed * 1e9, claimed * 2**30
-    text = f"Llama-2-7B {args.get('weights', 'float16')} weights are {weights / 1e9:.2f} GB " \
-           f"({weights / 2**30:.2f} GiB)"
-    if max(as_gb, as_gib) < weights:
-        return Verdict("physically impossible", f"claimed {claimed:g} GB holds less than the weights: {text}",
-                       "bound", ratio=claimed * 1e9 / weights)
-    if args.get("mode") == "storage":
-        return Verdict("agrees with sources", f"{claimed:g} GB holds the weights ({text}) with room for a "
-                                              "second copy in another format", "bound",
-                       ratio=claimed * 1e9 / weights)
-    target = claim.get("hardware") or "npu"
-    note = " (only under a GiB reading of the unit)" if as_gb < weights else ""
-    found = _table_value(ev, args["peak"]) if "peak" in args else None
-    if found is not None:
-        chapter, value, where = found
-        cls = device_class(ev.chapter_device(chapter))
-        if cls == target and comparable_model(claim.get("model", ""), ev.chapter_model(chapter)):
-            measured_gb = value / 1e9
-            tol = float(args.get("tolerance", 0.10))
-            ok = abs(measured_gb / claimed - 1) <= tol
-            return _judged(claim, ev, chapter, {}, ok, f"peak memory {measured_gb:.3g} GB ({where}) vs claimed "
-                                                       f"{claimed:g} GB (tolerance ±{tol:.0%}); {text}",
-                           measured_gb, measured_gb / claimed, "")
-    return Verdict(NEEDS[target], f"claimed {claimed:g} GB covers the weights{note}: {text}; the peak memory "
-                                  f"needs {args.get('peak', 'a peak-memory figure')} from a run on "
-                                  f"{HARDWARE[target]} with {claim.get('model') or 'the model'}", "bound",
-                   ratio=claimed * 1e9 / weights)
 
 
 def _table_value(ev: Evidence, spec: str):
@@ -617,9 +544,8 @@ def _table_value(ev: Evidence, spec: str):
     m = re.fullmatch(r"(\w+)\.(\w+)\[([^\]]+)\]\.(\w+)", spec.strip())
     if not m:
         raise ValueError(f"table reference {spec!r} is not chapter.table[row].column (row: an index or a rung name)")
-    chapter, name, which, column = m.group(1), m.group(2), m.group(3), m.group(4)
-    rows = [r for r in (ev.results.get(chapter) or {}).get("tables", {}).get(name) or []
-            if r.get("status", "ok") == "ok"]
+    chapter, name, which, column = m.groups()
+    rows = [r for r in ev.rows(chapter, name) if r.get("status", "ok") == "ok"]
     if which.isdigit():
         row = rows[int(which)] if len(rows) > int(which) else None
     else:  # the last rung whose name contains the text (the ladder is cumulative)
@@ -629,16 +555,45 @@ def _table_value(ev: Evidence, spec: str):
     return chapter, float(row[column]), f"{chapter} table {name}, rung {row.get('rung', which)}"
 
 
+def rule_weight_memory(claim: dict, args: dict, ev: Evidence) -> Verdict:
+    """A memory/storage figure (GB) against the weights it must hold, in GB and GiB readings."""
+    claimed = number(claim["claimed_value"])
+    weights = weight_bytes("llama2-7b", args.get("weights", "float16"))
+    as_gb, as_gib, ratio = claimed * 1e9, claimed * 2**30, claimed * 1e9 / weights
+    text = f"Llama-2-7B {args.get('weights', 'float16')} weights are {weights / 1e9:.2f} GB " \
+           f"({weights / 2**30:.2f} GiB)"
+    if max(as_gb, as_gib) < weights:
+        return Verdict("physically impossible", f"claimed {claimed:g} GB holds less than the weights: {text}",
+                       "bound", ratio=ratio)
+    if args.get("mode") == "storage":
+        return Verdict("agrees with sources", f"{claimed:g} GB holds the weights ({text}) with room for a "
+                                              "second copy in another format", "bound", ratio=ratio)
+    target = claim.get("hardware") or "npu"
+    found = _table_value(ev, args["peak"]) if "peak" in args else None
+    if found is not None:
+        chapter, value, where = found
+        cls = device_class(ev.chapter_device(chapter))
+        if cls == target and comparable_model(claim.get("model", ""), ev.chapter_model(chapter)):
+            measured_gb, tol = value / 1e9, float(args.get("tolerance", 0.10))
+            return _judged(claim, ev, chapter, {}, abs(measured_gb / claimed - 1) <= tol,
+                           f"peak memory {measured_gb:.3g} GB ({where}) vs claimed {claimed:g} GB "
+                           f"(tolerance ±{tol:.0%}); {text}", measured_gb, measured_gb / claimed, "")
+    note = " (only under a GiB reading of the unit)" if as_gb < weights else ""
+    return Verdict(NEEDS[target], f"claimed {claimed:g} GB covers the weights{note}: {text}; the peak memory "
+                                  f"needs {args.get('peak', 'a peak-memory figure')} from a run on "
+                                  f"{HARDWARE[target]} with {claim.get('model') or 'the model'}", "bound",
+                   ratio=ratio)
+
+
 def rule_fits(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """Does the model's weights fit one device? (the guide says it needs model parallelism)."""
     weights = weight_bytes(args["model"], args.get("weights", "float16"))
     mem, src = ev.spec(args["device"], "memory_gb")
     if mem is None:
-        return Verdict("not measured in this run", f"no memory size for {args['device']}", "none")
-    fits = weights < mem * 1e9
+        return Verdict(NOT_MEASURED, f"no memory size for {args['device']}", "none")
     detail = (f"{args['model']} {args.get('weights', 'float16')} weights are {weights / 1e9:.1f} GB; one "
               f"{src.split(':')[0]} has {mem:g} GB")
-    if fits:
+    if weights < mem * 1e9:
         return Verdict("disagrees with sources", detail + ": it fits on one card (tensor parallelism is "
                                                           "needed on 32 GB cards, and for 70B)", "bound",
                        ratio=weights / (mem * 1e9))
@@ -647,39 +602,39 @@ def rule_fits(claim: dict, args: dict, ev: Evidence) -> Verdict:
 
 
 def rule_spec(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """A hardware figure against the specs table (the table's source and confidence are shown)."""
-    claimed = number(claim["claimed_value"])
-    if "derive_from" in args:
-        return _derived_spec(claim, args, ev, claimed)
-    value, src = ev.spec(args["device"], args["column"])
-    if value is None:
-        return Verdict("needs an NPU to check", f"no published {args['column']} for {args['device']} in "
-                                                f"{ev.specs_source}; measure with {args.get('where', 'a benchmark')}",
-                       "none")
-    op = args.get("op", "=")
-    ok = value > claimed if op == ">" else math.isclose(value, claimed, rel_tol=0.05)
-    return Verdict("agrees with sources" if ok else "disagrees with sources",
-                   f"specs table: {src}; claimed {claim['claimed_value']} {claim['unit']}", "documentation",
-                   value, ratio=value / claimed if claimed else None)
-
-
-def _derived_spec(claim: dict, args: dict, ev: Evidence, claimed: float) -> Verdict:
-    """A figure the table lacks, derived from one it has times a documented ratio (shown with its source)."""
-    base, src = ev.spec(args["device"], args["derive_from"])
+    """A hardware figure against the specs table (the table's source and confidence are shown), or,
+    with ``derive_from`` and ``factor``, against a figure derived from one the table has times a
+    documented ratio (shown with its source)."""
+    claimed, device, unit = number(claim["claimed_value"]), args["device"], claim["unit"]
+    if "derive_from" not in args:
+        value, src = ev.spec(device, args["column"])
+        if value is None:
+            where = args.get("where", "a benchmark")
+            return Verdict(NEEDS["npu"], f"no published {args['column']} for {device} in "
+                                         f"{ev.specs_source}; measure with {where}", "none")
+        if args.get("op", "=") == ">":
+            ok = value > claimed
+        else:
+            ok = math.isclose(value, claimed, rel_tol=0.05)
+        return Verdict("agrees with sources" if ok else "disagrees with sources",
+                       f"specs table: {src}; claimed {claim['claimed_value']} {unit}",
+                       "documentation", value, ratio=value / claimed if claimed else None)
+    base, src = ev.spec(device, args["derive_from"])
     if base is None:
-        return Verdict(NEEDS[claim.get("hardware") or "npu"], f"no {args['derive_from']} for {args['device']} in "
-                                                              f"{ev.specs_source} to derive a bound from", "none")
+        return Verdict(NEEDS[claim.get("hardware") or "npu"],
+                       f"no {args['derive_from']} for {device} in {ev.specs_source} to derive a bound from",
+                       "none")
     factor = number(args["factor"])
     derived = base * factor
     how = (f"{args['derive_from']} {base:g} x {factor:g} ({args['factor_source']}) = {derived:.3g} "
-           f"{claim['unit']}; specs table: {src}")
+           f"{unit}; specs table: {src}")
     tol = float(args.get("tolerance", 0.25))
     if claimed > derived * (1 + tol):
         return Verdict("physically impossible", f"claimed {claimed:g} exceeds the derived peak: {how}", "bound",
                        ratio=claimed / derived)
     ok = abs(claimed / derived - 1) <= tol
     return Verdict("agrees with sources" if ok else "disagrees with sources",
-                   f"claimed {claimed:g} {claim['unit']} is {claimed / derived:.2f}x the derived {how}"
+                   f"claimed {claimed:g} {unit} is {claimed / derived:.2f}x the derived {how}"
                    + ("" if ok else f"; {args['note']}" if args.get("note") else ""), "bound",
                    ratio=claimed / derived)
 
@@ -690,19 +645,39 @@ def rule_pairing(claim: dict, args: dict, ev: Evidence) -> Verdict:
 
     npu, cann = args["torch_npu"], args["cann"]
     rows = [r for r in KNOWN_GOOD if r["torch_npu"].startswith(npu)]
-    cann_rows = [r for r in KNOWN_GOOD if r["cann"].startswith(cann)]
     pairs = "; ".join(f"torch_npu {r['torch_npu']} + CANN {r['cann']}" for r in rows) or "none listed"
     if any(r["cann"].startswith(cann) for r in rows):
         return Verdict("agrees with sources", f"documented pairs for torch_npu {npu}.x: {pairs}", "documentation")
-    other = "; ".join(f"torch_npu {r['torch_npu']}" for r in cann_rows) or "none listed"
-    return Verdict("disagrees with sources", f"documented pairs for torch_npu {npu}.x: {pairs}; CANN {cann} pairs with "
-                                   f"{other} (Ascend/pytorch compatibility table)", "documentation")
+    other = "; ".join(f"torch_npu {r['torch_npu']}" for r in KNOWN_GOOD if r["cann"].startswith(cann))
+    return Verdict("disagrees with sources",
+                   f"documented pairs for torch_npu {npu}.x: {pairs}; CANN {cann} pairs with "
+                   f"{other or 'none listed'} (Ascend/pytorch compatibility table)", "documentation")
 
 
 def rule_consistency(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """The guide against itself: an expression of its figures, the same figure elsewhere, or ms vs tok/s."""
+    """The guide against itself: an expression of its figures, the same figure elsewhere, ms vs tok/s,
+    or (``k``) an accuracy threshold against the float16 step at the size of the guide's own outputs.
+
+    Dot products of ``k`` standard-normal pairs have a standard deviation of sqrt(k); float16 keeps 10
+    mantissa bits, so neighbouring values there are 2**(floor(log2(sqrt(k))) - 10) apart. Two kernels
+    that sum in a different order differ by at least one step somewhere; a threshold below half a step
+    passes only bit-identical results.
+    """
     claimed = number(claim["claimed_value"])
     tol = float(args.get("tolerance", 0.02))
+    if "k" in args:
+        k = int(args["k"])
+        std = math.sqrt(k)
+        step = 2.0 ** (math.floor(math.log2(std)) - int(args.get("mantissa_bits", 10)))
+        how = (f"outputs of {k}-long dot products of standard-normal values have std {std:.3g}; float16 "
+               f"values there are {step:.3g} apart")
+        if claimed < step / 2:
+            return Verdict("internally inconsistent", f"{how}, so a threshold of {claimed:g} is below half a "
+                                                      "step: only a bit-identical kernel meets it with the "
+                                                      "guide's own inputs", "computed", step,
+                           ratio=claimed / step)
+        return Verdict("internally consistent", f"{how}: a threshold of {claimed:g} allows for rounding",
+                       "computed", step, ratio=claimed / step)
     if "expr" in args:
         other = number(args["expr"])
         how = f"{args['expr']} = {other:.3g}"
@@ -712,9 +687,8 @@ def rule_consistency(claim: dict, args: dict, ev: Evidence) -> Verdict:
     else:
         values = [number(v) for v in args["others"].split(",")]
         spread = max(abs(v / claimed - 1) for v in values)
-        ok = spread <= tol
         where = args.get("where", "elsewhere in the guide")
-        return Verdict("internally consistent" if ok else "internally inconsistent",
+        return Verdict("internally consistent" if spread <= tol else "internally inconsistent",
                        f"{claimed:.4g} here vs {', '.join(f'{v:.4g}' for v in values)} {where} "
                        f"(differ by up to {spread:.1%}, tolerance {tol:.0%})", "guide")
     diff = abs(other / claimed - 1)
@@ -724,12 +698,11 @@ def rule_consistency(claim: dict, args: dict, ev: Evidence) -> Verdict:
 
 
 def rule_documented(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """Only for claims no measurement or bound can decide: the verdict comes with its source."""
+    """Only for claims no measurement or bound can decide: the verdict comes with its source, or,
+    for one that nothing measures, ``not measured in this run`` with the ``note`` saying why."""
+    if args["verdict"] == NOT_MEASURED:
+        return Verdict(NOT_MEASURED, args.get("note", "no chapter measures this"), "none")
     return Verdict(args["verdict"], args["source"], "documentation")
-
-
-def rule_unmeasured(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    return Verdict("not measured in this run", args.get("note", "no chapter measures this"), "none")
 
 
 def rule_torch_autoload(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -737,14 +710,12 @@ def rule_torch_autoload(claim: dict, args: dict, ev: Evidence) -> Verdict:
 
     Judged on the torch version of the image the guide itself names, not on this machine's.
     """
-    image = args["image_torch"]
-    since = args.get("autoload_since", "2.5")
+    image, since = args["image_torch"], args.get("autoload_since", "2.5")
     version = tuple(int(p) for p in re.findall(r"\d+", image)[:2])
-    autoload = version >= tuple(int(p) for p in since.split("."))
     why = (f"the guide's image has torch {image}; torch_npu registers a torch.backends entry point that "
            f"'import torch' loads automatically from torch {since} on (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns "
            "it off)")
-    if autoload:
+    if version >= tuple(int(p) for p in since.split(".")):
         return Verdict("disagrees with sources", why + ": the explicit import is optional there", "documentation")
     return Verdict("agrees with sources", why + f": torch {image} predates it, so the explicit import is "
                                                 f"required on that image (optional on torch >= {since})",
@@ -755,42 +726,19 @@ def rule_npu_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """A speedup that only NPU runtime options produce: read chapter 06's ladder when it ran on an NPU."""
     claimed = number(claim["claimed_value"])
     chapter = "06_optimization_ladder"
-    rows = [r for r in (ev.results.get(chapter) or {}).get("tables", {}).get("ladder") or []
+    rows = [r for r in ev.rows(chapter, "ladder")
             if r.get("status") == "ok" and r.get("tokens_per_s")]
     step = next((i for i, r in enumerate(rows) if args.get("rung", "runtime") in str(r.get("rung", "")).lower()),
                 None)
-    if step is not None and step > 0 and device_class(ev.chapter_device(chapter)) == "npu":
+    if step and device_class(ev.chapter_device(chapter)) == "npu":
         before, row = rows[step - 1], rows[step]
         measured = float(row["tokens_per_s"]) / float(before["tokens_per_s"])
         tol = float(args.get("tolerance", 0.15))  # a step of +34 %: ±25 % would accept no gain at all
-        ok = abs(measured / claimed - 1) <= tol
-        return _judged(claim, ev, chapter, {}, ok, f"ladder step {before['rung']} -> {row['rung']}: "
-                                                   f"{measured:.2f}x vs claimed {claimed:g}x (±{tol:.0%})",
-                       measured, measured / claimed, "")
+        return _judged(claim, ev, chapter, {}, abs(measured / claimed - 1) <= tol,
+                       f"ladder step {before['rung']} -> {row['rung']}: {measured:.2f}x vs claimed "
+                       f"{claimed:g}x (±{tol:.0%})", measured, measured / claimed, "")
     return Verdict(NEEDS["npu"], f"run {args.get('where', 'chapter 06 on an NPU, where the options exist')}",
                    "none")
-
-
-def rule_fp16_spacing(claim: dict, args: dict, ev: Evidence) -> Verdict:
-    """An accuracy threshold against the float16 step at the size of the guide's own outputs.
-
-    Dot products of ``k`` standard-normal pairs have a standard deviation of sqrt(k); float16 keeps 10
-    mantissa bits, so neighbouring values there are 2**(floor(log2(sqrt(k))) - 10) apart. Two kernels
-    that sum in a different order differ by at least one step somewhere; a threshold below half a step
-    passes only bit-identical results.
-    """
-    threshold = number(claim["claimed_value"])
-    k = int(args["k"])
-    std = math.sqrt(k)
-    step = 2.0 ** (math.floor(math.log2(std)) - int(args.get("mantissa_bits", 10)))
-    how = (f"outputs of {k}-long dot products of standard-normal values have std {std:.3g}; float16 values "
-           f"there are {step:.3g} apart")
-    if threshold < step / 2:
-        return Verdict("internally inconsistent", f"{how}, so a threshold of {threshold:g} is below half a step: "
-                                                  "only a bit-identical kernel meets it with the guide's own "
-                                                  "inputs", "computed", step, ratio=threshold / step)
-    return Verdict("internally consistent", f"{how}: a threshold of {threshold:g} allows for rounding",
-                   "computed", step, ratio=threshold / step)
 
 
 def _as_fact(value: Any) -> str:
@@ -808,8 +756,7 @@ def rule_fact(claim: dict, args: dict, ev: Evidence) -> Verdict:
     entry = ev.entry(args["metric"])
     if entry is None:
         return _not_measured(ev, args["metric"])
-    want = args.get("want", claim["claimed_value"])
-    got = entry["value"]
+    want, got = args.get("want", claim["claimed_value"]), entry["value"]
     ok = _as_fact(got) == _as_fact(want)
     how = entry.get("detail") or entry.get("code_path") or ""
     detail = f"recorded {got!r}, the claim needs {want!r}" + (f": {how}" if how else "")
@@ -817,12 +764,12 @@ def rule_fact(claim: dict, args: dict, ev: Evidence) -> Verdict:
                    "holds" if ok else "does not hold")
 
 
-RULES: dict[str, Callable[[dict, dict, Evidence], Verdict]] = {
-    "api": rule_api, "ratio": rule_ratio, "threshold": rule_threshold, "fact": rule_fact,
+RULES = {
+    "api": rule_api, "ratio": rule_measured, "threshold": rule_measured, "fact": rule_fact,
     "bound": rule_bound, "weight_memory": rule_weight_memory, "fits": rule_fits, "spec": rule_spec,
     "pairing": rule_pairing, "consistency": rule_consistency, "documented": rule_documented,
-    "unmeasured": rule_unmeasured, "npu_ratio": rule_npu_ratio, "torch_autoload": rule_torch_autoload,
-    "speedup_every_shape": rule_speedup_every_shape, "fp16_spacing": rule_fp16_spacing,
+    "npu_ratio": rule_npu_ratio, "torch_autoload": rule_torch_autoload,
+    "speedup_every_shape": rule_speedup_every_shape,
 }
 
 
@@ -831,7 +778,7 @@ def judge(claim: dict, ev: Evidence) -> Verdict:
     try:
         return RULES[claim["rule"]](claim, parse_args(claim.get("args", "")), ev)
     except Exception as exc:  # noqa: BLE001  (a broken rule must not hide the other claims)
-        return Verdict("not measured in this run", f"rule {claim['rule']} failed: {type(exc).__name__}: {exc}",
+        return Verdict(NOT_MEASURED, f"rule {claim['rule']} failed: {type(exc).__name__}: {exc}",
                        "none")
 
 
@@ -839,27 +786,15 @@ def _rank(v: Verdict, ev: Evidence, target: str) -> tuple:
     """Which run's verdict wins: a measurement on the claimed hardware, then a bound or source, then a
     measurement elsewhere, then "needs ...", then not measured; ties go to the claim's device class,
     then to the order the runs were given."""
+    needs = v.verdict in NEEDS.values()
     if v.evidence == "measured" and not v.elsewhere and v.verdict in ("reproduced", "contradicted", "API exists",
                                                                        "API does not exist"):
         rank = 0
-    elif v.verdict not in NEEDS.values() and v.verdict != "not measured in this run":
+    elif not needs and v.verdict != NOT_MEASURED:
         rank = 1
-    elif v.elsewhere:
-        rank = 2
-    elif v.verdict in NEEDS.values():
-        rank = 3
     else:
-        rank = 4
+        rank = 2 if v.elsewhere else 3 if needs else 4
     return rank, 0 if target and ev.device_class == target else 1
-
-
-def _run_dirs(run_dirs) -> list:
-    if isinstance(run_dirs, (str, Path)):
-        return [Path(run_dirs)]
-    dirs = [Path(d) for d in run_dirs]
-    if not dirs:
-        raise ValueError("run_dirs is empty; give one run folder or a list of run folders")
-    return dirs
 
 
 def verdicts(run_dirs, claims=None, specs_path=None):
@@ -875,8 +810,11 @@ def verdicts(run_dirs, claims=None, specs_path=None):
     """
     import pandas as pd
 
+    dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
+    if not dirs:
+        raise ValueError("run_dirs is empty; give one run folder or a list of run folders")
     claims = load_claims() if claims is None else claims
-    runs = [gather_evidence(d, specs_path) for d in _run_dirs(run_dirs)]
+    runs = [gather_evidence(d, specs_path) for d in dirs]
     out = []
     for claim in claims.to_dict(orient="records"):
         claim.setdefault("hardware", "")
@@ -884,9 +822,8 @@ def verdicts(run_dirs, claims=None, specs_path=None):
         judged = [(ev, judge(claim, ev)) for ev in runs]
         best = min(range(len(judged)), key=lambda i: (*_rank(judged[i][1], judged[i][0], claim["hardware"]), i))
         ev, v = judged[best]
-        row = {**claim, **asdict(v)}
-        row["verdict_class"] = verdict_class(v.verdict, v.elsewhere)
         decided = v.evidence == "measured" and not v.elsewhere
+        row = {**claim, **asdict(v), "verdict_class": verdict_class(v.verdict, v.elsewhere)}
         row["decided_by"] = ev.run_name if decided else ""
         row["device_class"] = v.device_class if decided else ""
         row["elsewhere_run"] = ev.run_name if v.elsewhere else ""  # the run whose figure ``elsewhere`` shows
@@ -896,9 +833,5 @@ def verdicts(run_dirs, claims=None, specs_path=None):
 
 def verdict_counts(table) -> dict:
     """How many claims fall in each class of ``VERDICT_CLASSES`` (every class, zeros included, in order)."""
-    if "verdict_class" in table:
-        classes = list(table["verdict_class"])
-    else:
-        elsewhere = table["elsewhere"] if "elsewhere" in table else [""] * len(table)
-        classes = [verdict_class(v, e) for v, e in zip(table["verdict"], elsewhere)]
-    return {c: sum(1 for x in classes if x == c) for c in VERDICT_CLASSES}
+    classes = list(table["verdict_class"])
+    return {c: classes.count(c) for c in VERDICT_CLASSES}

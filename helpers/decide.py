@@ -27,19 +27,51 @@ def _finite(*values) -> bool:
                for v in values)
 
 
+def _side(low: float, high: float, mark: float, above: str, below: str, between: str,
+          ties: str = "") -> str:
+    """``above`` when the whole spread lies above ``mark``, ``below`` when it lies below, else
+    ``between``; a spread that ends on the mark counts on the side ``ties`` names, if any."""
+    low, high = min(low, high), max(low, high)
+    if low > mark or (ties == "above" and low == mark):
+        return above
+    if high < mark or (ties == "below" and high == mark):
+        return below
+    return between
+
+
 def direction(low: float, high: float, neutral: float = 1.0) -> str:
     """``faster`` when the whole spread of a speedup is above ``neutral``, ``slower`` when below.
 
     ``low``/``high`` are the spread of a ratio where > ``neutral`` means better (a speedup).
     Anything that straddles ``neutral`` (or is not a number) is ``no difference beyond the noise``.
     """
-    if not _finite(low, high):
-        return SAME
-    if low > neutral:
-        return FASTER
-    if high < neutral:
-        return SLOWER
-    return SAME
+    return _side(low, high, neutral, FASTER, SLOWER, SAME) if _finite(low, high) else SAME
+
+
+def time_ratio_direction(low: float, high: float) -> str:
+    """For a ratio of times (candidate / baseline, > 1 means the candidate takes longer): ``slower``
+    when the whole spread is above 1, ``faster`` when below, else no difference beyond the noise."""
+    return _side(low, high, 1.0, SLOWER, FASTER, SAME) if _finite(low, high) else SAME
+
+
+def met(low: float, high: float, goal: float) -> str:
+    """A goal against a measured spread: ``met`` (all of it at or above the goal), ``not met``
+    (all of it below) or ``within the noise of the goal``."""
+    if not _finite(low, high, goal):
+        return "not measured"
+    return _side(low, high, goal, "met", "not met", "within the noise of the goal", ties="above")
+
+
+def byte_bound(low: float, high: float, bound: float) -> str:
+    """A measured speedup (its p10-p90 spread ``low``-``high``) against the most that cutting the
+    bytes read allows (``bound``, e.g. 1 / the weight-bytes ratio of weight-only INT8, chapter 05):
+    ``above the byte bound`` when the whole spread is above it (the gain is not the bytes alone),
+    ``within the byte bound`` when the whole spread is at or below it, else
+    ``at the byte bound within the noise``."""
+    if not _finite(low, high, bound):
+        return "not measured"
+    return _side(low, high, bound, "above the byte bound", "within the byte bound",
+                 "at the byte bound within the noise", ties="below")
 
 
 def spreads_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -68,28 +100,14 @@ def rank(options: Iterable[tuple[str, float, float, float]], higher_is_better: b
     """``options`` are (name, median, p10, p90) of a figure; higher is better (tok/s) unless
     ``higher_is_better=False`` (a time). Returns None when no option has a finite median.
     """
-    rows = [(n, m, lo, hi) for n, m, lo, hi in options if _finite(m)]
+    rows = sorted((r for r in options if _finite(r[1])), key=lambda r: r[1], reverse=higher_is_better)
     if not rows:
         return None
-    rows.sort(key=lambda r: r[1], reverse=higher_is_better)
-    name, _, lo, hi = rows[0]
-    spread = (lo, hi) if _finite(lo, hi) else (rows[0][1], rows[0][1])
+    name, median, lo, hi = rows[0]
+    spread = (lo, hi) if _finite(lo, hi) else (median, median)
     tied = [r[0] for r in rows
             if r[0] == name or not _finite(r[2], r[3]) or spreads_overlap(spread, (r[2], r[3]))]
-    runner = rows[1][0] if len(rows) > 1 else None
-    return Ranking(name, len(tied) == 1, tied, runner)
-
-
-def met(low: float, high: float, goal: float) -> str:
-    """A goal against a measured spread: ``met`` (all of it at or above the goal), ``not met``
-    (all of it below) or ``within the noise of the goal``."""
-    if not _finite(low, high, goal):
-        return "not measured"
-    if min(low, high) >= goal:
-        return "met"
-    if max(low, high) < goal:
-        return "not met"
-    return "within the noise of the goal"
+    return Ranking(name, len(tied) == 1, tied, rows[1][0] if len(rows) > 1 else None)
 
 
 def effect(claimed: float, measured: float, neutral: float, *, low: Optional[float] = None,
@@ -110,16 +128,13 @@ def effect(claimed: float, measured: float, neutral: float, *, low: Optional[flo
     if min(low, high) <= neutral <= max(low, high):
         return "no effect beyond the noise"
     want = (claimed > neutral) - (claimed < neutral)
-    got = (measured > neutral) - (measured < neutral)
     if want == 0:
         return "no effect claimed"
-    if got != want:
+    if (measured > neutral) - (measured < neutral) != want:
         return "opposite effect"
 
     def size(v: float) -> float:
-        if neutral == 1.0 and v > 0:
-            return abs(math.log(v))
-        return abs(v - neutral)
+        return abs(math.log(v)) if neutral == 1.0 and v > 0 else abs(v - neutral)
 
     claimed_size, measured_size = size(claimed), size(measured)
     if claimed_size == 0:
@@ -154,34 +169,12 @@ def changed(values: Sequence[float], spreads: Sequence[tuple[float, float]] = ()
         return "not measured"
     first, last = vals[0], vals[-1]
     if spreads and len(spreads) == len(values) and all(_finite(*s) for s in spreads):
-        a, b = spreads[0], spreads[-1]
-        if not spreads_overlap(a, b):
-            return "grows" if last > first else "shrinks"
-        return "no change beyond the noise"
-    if first and abs(last / first - 1) > 0.10:
+        apart = not spreads_overlap(spreads[0], spreads[-1])
+    else:
+        apart = bool(first) and abs(last / first - 1) > 0.10
+    if apart:
         return "grows" if last > first else "shrinks"
     return "no change beyond the noise"
-
-
-def time_ratio_direction(low: float, high: float) -> str:
-    """For a ratio of times (candidate / baseline, > 1 means the candidate takes longer): ``slower``
-    when the whole spread is above 1, ``faster`` when below, else no difference beyond the noise."""
-    return {FASTER: SLOWER, SLOWER: FASTER}.get(direction(low, high), SAME)
-
-
-def byte_bound(low: float, high: float, bound: float) -> str:
-    """A measured speedup (its p10-p90 spread ``low``-``high``) against the most that cutting the
-    bytes read allows (``bound``, e.g. 1 / the weight-bytes ratio of weight-only INT8, chapter 05):
-    ``above the byte bound`` when the whole spread is above it (the gain is not the bytes alone),
-    ``within the byte bound`` when the whole spread is at or below it, else
-    ``at the byte bound within the noise``."""
-    if not _finite(low, high, bound):
-        return "not measured"
-    if min(low, high) > bound:
-        return "above the byte bound"
-    if max(low, high) <= bound:
-        return "within the byte bound"
-    return "at the byte bound within the noise"
 
 
 # --- chapter 06: the ladder's best rung ------------------------------------------------------------

@@ -22,13 +22,23 @@ over recorded runs of a float32 CPU, a bf16 CPU, an NPU and a CUDA GPU:
 from __future__ import annotations
 
 import math
+import operator
 from pathlib import Path
 from typing import Any, Optional
+
+from . import decide
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 WORDS = TEMPLATES  # the phrase tables (words.<lang>.yaml) stay with the package's templates
 LANGUAGES = ("en", "zh")
 AUDIT_OPEN, AUDIT_CLOSE = "\u27e6", "\u27e7"  # ⟦source=text⟧ around each figure in audit mode
+
+
+def _compare(op):
+    """A comparison of a ``Fig``'s value with another ``Fig``'s or with a plain value."""
+    def compare(self, other):
+        return op(self.value, other.value if isinstance(other, Fig) else other)
+    return compare
 
 
 class Fig:
@@ -42,26 +52,11 @@ class Fig:
     def __init__(self, value: Any, source: str, unit: str = ""):
         self.value, self.source, self.unit = value, source, unit or ""
 
-    def _v(self, other):
-        return other.value if isinstance(other, Fig) else other
-
-    def __eq__(self, other):
-        return self.value == self._v(other)
+    __eq__, __lt__, __le__ = _compare(operator.eq), _compare(operator.lt), _compare(operator.le)
+    __gt__, __ge__ = _compare(operator.gt), _compare(operator.ge)
 
     def __hash__(self):
         return hash((self.source, repr(self.value)))
-
-    def __lt__(self, other):
-        return self.value < self._v(other)
-
-    def __le__(self, other):
-        return self.value <= self._v(other)
-
-    def __gt__(self, other):
-        return self.value > self._v(other)
-
-    def __ge__(self, other):
-        return self.value >= self._v(other)
 
     def __bool__(self):
         return bool(self.value) and not (isinstance(self.value, float) and math.isnan(self.value))
@@ -117,6 +112,11 @@ def context_of(results: dict, run: Optional[dict] = None) -> dict:
 
 # --- formatting ------------------------------------------------------------------------------------
 
+def _figure(value: Any) -> Any:
+    """A figure's ``Record`` stands for its ``value``; anything else for itself."""
+    return value.value if isinstance(value, Record) and "value" in value else value
+
+
 def _plain(value: Any) -> Any:
     """The recorded value behind a ``Fig`` or a figure's ``Record`` (its ``value``)."""
     if isinstance(value, Record):
@@ -159,16 +159,14 @@ class Renderer:
 
     def num(self, fig: Any, digits: int = 3) -> str:
         """The value alone: ``{{ m.ttft_ms | num }}`` -> ``12.3``."""
-        fig = fig.value if isinstance(fig, Record) and "value" in fig else fig
+        fig = _figure(fig)
         return self.mark(fig, format_number(_plain(fig), digits))
 
     def fig(self, entry: Any, digits: int = 3) -> str:
         """A recorded figure with its unit: ``{{ m.ttft_ms | fig }}`` -> ``12.3 ms``."""
-        value = entry.value if isinstance(entry, Record) and "value" in entry else entry
-        unit = getattr(value, "unit", "") if isinstance(value, Fig) else ""
-        text = format_number(_plain(value), digits)
-        text = text + UNIT_JOIN.get(unit, f" {unit}")
-        return self.mark(value, text)
+        value = _figure(entry)
+        unit = value.unit if isinstance(value, Fig) else ""
+        return self.mark(value, format_number(_plain(value), digits) + UNIT_JOIN.get(unit, f" {unit}"))
 
     def size(self, value: Any) -> str:
         """A byte count in decimal units (``269 MB``): a change of unit, the figure is the same."""
@@ -218,8 +216,6 @@ def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = 
     """``decide.rank`` over table rows: ``names`` (the best, or every option tied with it, as one
     text) and ``decision`` (a key of the phrase table: ``least time, clear`` / ``least time, tied`` or,
     for ``higher_is_better``, ``most, clear`` / ``most, tied``)."""
-    from . import decide
-
     found = decide.rank([(str(_plain(r[name])), _plain(r[value]), _plain(r.get(low)), _plain(r.get(high)))
                          for r in rows], higher_is_better)
     if found is None:
@@ -232,8 +228,6 @@ def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = 
 def environment(renderer: Renderer, lang: str = "en"):
     """The Jinja2 environment: strict about missing names, filters for figures, ``decide`` as globals."""
     import jinja2
-
-    from . import decide
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
@@ -268,8 +262,6 @@ def environment(renderer: Renderer, lang: str = "en"):
             raise KeyError(f"words.{lang}.yaml has no phrase for the decision {key!r}")
         return table[key]
 
-    env.filters["say"] = say
-
     def label(key: Any, table: str) -> str:
         """A recorded key (a verdict class, a status) in the template's language: the pages' word for
         it (``{{ c.verdict_class | label("common.verdict_classes") }}``, ``helpers.pages``)."""
@@ -277,7 +269,7 @@ def environment(renderer: Renderer, lang: str = "en"):
 
         return pages.say(table, _plain(key), lang)
 
-    env.filters["label"] = label
+    env.filters.update(say=say, label=label)
     env.tests["startswith"] = lambda value, prefix: str(_plain(value)).startswith(prefix)
     return env
 

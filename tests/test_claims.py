@@ -416,8 +416,8 @@ BOTH_WAYS = [
      lambda d: _ladder(d, **{"+ runtime options": {"tokens_per_s": 13.1}}), "contradicted"),
     ("torch_autoload", "x", "", "", "", "image_torch=2.1.0", None, "agrees with sources"),
     ("torch_autoload", "x", "", "", "", "image_torch=2.6.0", None, "disagrees with sources"),
-    ("fp16_spacing", "1e-3", "", "", "", "k=4096", None, "internally inconsistent"),
-    ("fp16_spacing", "1e-3", "", "", "", "k=1", None, "internally consistent"),
+    ("consistency", "1e-3", "", "", "", "k=4096", None, "internally inconsistent"),
+    ("consistency", "1e-3", "", "", "", "k=1", None, "internally consistent"),
 ]
 # Rules whose verdict is data in the table (a documented source, a stated reason), not a check.
 FIXED = {"documented", "unmeasured"}
