@@ -12,11 +12,14 @@ import resource
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+from .versions import installed_version
 
 DEVICE_CHOICES = ("auto", "npu", "cuda", "cpu")
 
@@ -164,14 +167,6 @@ def synchronize(device) -> None:
         module.synchronize()
 
 
-def _cpu_rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _proc_status_bytes(field: str) -> Optional[int]:
     try:
         with open("/proc/self/status") as fh:
@@ -181,6 +176,10 @@ def _proc_status_bytes(field: str) -> Optional[int]:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _cpu_rss_bytes() -> int:
+    return _proc_status_bytes("VmRSS") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _return_freed_heap() -> None:
@@ -212,27 +211,6 @@ def _reset_cpu_high_water_mark() -> bool:
     return hwm is not None and rss is not None and hwm <= rss + 64 * 2**20
 
 
-class _RssSampler:
-    """Where the high-water mark cannot be reset: the RSS sampled every ``interval`` s in a thread."""
-
-    def __init__(self, interval: float = 0.002):
-        import threading
-
-        self.peak = _cpu_rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-        self._thread.start()
-
-    def _run(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            self.peak = max(self.peak, _cpu_rss_bytes())
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return max(self.peak, _cpu_rss_bytes())
-
-
 class MemoryRegion:
     """Memory a region of code adds: its peak minus what was in use when it started.
 
@@ -255,7 +233,13 @@ class MemoryRegion:
         self.module = device_module(self.device)
         self.start_bytes = self.peak_bytes = 0
         self.kind = ""
-        self._sampler: Optional[_RssSampler] = None
+        self._sampler: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+
+    def _sample_rss(self) -> None:
+        """Where the high-water mark cannot be reset: the RSS sampled every 2 ms in a thread."""
+        while not self._stop.wait(0.002):
+            self.peak_bytes = max(self.peak_bytes, _cpu_rss_bytes())
 
     def __enter__(self) -> "MemoryRegion":
         if self.module is not None:
@@ -266,11 +250,12 @@ class MemoryRegion:
             self.kind = "max_memory_allocated during the region, reset at its start"
             return self
         _return_freed_heap()
-        self.start_bytes = _cpu_rss_bytes()
+        self.start_bytes = self.peak_bytes = _cpu_rss_bytes()
         if _reset_cpu_high_water_mark():
             self.kind = "process RSS high-water mark (VmHWM), reset at the region's start"
         else:
-            self._sampler = _RssSampler()
+            self._sampler = threading.Thread(target=self._sample_rss, daemon=True)
+            self._sampler.start()
             self.kind = "process RSS sampled every 2 ms during the region (VmHWM not resettable here)"
         return self
 
@@ -279,7 +264,9 @@ class MemoryRegion:
             synchronize(self.device)
             self.peak_bytes = int(self.module.max_memory_allocated())
         elif self._sampler is not None:
-            self.peak_bytes = self._sampler.stop()
+            self._stop.set()
+            self._sampler.join()
+            self.peak_bytes = max(self.peak_bytes, _cpu_rss_bytes())
         else:
             self.peak_bytes = max(_proc_status_bytes("VmHWM") or 0, _cpu_rss_bytes())
 
@@ -298,19 +285,10 @@ def free_memory(device) -> None:
         module.empty_cache()
 
 
-def _oom_types() -> tuple:
-    # torch.OutOfMemoryError is new in torch 2.5; torch 2.1 only has torch.cuda.OutOfMemoryError.
-    found = [MemoryError]
-    for owner, name in ((torch, "OutOfMemoryError"), (torch.cuda, "OutOfMemoryError")):
-        cls = getattr(owner, name, None)
-        if isinstance(cls, type):
-            found.append(cls)
-    return tuple(found)
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """True for CUDA/NPU/CPU allocation failures (torch_npu raises RuntimeError 'NPU out of memory')."""
-    if isinstance(exc, _oom_types()):
+    # torch.OutOfMemoryError (new in torch 2.5) is torch.cuda.OutOfMemoryError, which torch 2.1 has.
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
         return True
     text = str(exc).lower()
     return ("out of memory" in text or "oom" in re.findall(r"[a-z]+", text)
@@ -403,50 +381,44 @@ def dtype_problem(dtype: torch.dtype) -> Optional[str]:
     return None
 
 
-def _probe_weights(shapes: dict, dtype: torch.dtype, budget: int):
-    """One (layers', out, in) tensor per linear kind, filled (not lazily zero-mapped, which would
-    read one shared page) so that a pass reads every byte; ``layers'`` fits ``budget`` bytes."""
-    size = torch.tensor([], dtype=dtype).element_size()
-    per_layer = sum(shapes[k][0] * shapes[k][1] for k in LAYER_LINEARS) * size
-    head_o, head_i = shapes["lm_head"]
-    head_rows = max(1, min(head_o, budget // 3 // (head_i * size)))
-    used = max(1, min(shapes["layers"], (budget - head_rows * head_i * size) // max(per_layer, 1)))
-    weights = {k: torch.full((used, *shapes[k]), 0.01, dtype=dtype) for k in LAYER_LINEARS}
-    head = torch.full((head_rows, head_i), 0.01, dtype=dtype)
-    return weights, head, used, head_rows
-
-
 class _GemvProbe:
     """One dtype's weights at the model's shapes and the three timed parts of a step; samples from
-    several calls of ``sample`` are pooled, so dtypes timed in turn share the machine's drift."""
+    several calls of ``sample`` are pooled, so dtypes timed in turn share the machine's drift.
+
+    One (layers', out, in) tensor per linear kind, filled (not lazily zero-mapped, which would read
+    one shared page) so that a pass reads every byte; ``layers'`` fits ``budget`` bytes."""
 
     def __init__(self, shapes: dict, dtype: torch.dtype, prefill_tokens: int, budget: int):
-        self.weights, self.head, self.used, head_rows = _probe_weights(shapes, dtype, budget)
+        size = torch.tensor([], dtype=dtype).element_size()
+        per_layer = sum(shapes[k][0] * shapes[k][1] for k in LAYER_LINEARS) * size
+        head_o, head_i = shapes["lm_head"]
+        head_rows = max(1, min(head_o, budget // 3 // (head_i * size)))
+        self.used = max(1, min(shapes["layers"], (budget - head_rows * head_i * size) // max(per_layer, 1)))
+        self.weights = {k: torch.full((self.used, *shapes[k]), 0.01, dtype=dtype) for k in LAYER_LINEARS}
+        self.head = torch.full((head_rows, head_i), 0.01, dtype=dtype)
         self.dtype, self.layers, self.prefill_tokens = dtype, shapes["layers"], prefill_tokens
-        self.head_scale = shapes["lm_head"][0] / head_rows
+        self.head_scale = head_o / head_rows
         self.x1 = {k: torch.full((1, w.shape[2]), 0.5, dtype=dtype) for k, w in self.weights.items()}
         self.xp = {k: torch.full((prefill_tokens, w.shape[2]), 0.5, dtype=dtype) for k, w in self.weights.items()}
-        self.h1 = torch.full((1, self.head.shape[1]), 0.5, dtype=dtype)
+        self.h1 = torch.full((1, head_i), 0.5, dtype=dtype)
         self.samples: dict = {"layers": [], "head": [], "prefill": []}
-        self.nbytes = (sum(w.numel() * w.element_size() for w in self.weights.values()) * self.layers / self.used
-                       + self.head.numel() * self.head.element_size() * self.head_scale)
-
-    def _decode_layers(self):
-        linear = torch.nn.functional.linear
-        for kind, w in self.weights.items():
-            for i in range(self.used):
-                linear(self.x1[kind], w[i])
-
-    def _prefill_layer(self):
-        linear = torch.nn.functional.linear
-        for kind, w in self.weights.items():
-            linear(self.xp[kind], w[0])
+        self.nbytes = per_layer * self.layers + self.head.numel() * size * self.head_scale
 
     def sample(self, min_iters: int, min_seconds: float) -> None:
         from .bench import measure
 
-        parts = {"layers": self._decode_layers, "head": lambda: torch.nn.functional.linear(self.h1, self.head),
-                 "prefill": self._prefill_layer}
+        linear = torch.nn.functional.linear
+
+        def decode_layers():
+            for kind, w in self.weights.items():
+                for i in range(self.used):
+                    linear(self.x1[kind], w[i])
+
+        def prefill_layer():
+            for kind, w in self.weights.items():
+                linear(self.xp[kind], w[0])
+
+        parts = {"layers": decode_layers, "head": lambda: linear(self.h1, self.head), "prefill": prefill_layer}
         with torch.inference_mode():
             for part, fn in parts.items():
                 self.samples[part] += measure(fn, "cpu", name=part, warmup=1, min_iters=min_iters,
@@ -566,9 +538,7 @@ class DtypeChoice:
 
     def record(self) -> dict:
         """The context chapter 00 stores with the ``dtype_choice`` figure (later chapters read it)."""
-        return {"reason": self.reason, "decision": self.decision, "rows": self.rows,
-                "prefill_slower": self.prefill_slower, "shapes_source": self.shapes_source,
-                "cpu_capability": self.cpu_capability, "threads": self.threads, "source": self.source}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dtype"}
 
 
 def cpu_capability() -> str:
@@ -794,12 +764,7 @@ def environment_report(device=None) -> dict:
         "workbook_commit": git_commit(),
         "env": reported_environment(),
     }
-    try:
-        import transformers
-
-        report["transformers"] = transformers.__version__
-    except ImportError:
-        report["transformers"] = None
+    report["transformers"] = installed_version("transformers")
     smi = npu_smi_info() if device.type == "npu" else None
     if smi:
         report["npu_smi_info"] = smi

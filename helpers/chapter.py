@@ -14,8 +14,8 @@ saying what it picked and why. ``ch.summary(block)`` renders a paragraph of the 
 """
 from __future__ import annotations
 
+import ast
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -88,19 +88,11 @@ class Chapter:
         return Markdown(self.render(block, **words))
 
 
-def quiet_known_noise() -> None:
-    """Warnings that carry no information in an executed notebook (tqdm without ipywidgets)."""
-    warnings.filterwarnings("ignore", message="IProgress not found")
-
-
 REPO = Path(__file__).resolve().parent.parent
 
 
 def parameter_names(name: str) -> list[str]:
     """The names a notebook's ``parameters`` cell declares (``notebooks/`` or ``solutions/``)."""
-    import ast
-    import json
-
     for folder in ("notebooks", "solutions"):
         path = REPO / folder / f"{name}.ipynb"
         if path.exists():
@@ -123,29 +115,20 @@ def edition_language(lang: str = "auto") -> str:
     return "zh" if Path.cwd().name == "zh" else "en"
 
 
-def auto_dtype_choice(parameters: dict, device, *, reuse: bool = True):
-    """``backend.choose_dtype`` when the ``dtype`` parameter is ``auto``, else None. ``reuse=False``
-    measures now instead of reading this run's record (chapter 00, which makes that record)."""
-    requested = parameters.get("dtype", "auto")
-    if isinstance(requested, str) and requested.strip().lower() == "auto":
-        return backend.choose_dtype(device, parameters.get("model") or None,
-                                    run_dir=parameters.get("run_dir") or None, reuse=reuse)
-    return None
-
-
 def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any, str, str, Any]:
     """``(dtype, reason, source, choice)`` of a chapter (``choice``: dtype=auto's
     ``backend.DtypeChoice``, None when the parameter set the dtype). ``dtype=auto`` is
     ``backend.choose_dtype``: on a CPU the choice chapter 00 measured and recorded in this run
-    (``run_dir``, else the runner's
-    ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level and thread count, else measured
-    now at the ``model`` parameter's shapes; so every chapter of a run works in the same dtype, the
-    one chapters 05 and 06 get from ``backend.parse_dtype`` too."""
-    picked = auto_dtype_choice(parameters, device, reuse=reuse)
-    if picked is not None:
+    (``run_dir``, else the runner's ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level
+    and thread count, else measured now at the ``model`` parameter's shapes; so every chapter of a
+    run works in the same dtype, the one chapters 05 and 06 get from ``backend.parse_dtype`` too.
+    ``reuse=False`` measures now instead of reading this run's record (chapter 00, which makes it)."""
+    requested = parameters.get("dtype", "auto")
+    if isinstance(requested, str) and requested.strip().lower() == "auto":
+        picked = backend.choose_dtype(device, parameters.get("model") or None,
+                                      run_dir=parameters.get("run_dir") or None, reuse=reuse)
         return picked.dtype, picked.reason, picked.source, picked
-    return backend.parse_dtype(parameters.get("dtype", "auto"), device), "set by the dtype parameter", \
-        "the dtype parameter", None
+    return backend.parse_dtype(requested, device), "set by the dtype parameter", "the dtype parameter", None
 
 
 def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,
@@ -172,7 +155,6 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     results.set("device_choice", {"device": str(choice.device), "reason": choice.reason,
                                   "dtype": backend.dtype_name(dtype), "dtype_reason": dtype_reason,
                                   "dtype_source": dtype_source})
-    quiet_known_noise()
     from .generation import cpu_contention
 
     contention = cpu_contention(choice.device)

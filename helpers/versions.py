@@ -9,6 +9,7 @@ imports neither torch nor transformers (the claims audit reads ``KNOWN_GOOD`` wi
 """
 from __future__ import annotations
 
+import operator
 import re
 from typing import Optional
 
@@ -56,7 +57,7 @@ def check_support_floor(torch_version: Optional[str] = None) -> None:
         )
 
 
-def _installed_version(package: str) -> Optional[str]:
+def installed_version(package: str) -> Optional[str]:
     """The installed distribution's version without importing it (importing transformers is slow)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -69,7 +70,7 @@ def _installed_version(package: str) -> Optional[str]:
 def check_transformers(version: Optional[str] = None) -> Optional[str]:
     """A warning text when transformers is outside the tested range, else None."""
     if version is None:
-        version = _installed_version("transformers")
+        version = installed_version("transformers")
         if version is None:
             return "transformers is not installed; run make setup"
     low, high = TRANSFORMERS_RANGE
@@ -85,7 +86,7 @@ def check_transformers_floor(version: Optional[str] = None) -> None:
     import warnings
 
     if version is None:
-        version = _installed_version("transformers")
+        version = installed_version("transformers")
         if version is None:
             return  # reported by the chapters that need it, with the setup command
     low, _ = TRANSFORMERS_RANGE
@@ -143,17 +144,21 @@ _FEATURES = {  # name -> dotted attribute path under torch
 }
 
 
+def has_attribute(root, dotted: str) -> bool:
+    """Whether ``root`` has the attribute path ``dotted`` (``"nn.functional.rms_norm"``)."""
+    try:
+        operator.attrgetter(dotted)(root)
+    except AttributeError:
+        return False
+    return True
+
+
 def has_feature(name: str) -> bool:
     if name not in _FEATURES:
         raise KeyError(f"unknown feature {name!r}; known: {', '.join(_FEATURES)}")
     import torch
 
-    obj = torch
-    for part in _FEATURES[name].split("."):
-        if not hasattr(obj, part):
-            return False
-        obj = getattr(obj, part)
-    return True
+    return has_attribute(torch, _FEATURES[name])
 
 
 def feature_table() -> dict[str, bool]:
@@ -271,13 +276,9 @@ def cache_of(output):
 
 def dynamic_cache(config):
     """An empty ``DynamicCache`` laid out for ``config`` (4.56+ and 5.x take ``config=``)."""
-    import inspect
-
     from transformers import DynamicCache
 
-    if "config" in inspect.signature(DynamicCache.__init__).parameters:
-        return DynamicCache(config=config)
-    return DynamicCache()
+    return DynamicCache(config=config)
 
 
 def converted_model_folder(name: str, version: Optional[str] = None) -> str:
