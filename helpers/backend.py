@@ -56,13 +56,11 @@ def import_torch_npu(refresh: bool = False) -> NpuImport:
         return _NPU_IMPORT
     try:
         import torch_npu  # noqa: F401  (registers torch.npu)
-    except ModuleNotFoundError as exc:
-        if getattr(exc, "name", None) == "torch_npu":
+    except (ImportError, RuntimeError, OSError) as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "torch_npu":
             _NPU_IMPORT = NpuImport(error="torch_npu is not installed")
         else:
             _NPU_IMPORT = NpuImport(error=f"{type(exc).__name__}: {exc}", hint=AUTOLOAD_HINT)
-    except (ImportError, RuntimeError, OSError) as exc:
-        _NPU_IMPORT = NpuImport(error=f"{type(exc).__name__}: {exc}", hint=AUTOLOAD_HINT)
     else:
         _NPU_IMPORT = NpuImport(module=torch_npu)
     return _NPU_IMPORT
@@ -82,13 +80,8 @@ def cuda_available() -> bool:
 
 
 def available_devices() -> list[str]:
-    found = []
-    if npu_available():
-        found.append("npu")
-    if cuda_available():
-        found.append("cuda")
-    found.append("cpu")
-    return found
+    """The device kinds here, in ``device=auto``'s order of preference."""
+    return [kind for kind, present in (("npu", npu_available), ("cuda", cuda_available)) if present()] + ["cpu"]
 
 
 @dataclass
@@ -167,15 +160,23 @@ def synchronize(device) -> None:
         module.synchronize()
 
 
-def _proc_status_bytes(field: str) -> Optional[int]:
+def _file_field(path, name: str, separator: str = ":") -> Optional[str]:
+    """The value of a text file's first ``name<separator> value`` line (``/proc`` files,
+    CANN's install.info), or None."""
     try:
-        with open("/proc/self/status") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+                key, found, value = line.partition(separator)
+                if found and key.strip() == name:
+                    return value.strip()
+    except OSError:
         pass
     return None
+
+
+def _proc_status_bytes(field: str) -> Optional[int]:
+    value = _file_field("/proc/self/status", field)  # "VmHWM:  123456 kB"
+    return int(value.split()[0]) * 1024 if value else None
 
 
 def _cpu_rss_bytes() -> int:
@@ -478,9 +479,7 @@ def pick_cpu_dtype(rows: list[dict]) -> tuple[str, str]:
     usable = [by[d] for d in ("bfloat16", "float16") if d in by and not by[d].get("problem")]
     if not usable:
         return "float32", "no_16bit_usable"
-    best = usable[0]
-    if len(usable) > 1 and faster_beyond_spread(usable[1], usable[0]):
-        best = usable[1]
+    best = usable[1] if len(usable) > 1 and faster_beyond_spread(usable[1], usable[0]) else usable[0]
     if faster_beyond_spread(best, by["float32"]):
         return best["dtype"], "16bit_faster"
     return "float32", "float32_not_slower"
@@ -613,12 +612,6 @@ def choose_dtype(device, model=None, *, run_dir=None, reuse: bool = True) -> Dty
     return _MEASURED[key]
 
 
-def working_dtype(device, model=None, run_dir=None) -> tuple[torch.dtype, str]:
-    """The dtype a chapter should use on this device, with the reason shown to readers."""
-    choice = choose_dtype(device, model, run_dir=run_dir)
-    return choice.dtype, choice.reason
-
-
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -637,19 +630,16 @@ def parse_dtype(value, device=None, parameter: str = "dtype", *, model=None, run
     else:
         text = str(value).strip().lower()
         if text == "auto":
-            return working_dtype(device or "cpu", model, run_dir)[0]
+            return choose_dtype(device or "cpu", model, run_dir=run_dir).dtype
         if text not in DTYPES:
             raise ValueError(
                 f"{parameter}={value!r} is not valid; choose one of auto, float32, float16, bfloat16."
             )
         dtype = DTYPES[text]
-    if device is not None and dtype == torch.bfloat16:
-        kind = as_device(device).type
-        module = device_module(device)
-        if module is not None and hasattr(module, "is_bf16_supported") and not module.is_bf16_supported():
-            raise ValueError(
-                f"{parameter}=bfloat16 is not supported on this {kind} device; use float16 or float32."
-            )
+    module = device_module(device) if device is not None and dtype == torch.bfloat16 else None
+    if module is not None and hasattr(module, "is_bf16_supported") and not module.is_bf16_supported():
+        raise ValueError(f"{parameter}=bfloat16 is not supported on this {as_device(device).type} device; "
+                         "use float16 or float32.")
     return dtype
 
 
@@ -688,12 +678,9 @@ def cann_version() -> Optional[str]:
              "/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann"]
     for root in filter(None, roots):
         for info in sorted(Path(root).glob("*-linux/ascend_toolkit_install.info")):
-            try:
-                for line in info.read_text().splitlines():
-                    if line.startswith("version="):
-                        return line.split("=", 1)[1].strip()
-            except OSError:
-                continue
+            version = _file_field(info, "version", "=")
+            if version:
+                return version
     return None
 
 
@@ -708,14 +695,7 @@ def npu_smi_info(timeout: float = 10.0) -> Optional[str]:
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _file_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
 
 
 def git_commit(repo: Optional[Path] = None) -> Optional[str]:

@@ -14,7 +14,6 @@ saying what it picked and why. ``ch.summary(block)`` renders a paragraph of the 
 """
 from __future__ import annotations
 
-import ast
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,17 +92,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 def parameter_names(name: str) -> list[str]:
     """The names a notebook's ``parameters`` cell declares (``notebooks/`` or ``solutions/``)."""
+    from .run import declared_parameters
+
     for folder in ("notebooks", "solutions"):
         path = REPO / folder / f"{name}.ipynb"
         if path.exists():
             break
     else:
         raise FileNotFoundError(f"no notebook {name}.ipynb in notebooks/ or solutions/")
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
-    tree = ast.parse("".join(cell["source"]))
-    return [node.target.id if isinstance(node, ast.AnnAssign) else node.targets[0].id
-            for node in tree.body if isinstance(node, (ast.AnnAssign, ast.Assign))]
+    return list(declared_parameters(path))
 
 
 def edition_language(lang: str = "auto") -> str:

@@ -181,6 +181,12 @@ _LINE_FEATURES = [
 ]
 
 
+def _line_row(feature: str, present: Optional[bool], used_for: str, without: str) -> dict:
+    # a missing feature that nothing falls back from is "not used"
+    return {"feature": feature, "present": present, "used for": used_for,
+            "without it": without or ("not used" if present is False else "")}
+
+
 def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device=None) -> dict:
     """The torch_npu line installed and what it lacks: ``torch_npu``, ``line`` (a sentence),
     ``rows`` (``feature``, ``present``, ``used for``, ``without it``) and ``lacks`` (the features
@@ -198,31 +204,30 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
     row = next((r for r in KNOWN_GOOD if r["torch_npu"] == version), None)
     line = f"torch_npu {version}" + (f" (torch {row['torch']}, CANN {row['cann']} in the known-good table)" if row
                                      else " (not in the known-good table)")
-    rows = [{"feature": name, "present": hasattr(torch_npu_module, name.split(".", 1)[1]), "used for": used,
-             "without it": fallback} for name, used, fallback in _LINE_FEATURES]
+    rows = [_line_row(name, hasattr(torch_npu_module, name.split(".", 1)[1]), used, fallback)
+            for name, used, fallback in _LINE_FEATURES]
     torchair = torchair_module
     if torchair is None:
         try:
             import torchair  # noqa: F811  (ships with torch_npu)
         except Exception:  # a torch_npu built without torchair, or one that fails to load it
             torchair = None
-    rows.append({"feature": "torchair", "present": torchair is not None, "used for": "graph mode on the NPU",
-                 "without it": "graph-mode rungs fail with the reason (backend='npu' would run eagerly)"})
-    modes = None
-    takes_options = False
+    rows.append(_line_row("torchair", torchair is not None, "graph mode on the NPU",
+                          "graph-mode rungs fail with the reason (backend='npu' would run eagerly)"))
+    modes, takes_options = None, False
     if torchair is not None:
         config = torchair.CompilerConfig()
         modes = torchair_modes(config)
         takes_options = backend_takes_options(torchair.get_npu_backend(compiler_config=config))
     for mode in NPU_GRAPH_MODES:
         present = torchair is not None and (mode in (modes or ()) or (mode == "max-autotune" and not modes))
-        rows.append({"feature": f"torchair mode {mode}", "present": present,
-                     "used for": "npu_graph_mode=" + mode + (" (the whole graph to GE)" if mode == "max-autotune"
-                                                             else " (aclgraph)"),
-                     "without it": "" if present else f"an error naming what it needs: {TORCHAIR_MODE_SINCE.get(mode, 'torchair')}"})
-    rows.append({"feature": "torchair backend options", "present": takes_options,
-                 "used for": "torch.compile(options=...) to torchair (from torchair 7.3.0)",
-                 "without it": "none are passed; the workbook passes only guard_filter_fn, which torch takes"})
+        scope = " (the whole graph to GE)" if mode == "max-autotune" else " (aclgraph)"
+        needs = f"an error naming what it needs: {TORCHAIR_MODE_SINCE.get(mode, 'torchair')}"
+        rows.append(_line_row(f"torchair mode {mode}", present, f"npu_graph_mode={mode}{scope}",
+                              "" if present else needs))
+    rows.append(_line_row("torchair backend options", takes_options,
+                          "torch.compile(options=...) to torchair (from torchair 7.3.0)",
+                          "none are passed; the workbook passes only guard_filter_fn, which torch takes"))
     for name in ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu"):
         if not hasattr(torch_npu_module, name) or torchair is None:
             continue
@@ -230,13 +235,10 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
         if ge_probe_device is not None:
             backend_fn = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
             present = ge_probe(name, backend_fn, ge_probe_device, torch.float16) is None
-        rows.append({"feature": f"GE converter for torch_npu.{name}", "present": present,
-                     "used for": f"{name} inside a GE graph (graph mode after the fused-operators rung)",
-                     "without it": "not probed: needs an NPU" if present is None else
-                                   "" if present else "the reference runs inside GE graphs (ops.ge_fallbacks)"})
-    for r in rows:
-        if r["present"] is False and not r["without it"]:
-            r["without it"] = "not used"
+        rows.append(_line_row(f"GE converter for torch_npu.{name}", present,
+                              f"{name} inside a GE graph (graph mode after the fused-operators rung)",
+                              "not probed: needs an NPU" if present is None else
+                              "" if present else "the reference runs inside GE graphs (ops.ge_fallbacks)"))
     return {"torch_npu": version, "line": line, "rows": rows,
             "lacks": [r["feature"] for r in rows if r["present"] is False]}
 

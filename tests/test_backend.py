@@ -208,9 +208,9 @@ def test_parse_dtype(text, dtype):
     assert backend.parse_dtype(text, "cpu") == dtype
 
 
-def test_parse_dtype_auto_on_cpu_matches_working_dtype(monkeypatch):
+def test_parse_dtype_auto_on_cpu_matches_choose_dtype(monkeypatch):
     monkeypatch.delenv(backend.RUN_DIR_ENV, raising=False)
-    assert backend.parse_dtype("auto", "cpu") == backend.working_dtype("cpu")[0]
+    assert backend.parse_dtype("auto", "cpu") == backend.choose_dtype("cpu").dtype
 
 
 def test_unknown_dtype_names_the_parameter_and_choices():
