@@ -542,10 +542,7 @@ class DtypeChoice:
 
 def cpu_capability() -> str:
     """ATen's CPU kernel level here (``AVX512``, ``AVX2``, ...; ``ATEN_CPU_CAPABILITY`` lowers it)."""
-    try:
-        return str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # noqa: BLE001  (older torch has no such query)
-        return "unknown"
+    return str(torch.backends.cpu.get_cpu_capability())  # from torch 2.1, the support floor
 
 
 _MEASURED: dict = {}

@@ -8,8 +8,8 @@ It checks every parameter by its name (``helpers.params.CHECKS``, so the same na
 rule in every chapter) before any heavy work, picks the device (``backend.pick_device``) and the
 working dtype with the reason (``dtype=auto``: chapter 00's measured choice of this run, see
 ``resolve_dtype``), opens the chapter's ``results.json`` with the parameters and the
-environment, quiets the known noise of executed notebooks, notes CPU contention, and shows one line
-saying what it picked and why. ``ch.summary(block)`` renders a paragraph of the chapter's template
+environment, notes CPU contention, and shows one line saying what it picked and why (``import
+helpers`` has already quieted the known noise of executed notebooks). ``ch.summary(block)`` renders a paragraph of the chapter's template
 (``helpers.prose``) from what the chapter recorded.
 """
 from __future__ import annotations
@@ -107,9 +107,7 @@ def edition_language(lang: str = "auto") -> str:
     """``en`` or ``zh``: ``auto`` is the edition the notebook belongs to. A kernel runs in its
     notebook's folder (JupyterLab and the runner both start it there), and the Chinese edition is
     ``notebooks/zh`` / ``solutions/zh``, so the folder's name says which edition this is."""
-    if lang != "auto":
-        return lang
-    return "zh" if Path.cwd().name == "zh" else "en"
+    return ("zh" if Path.cwd().name == "zh" else "en") if lang == "auto" else lang
 
 
 def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any, str, str, Any]:
@@ -144,9 +142,8 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     # chapter 00 measures dtype=auto afresh (it writes the record the other chapters read)
     dtype, dtype_reason, dtype_source, picked = resolve_dtype(parameters, choice.device,
                                                               reuse=name != DTYPE_CHAPTER)
-    kept = {k: v for k, v in parameters.items() if k not in RUNNER_PARAMETERS}
-    kept["lang"] = lang
-    kept["profile"] = parameters.get("profile", "interactive")
+    kept = {**{k: v for k, v in parameters.items() if k not in RUNNER_PARAMETERS}, "lang": lang,
+            "profile": parameters.get("profile", "interactive")}
     results = Results(name, parameters.get("run_dir") or None, parameters=kept,
                       environment=backend.environment_report(choice.device))
     results.set("device_choice", {"device": str(choice.device), "reason": choice.reason,

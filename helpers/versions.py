@@ -42,16 +42,19 @@ def version_tuple(version: str) -> tuple[int, int, int]:
     return tuple((numbers + [0, 0, 0])[:3])  # type: ignore[return-value]
 
 
+def _dotted(numbers) -> str:
+    return ".".join(map(str, numbers))
+
+
 def check_support_floor(torch_version: Optional[str] = None) -> None:
     """Raise ImportError with advice when torch is older than the floor."""
     if torch_version is None:
         import torch
 
         torch_version = torch.__version__
-    version = torch_version
-    if version_tuple(version) < MIN_TORCH:
+    if version_tuple(torch_version) < MIN_TORCH:
         raise ImportError(
-            f"ascend-llama-workbook needs torch >= {'.'.join(map(str, MIN_TORCH))}, found {version}. "
+            f"ascend-llama-workbook needs torch >= {_dotted(MIN_TORCH)}, found {torch_version}. "
             "On Ascend, pick a CANN image with torch >= 2.1 and its paired torch_npu "
             "(e.g. torch 2.1.0 + torch_npu 2.1.0.post10 + CANN 8.0)."
         )
@@ -75,8 +78,7 @@ def check_transformers(version: Optional[str] = None) -> Optional[str]:
             return "transformers is not installed; run make setup"
     low, high = TRANSFORMERS_RANGE
     if not (low <= version_tuple(version) < high):
-        return (f"transformers {version} is outside the tested range "
-                f"[{'.'.join(map(str, low))}, {'.'.join(map(str, high))}); "
+        return (f"transformers {version} is outside the tested range [{_dotted(low)}, {_dotted(high)}); "
                 "run make setup to install the pinned version")
     return None
 
@@ -92,7 +94,7 @@ def check_transformers_floor(version: Optional[str] = None) -> None:
     low, _ = TRANSFORMERS_RANGE
     if version_tuple(version) < low:
         raise ImportError(
-            f"ascend-llama-workbook needs transformers >= {'.'.join(map(str, low))} (the notebooks "
+            f"ascend-llama-workbook needs transformers >= {_dotted(low)} (the notebooks "
             f"pass dtype= and build caches from a config), found {version}. Run make setup, which "
             "picks requirements-common.txt (transformers 5.x) or requirements-legacy.txt (4.57.x)."
         )
@@ -108,10 +110,10 @@ def pairing_check(torch_version: str, torch_npu_version: Optional[str],
         return {"ok": None, "verdict": "torch_npu not installed: nothing to pair", "advice": ""}
     t, n = version_tuple(torch_version), version_tuple(torch_npu_version)
     if t != n:
-        want = ".".join(map(str, n))
+        want = _dotted(n)
         known = [r["torch_npu"] for r in KNOWN_GOOD if version_tuple(r["torch"]) == t]
-        other = (f"torch_npu {known[-1]} (known-good for torch {'.'.join(map(str, t))})" if known
-                 else f"a torch_npu {'.'.join(map(str, t))}.x build")
+        other = (f"torch_npu {known[-1]} (known-good for torch {_dotted(t)})" if known
+                 else f"a torch_npu {_dotted(t)}.x build")
         return {
             "ok": False,
             "verdict": f"torch {torch_version} does not pair with torch_npu {torch_npu_version}",
