@@ -104,21 +104,18 @@ def pick_device(requested: str = "auto") -> DeviceChoice:
             "(optionally with an index, e.g. 'npu:1')."
         )
     found = available_devices()
+    if kind == "auto" and found[0] != "cpu":
+        return DeviceChoice(torch.device(found[0]), requested, f"auto: {found[0]} is available")
     if kind == "auto":
-        kind = found[0]
-        if kind == "cpu":
-            npu = import_torch_npu()
-            why = "no NPU or CUDA device found"
-            if npu.error and npu.error != "torch_npu is not installed":
-                why += f" (torch_npu failed to load: {npu.error})"
-            from . import AUTOLOAD_DISABLED_REASON
+        from . import AUTOLOAD_DISABLED_REASON
 
-            if AUTOLOAD_DISABLED_REASON:
-                why += f"; {AUTOLOAD_DISABLED_REASON}"
-            reason = f"auto: {why}; running on the CPU"
-        else:
-            reason = f"auto: {kind} is available"
-        return DeviceChoice(torch.device(kind), requested, reason)
+        npu = import_torch_npu()
+        why = "no NPU or CUDA device found"
+        if npu.error and npu.error != "torch_npu is not installed":
+            why += f" (torch_npu failed to load: {npu.error})"
+        if AUTOLOAD_DISABLED_REASON:
+            why += f"; {AUTOLOAD_DISABLED_REASON}"
+        return DeviceChoice(torch.device("cpu"), requested, f"auto: {why}; running on the CPU")
     if kind not in found:
         detail = ""
         if kind == "npu":
@@ -383,11 +380,16 @@ def dtype_problem(dtype: torch.dtype) -> Optional[str]:
 
 
 class _GemvProbe:
-    """One dtype's weights at the model's shapes and the three timed parts of a step; samples from
-    several calls of ``sample`` are pooled, so dtypes timed in turn share the machine's drift.
+    """The linears of one batch-1 decode step and of one prefill, at the model's shapes, in one
+    dtype; samples from several calls of ``sample`` are pooled, so dtypes timed in turn share the
+    machine's drift. ``row`` gives medians and p10/p90 in ms of the whole step.
 
-    One (layers', out, in) tensor per linear kind, filled (not lazily zero-mapped, which would read
-    one shared page) so that a pass reads every byte; ``layers'`` fits ``budget`` bytes."""
+    Decode: a (1, in) activation through every layer's weights of each kind, then the lm_head
+    (timed on the layers that fit ``budget`` and scaled to all layers). Prefill: one layer's
+    weights at (``prefill_tokens``, in) times the number of layers, plus the lm_head for the last
+    token (generate keeps only its logits). One (layers', out, in) tensor per linear kind, filled
+    (not lazily zero-mapped, which would read one shared page) so that a pass reads every byte;
+    ``layers'`` fits ``budget`` bytes."""
 
     def __init__(self, shapes: dict, dtype: torch.dtype, prefill_tokens: int, budget: int):
         size = torch.tensor([], dtype=dtype).element_size()
@@ -445,27 +447,13 @@ class _GemvProbe:
                 "samples": len(self.samples["layers"])}
 
 
-def time_cpu_gemvs(shapes: dict, dtype: torch.dtype, *, prefill_tokens: int = PROBE_PREFILL_TOKENS,
-                   budget: int = PROBE_BYTES, min_iters: int = 5, min_seconds: float = 0.1) -> dict:
-    """The linears of one batch-1 decode step and of one prefill, at the model's shapes, in ``dtype``.
-
-    Decode: a (1, in) activation through every layer's weights of each kind, then the lm_head
-    (timed on the layers that fit ``budget`` and scaled to all layers). Prefill: one layer's
-    weights at (``prefill_tokens``, in) times the number of layers, plus the lm_head for the last
-    token (generate keeps only its logits). Returns medians and p10/p90 in ms of the whole step.
-    """
-    probe = _GemvProbe(shapes, dtype, prefill_tokens, budget)
-    probe.sample(min_iters, min_seconds)
-    return probe.row()
-
-
 def faster_beyond_spread(candidate: dict, baseline: dict, phase: str = "decode") -> bool:
     """Whether ``candidate``'s whole p10-p90 spread of ``phase`` lies below ``baseline``'s."""
     return candidate[f"{phase}_p90_ms"] < baseline[f"{phase}_p10_ms"]
 
 
 def pick_cpu_dtype(rows: list[dict]) -> tuple[str, str]:
-    """The decision from the probe rows (``time_cpu_gemvs`` rows; a row with ``problem`` set is a
+    """The decision from the probe rows (``measure_cpu_dtype``'s rows; a row with ``problem`` set is a
     dtype that does not run correctly here): ``(dtype name, decision)``.
 
     float32 unless a usable 16-bit dtype decodes faster beyond both spreads (16 bits cost

@@ -301,7 +301,8 @@ def test_a_model_too_big_for_the_budget_is_timed_on_a_subset_of_its_layers():
     widths = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
               "vocab_size": 1024, "num_hidden_layers": 40}
     shapes = backend.linear_shapes(widths)
-    row = backend.time_cpu_gemvs(shapes, torch.float32, budget=8 * 2**20, min_iters=2, min_seconds=0.0)
+    choice = backend.measure_cpu_dtype(widths, budget=8 * 2**20, rounds=1, min_iters=2, min_seconds=0.0)
+    row = next(r for r in choice.rows if r["dtype"] == "float32")
     assert 1 <= row["timed_layers"] < 40 and row["layers"] == 40
     per_layer = sum(shapes[k][0] * shapes[k][1] for k in backend.LAYER_LINEARS) * 4
     expected = per_layer * 40 + 1024 * 256 * 4  # every layer and the lm_head, scaled from the subset
