@@ -49,8 +49,11 @@ def _torch_npu_autoload_registered():
     try:
         from importlib.metadata import entry_points
 
+        groups = entry_points()  # Python 3.9 returns a dict of groups; select() arrived in 3.10
+        found = (groups.select(group="torch.backends") if hasattr(groups, "select")
+                 else groups.get("torch.backends", []))
         return any(ep.name == "torch_npu" or ep.value.split(":")[0].split(".")[0] == "torch_npu"
-                   for ep in entry_points(group="torch.backends"))
+                   for ep in found)
     except Exception:
         return False
 

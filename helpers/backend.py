@@ -81,7 +81,8 @@ def cuda_available() -> bool:
 
 def available_devices() -> list[str]:
     """The device kinds here, in ``device=auto``'s order of preference."""
-    return [kind for kind, present in (("npu", npu_available), ("cuda", cuda_available)) if present()] + ["cpu"]
+    accelerators = (("npu", npu_available), ("cuda", cuda_available))
+    return [kind for kind, present in accelerators if present()] + ["cpu"]
 
 
 @dataclass
@@ -232,7 +233,6 @@ class MemoryRegion:
         self.start_bytes = self.peak_bytes = 0
         self.kind = ""
         self._sampler: Optional[threading.Thread] = None
-        self._stop = threading.Event()
 
     def _sample_rss(self) -> None:
         """Where the high-water mark cannot be reset: the RSS sampled every 2 ms in a thread."""
@@ -252,6 +252,7 @@ class MemoryRegion:
         if _reset_cpu_high_water_mark():
             self.kind = "process RSS high-water mark (VmHWM), reset at the region's start"
         else:
+            self._stop = threading.Event()
             self._sampler = threading.Thread(target=self._sample_rss, daemon=True)
             self._sampler.start()
             self.kind = "process RSS sampled every 2 ms during the region (VmHWM not resettable here)"
@@ -396,8 +397,9 @@ class _GemvProbe:
         per_layer = sum(shapes[k][0] * shapes[k][1] for k in LAYER_LINEARS) * size
         head_o, head_i = shapes["lm_head"]
         head_rows = max(1, min(head_o, budget // 3 // (head_i * size)))
-        self.used = max(1, min(shapes["layers"], (budget - head_rows * head_i * size) // max(per_layer, 1)))
-        self.weights = {k: torch.full((self.used, *shapes[k]), 0.01, dtype=dtype) for k in LAYER_LINEARS}
+        fit = (budget - head_rows * head_i * size) // max(per_layer, 1)
+        self.used = used = max(1, min(shapes["layers"], fit))
+        self.weights = {k: torch.full((used, *shapes[k]), 0.01, dtype=dtype) for k in LAYER_LINEARS}
         self.head = torch.full((head_rows, head_i), 0.01, dtype=dtype)
         self.dtype, self.layers, self.prefill_tokens = dtype, shapes["layers"], prefill_tokens
         self.head_scale = head_o / head_rows
@@ -421,7 +423,8 @@ class _GemvProbe:
             for kind, w in self.weights.items():
                 linear(self.xp[kind], w[0])
 
-        parts = {"layers": decode_layers, "head": lambda: linear(self.h1, self.head), "prefill": prefill_layer}
+        parts = {"layers": decode_layers, "head": lambda: linear(self.h1, self.head),
+                 "prefill": prefill_layer}
         with torch.inference_mode():
             for part, fn in parts.items():
                 self.samples[part] += measure(fn, "cpu", name=part, warmup=1, min_iters=min_iters,
@@ -453,8 +456,8 @@ def faster_beyond_spread(candidate: dict, baseline: dict, phase: str = "decode")
 
 
 def pick_cpu_dtype(rows: list[dict]) -> tuple[str, str]:
-    """The decision from the probe rows (``measure_cpu_dtype``'s rows; a row with ``problem`` set is a
-    dtype that does not run correctly here): ``(dtype name, decision)``.
+    """The decision from ``measure_cpu_dtype``'s probe rows (a row with ``problem`` set is a dtype
+    that does not run correctly here): ``(dtype name, decision)``.
 
     float32 unless a usable 16-bit dtype decodes faster beyond both spreads (16 bits cost
     precision, so they have to pay for it); bfloat16 before float16 (float32's range, so no
@@ -467,7 +470,9 @@ def pick_cpu_dtype(rows: list[dict]) -> tuple[str, str]:
     usable = [by[d] for d in ("bfloat16", "float16") if d in by and not by[d].get("problem")]
     if not usable:
         return "float32", "no_16bit_usable"
-    best = usable[1] if len(usable) > 1 and faster_beyond_spread(usable[1], usable[0]) else usable[0]
+    best = usable[0]
+    if len(usable) > 1 and faster_beyond_spread(usable[1], usable[0]):
+        best = usable[1]
     if faster_beyond_spread(best, by["float32"]):
         return best["dtype"], "16bit_faster"
     return "float32", "float32_not_slower"
@@ -622,9 +627,9 @@ def parse_dtype(value, device=None, parameter: str = "dtype", *, model=None, run
             )
         dtype = DTYPES[text]
     module = device_module(device) if device is not None and dtype == torch.bfloat16 else None
-    if module is not None and hasattr(module, "is_bf16_supported") and not module.is_bf16_supported():
-        raise ValueError(f"{parameter}=bfloat16 is not supported on this {as_device(device).type} device; "
-                         "use float16 or float32.")
+    if module is not None and not getattr(module, "is_bf16_supported", lambda: True)():
+        raise ValueError(f"{parameter}=bfloat16 is not supported on this {as_device(device).type} "
+                         "device; use float16 or float32.")
     return dtype
 
 
@@ -766,17 +771,13 @@ def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
     saw. A row with a ``problem`` (a dtype that does not run correctly here) keeps it and no times."""
     import pandas as pd
 
-    by = {r["dtype"]: r for r in rows}
-    base = by.get(baseline)
-    out = []
-    for r in rows:
-        row = {k: r.get(k) for k in ("dtype", "decode_ms", "decode_p10_ms", "decode_p90_ms", "decode_gbps",
-                                     "prefill_ms", "prefill_p10_ms", "prefill_p90_ms", "prefill_tokens",
-                                     "problem")}
-        if base is not None and not r.get("problem") and "decode_ms" in r:
-            for phase in ("decode", "prefill"):
-                row[f"{phase}_time_ratio"] = r[f"{phase}_ms"] / base[f"{phase}_ms"]
-                row[f"{phase}_ratio_low"] = r[f"{phase}_p10_ms"] / base[f"{phase}_p90_ms"]
-                row[f"{phase}_ratio_high"] = r[f"{phase}_p90_ms"] / base[f"{phase}_p10_ms"]
-        out.append(row)
-    return pd.DataFrame(out)
+    columns = ["dtype", "decode_ms", "decode_p10_ms", "decode_p90_ms", "decode_gbps", "prefill_ms",
+               "prefill_p10_ms", "prefill_p90_ms", "prefill_tokens", "problem"]
+    table = pd.DataFrame(rows, columns=columns)  # a row without times (a problem) gets NaN ratios
+    base = next((r for r in rows if r["dtype"] == baseline), None)
+    if base is not None:
+        for phase in ("decode", "prefill"):
+            table[f"{phase}_time_ratio"] = table[f"{phase}_ms"] / base[f"{phase}_ms"]
+            table[f"{phase}_ratio_low"] = table[f"{phase}_p10_ms"] / base[f"{phase}_p90_ms"]
+            table[f"{phase}_ratio_high"] = table[f"{phase}_p90_ms"] / base[f"{phase}_p10_ms"]
+    return table

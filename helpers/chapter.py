@@ -9,8 +9,8 @@ rule in every chapter) before any heavy work, picks the device (``backend.pick_d
 working dtype with the reason (``dtype=auto``: chapter 00's measured choice of this run, see
 ``resolve_dtype``), opens the chapter's ``results.json`` with the parameters and the
 environment, notes CPU contention, and shows one line saying what it picked and why (``import
-helpers`` has already quieted the known noise of executed notebooks). ``ch.summary(block)`` renders a paragraph of the chapter's template
-(``helpers.prose``) from what the chapter recorded.
+helpers`` has already quieted the known noise of executed notebooks). ``ch.summary(block)``
+renders a paragraph of the chapter's template (``helpers.prose``) from what the chapter recorded.
 """
 from __future__ import annotations
 
@@ -117,13 +117,15 @@ def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any,
     (``run_dir``, else the runner's ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level
     and thread count, else measured now at the ``model`` parameter's shapes; so every chapter of a
     run works in the same dtype, the one chapters 05 and 06 get from ``backend.parse_dtype`` too.
-    ``reuse=False`` measures now instead of reading this run's record (chapter 00, which makes it)."""
+    ``reuse=False`` measures now instead of reading this run's record (chapter 00, which makes
+    it)."""
     requested = parameters.get("dtype", "auto")
     if isinstance(requested, str) and requested.strip().lower() == "auto":
         picked = backend.choose_dtype(device, parameters.get("model") or None,
                                       run_dir=parameters.get("run_dir") or None, reuse=reuse)
         return picked.dtype, picked.reason, picked.source, picked
-    return backend.parse_dtype(requested, device), "set by the dtype parameter", "the dtype parameter", None
+    dtype = backend.parse_dtype(requested, device)
+    return dtype, "set by the dtype parameter", "the dtype parameter", None
 
 
 def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,

@@ -44,14 +44,16 @@ def api_check(torch_npu_module=None) -> list[dict]:
 
     from .versions import has_attribute
 
-    roots = {"torch_npu": torch_npu_module, "torch": sys.modules.get("torch")}  # torch is loaded with torch_npu
+    # torch is loaded whenever a torch_npu module is passed in
+    roots = {"torch_npu": torch_npu_module, "torch": sys.modules.get("torch")}
     rows = []
     for claim in API_CLAIMS:
         name = claim["guide_name"]
         # only torch_npu's and torch.npu's names can be checked on this machine
         checkable = torch_npu_module is not None and name.startswith(("torch_npu.", "torch.npu."))
         root, _, rest = name.partition(".")
-        rows.append({**claim, "exists_here": has_attribute(roots[root], rest) if checkable else None})
+        exists = has_attribute(roots[root], rest) if checkable else None
+        rows.append({**claim, "exists_here": exists})
     return rows
 
 

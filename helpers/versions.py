@@ -78,8 +78,8 @@ def check_transformers(version: Optional[str] = None) -> Optional[str]:
             return "transformers is not installed; run make setup"
     low, high = TRANSFORMERS_RANGE
     if not (low <= version_tuple(version) < high):
-        return (f"transformers {version} is outside the tested range [{_dotted(low)}, {_dotted(high)}); "
-                "run make setup to install the pinned version")
+        return (f"transformers {version} is outside the tested range "
+                f"[{_dotted(low)}, {_dotted(high)}); run make setup to install the pinned version")
     return None
 
 
@@ -214,8 +214,9 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
             import torchair  # noqa: F811  (ships with torch_npu)
         except Exception:  # a torch_npu built without torchair, or one that fails to load it
             torchair = None
-    rows.append(_line_row("torchair", torchair is not None, "graph mode on the NPU",
-                          "graph-mode rungs fail with the reason (backend='npu' would run eagerly)"))
+    rows.append(_line_row(
+        "torchair", torchair is not None, "graph mode on the NPU",
+        "graph-mode rungs fail with the reason (backend='npu' would run eagerly)"))
     modes, takes_options = None, False
     if torchair is not None:
         config = torchair.CompilerConfig()
@@ -227,9 +228,10 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
         needs = f"an error naming what it needs: {TORCHAIR_MODE_SINCE.get(mode, 'torchair')}"
         rows.append(_line_row(f"torchair mode {mode}", present, f"npu_graph_mode={mode}{scope}",
                               "" if present else needs))
-    rows.append(_line_row("torchair backend options", takes_options,
-                          "torch.compile(options=...) to torchair (from torchair 7.3.0)",
-                          "none are passed; the workbook passes only guard_filter_fn, which torch takes"))
+    rows.append(_line_row(
+        "torchair backend options", takes_options,
+        "torch.compile(options=...) to torchair (from torchair 7.3.0)",
+        "none are passed; the workbook passes only guard_filter_fn, which torch takes"))
     for name in ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu"):
         if not hasattr(torch_npu_module, name) or torchair is None:
             continue
@@ -237,10 +239,11 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
         if ge_probe_device is not None:
             backend_fn = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
             present = ge_probe(name, backend_fn, ge_probe_device, torch.float16) is None
-        rows.append(_line_row(f"GE converter for torch_npu.{name}", present,
-                              f"{name} inside a GE graph (graph mode after the fused-operators rung)",
-                              "not probed: needs an NPU" if present is None else
-                              "" if present else "the reference runs inside GE graphs (ops.ge_fallbacks)"))
+        without = ("not probed: needs an NPU" if present is None else
+                   "" if present else "the reference runs inside GE graphs (ops.ge_fallbacks)")
+        rows.append(_line_row(
+            f"GE converter for torch_npu.{name}", present,
+            f"{name} inside a GE graph (graph mode after the fused-operators rung)", without))
     return {"torch_npu": version, "line": line, "rows": rows,
             "lacks": [r["feature"] for r in rows if r["present"] is False]}
 
