@@ -7,11 +7,12 @@ progress bars, no torchao .so noise).
 This file must stay parseable by Python 3.8 (the guide's image), so that an old interpreter gets
 the message below instead of a SyntaxError: no f-strings with '=', no walrus, no match, no PEP 604.
 """
+import logging
 import os
 import sys
+import warnings
 
-MIN_PYTHON = (3, 9)
-MIN_TORCH = (2, 1, 0)
+MIN_PYTHON = (3, 9)  # the torch floor is versions.MIN_TORCH, checked once torch is imported
 
 if sys.version_info < MIN_PYTHON:
     raise ImportError(
@@ -48,8 +49,11 @@ def _torch_npu_autoload_registered():
     try:
         from importlib.metadata import entry_points
 
+        groups = entry_points()  # Python 3.9 returns a dict of groups; select() arrived in 3.10
+        found = (groups.select(group="torch.backends") if hasattr(groups, "select")
+                 else groups.get("torch.backends", []))
         return any(ep.name == "torch_npu" or ep.value.split(":")[0].split(".")[0] == "torch_npu"
-                   for ep in entry_points(group="torch.backends"))
+                   for ep in found)
     except Exception:
         return False
 
@@ -102,16 +106,12 @@ def _import_torch_and_check_floors() -> None:
     check_transformers_floor()
 
 
-import logging  # noqa: E402
+# tqdm.auto warns once per kernel that ipywidgets is missing; notebooks show no progress bars anyway.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 # transformers imports torchao during from_pretrained; on CPU torchao logs that its CUDA-only
 # extensions do not load, and torch logs a pytree deprecation for torchao's enums. Neither
 # teaches anything, so keep them out of executed notebooks.
-import warnings  # noqa: E402
-
-# tqdm.auto warns once per kernel that ipywidgets is missing; notebooks show no progress bars anyway.
-warnings.filterwarnings("ignore", message="IProgress not found")
-
 for _logger in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_logger).setLevel(logging.ERROR)
 

@@ -12,11 +12,14 @@ import resource
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+from .versions import installed_version
 
 DEVICE_CHOICES = ("auto", "npu", "cuda", "cpu")
 
@@ -53,13 +56,11 @@ def import_torch_npu(refresh: bool = False) -> NpuImport:
         return _NPU_IMPORT
     try:
         import torch_npu  # noqa: F401  (registers torch.npu)
-    except ModuleNotFoundError as exc:
-        if getattr(exc, "name", None) == "torch_npu":
+    except (ImportError, RuntimeError, OSError) as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "torch_npu":
             _NPU_IMPORT = NpuImport(error="torch_npu is not installed")
         else:
             _NPU_IMPORT = NpuImport(error=f"{type(exc).__name__}: {exc}", hint=AUTOLOAD_HINT)
-    except (ImportError, RuntimeError, OSError) as exc:
-        _NPU_IMPORT = NpuImport(error=f"{type(exc).__name__}: {exc}", hint=AUTOLOAD_HINT)
     else:
         _NPU_IMPORT = NpuImport(module=torch_npu)
     return _NPU_IMPORT
@@ -79,13 +80,9 @@ def cuda_available() -> bool:
 
 
 def available_devices() -> list[str]:
-    found = []
-    if npu_available():
-        found.append("npu")
-    if cuda_available():
-        found.append("cuda")
-    found.append("cpu")
-    return found
+    """The device kinds here, in ``device=auto``'s order of preference."""
+    accelerators = (("npu", npu_available), ("cuda", cuda_available))
+    return [kind for kind, present in accelerators if present()] + ["cpu"]
 
 
 @dataclass
@@ -108,21 +105,18 @@ def pick_device(requested: str = "auto") -> DeviceChoice:
             "(optionally with an index, e.g. 'npu:1')."
         )
     found = available_devices()
+    if kind == "auto" and found[0] != "cpu":
+        return DeviceChoice(torch.device(found[0]), requested, f"auto: {found[0]} is available")
     if kind == "auto":
-        kind = found[0]
-        if kind == "cpu":
-            npu = import_torch_npu()
-            why = "no NPU or CUDA device found"
-            if npu.error and npu.error != "torch_npu is not installed":
-                why += f" (torch_npu failed to load: {npu.error})"
-            from . import AUTOLOAD_DISABLED_REASON
+        from . import AUTOLOAD_DISABLED_REASON
 
-            if AUTOLOAD_DISABLED_REASON:
-                why += f"; {AUTOLOAD_DISABLED_REASON}"
-            reason = f"auto: {why}; running on the CPU"
-        else:
-            reason = f"auto: {kind} is available"
-        return DeviceChoice(torch.device(kind), requested, reason)
+        npu = import_torch_npu()
+        why = "no NPU or CUDA device found"
+        if npu.error and npu.error != "torch_npu is not installed":
+            why += f" (torch_npu failed to load: {npu.error})"
+        if AUTOLOAD_DISABLED_REASON:
+            why += f"; {AUTOLOAD_DISABLED_REASON}"
+        return DeviceChoice(torch.device("cpu"), requested, f"auto: {why}; running on the CPU")
     if kind not in found:
         detail = ""
         if kind == "npu":
@@ -164,23 +158,27 @@ def synchronize(device) -> None:
         module.synchronize()
 
 
-def _cpu_rss_bytes() -> int:
+def _file_field(path, name: str, separator: str = ":") -> Optional[str]:
+    """The value of a text file's first ``name<separator> value`` line (``/proc`` files,
+    CANN's install.info), or None."""
     try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open(path) as fh:
+            for line in fh:
+                key, found, value = line.partition(separator)
+                if found and key.strip() == name:
+                    return value.strip()
     except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        pass
+    return None
 
 
 def _proc_status_bytes(field: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    value = _file_field("/proc/self/status", field)  # "VmHWM:  123456 kB"
+    return int(value.split()[0]) * 1024 if value else None
+
+
+def _cpu_rss_bytes() -> int:
+    return _proc_status_bytes("VmRSS") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _return_freed_heap() -> None:
@@ -212,27 +210,6 @@ def _reset_cpu_high_water_mark() -> bool:
     return hwm is not None and rss is not None and hwm <= rss + 64 * 2**20
 
 
-class _RssSampler:
-    """Where the high-water mark cannot be reset: the RSS sampled every ``interval`` s in a thread."""
-
-    def __init__(self, interval: float = 0.002):
-        import threading
-
-        self.peak = _cpu_rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-        self._thread.start()
-
-    def _run(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            self.peak = max(self.peak, _cpu_rss_bytes())
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return max(self.peak, _cpu_rss_bytes())
-
-
 class MemoryRegion:
     """Memory a region of code adds: its peak minus what was in use when it started.
 
@@ -255,7 +232,12 @@ class MemoryRegion:
         self.module = device_module(self.device)
         self.start_bytes = self.peak_bytes = 0
         self.kind = ""
-        self._sampler: Optional[_RssSampler] = None
+        self._sampler: Optional[threading.Thread] = None
+
+    def _sample_rss(self) -> None:
+        """Where the high-water mark cannot be reset: the RSS sampled every 2 ms in a thread."""
+        while not self._stop.wait(0.002):
+            self.peak_bytes = max(self.peak_bytes, _cpu_rss_bytes())
 
     def __enter__(self) -> "MemoryRegion":
         if self.module is not None:
@@ -266,11 +248,13 @@ class MemoryRegion:
             self.kind = "max_memory_allocated during the region, reset at its start"
             return self
         _return_freed_heap()
-        self.start_bytes = _cpu_rss_bytes()
+        self.start_bytes = self.peak_bytes = _cpu_rss_bytes()
         if _reset_cpu_high_water_mark():
             self.kind = "process RSS high-water mark (VmHWM), reset at the region's start"
         else:
-            self._sampler = _RssSampler()
+            self._stop = threading.Event()
+            self._sampler = threading.Thread(target=self._sample_rss, daemon=True)
+            self._sampler.start()
             self.kind = "process RSS sampled every 2 ms during the region (VmHWM not resettable here)"
         return self
 
@@ -279,7 +263,9 @@ class MemoryRegion:
             synchronize(self.device)
             self.peak_bytes = int(self.module.max_memory_allocated())
         elif self._sampler is not None:
-            self.peak_bytes = self._sampler.stop()
+            self._stop.set()
+            self._sampler.join()
+            self.peak_bytes = max(self.peak_bytes, _cpu_rss_bytes())
         else:
             self.peak_bytes = max(_proc_status_bytes("VmHWM") or 0, _cpu_rss_bytes())
 
@@ -298,19 +284,10 @@ def free_memory(device) -> None:
         module.empty_cache()
 
 
-def _oom_types() -> tuple:
-    # torch.OutOfMemoryError is new in torch 2.5; torch 2.1 only has torch.cuda.OutOfMemoryError.
-    found = [MemoryError]
-    for owner, name in ((torch, "OutOfMemoryError"), (torch.cuda, "OutOfMemoryError")):
-        cls = getattr(owner, name, None)
-        if isinstance(cls, type):
-            found.append(cls)
-    return tuple(found)
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """True for CUDA/NPU/CPU allocation failures (torch_npu raises RuntimeError 'NPU out of memory')."""
-    if isinstance(exc, _oom_types()):
+    # torch.OutOfMemoryError (new in torch 2.5) is torch.cuda.OutOfMemoryError, which torch 2.1 has.
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
         return True
     text = str(exc).lower()
     return ("out of memory" in text or "oom" in re.findall(r"[a-z]+", text)
@@ -403,50 +380,51 @@ def dtype_problem(dtype: torch.dtype) -> Optional[str]:
     return None
 
 
-def _probe_weights(shapes: dict, dtype: torch.dtype, budget: int):
-    """One (layers', out, in) tensor per linear kind, filled (not lazily zero-mapped, which would
-    read one shared page) so that a pass reads every byte; ``layers'`` fits ``budget`` bytes."""
-    size = torch.tensor([], dtype=dtype).element_size()
-    per_layer = sum(shapes[k][0] * shapes[k][1] for k in LAYER_LINEARS) * size
-    head_o, head_i = shapes["lm_head"]
-    head_rows = max(1, min(head_o, budget // 3 // (head_i * size)))
-    used = max(1, min(shapes["layers"], (budget - head_rows * head_i * size) // max(per_layer, 1)))
-    weights = {k: torch.full((used, *shapes[k]), 0.01, dtype=dtype) for k in LAYER_LINEARS}
-    head = torch.full((head_rows, head_i), 0.01, dtype=dtype)
-    return weights, head, used, head_rows
-
-
 class _GemvProbe:
-    """One dtype's weights at the model's shapes and the three timed parts of a step; samples from
-    several calls of ``sample`` are pooled, so dtypes timed in turn share the machine's drift."""
+    """The linears of one batch-1 decode step and of one prefill, at the model's shapes, in one
+    dtype; samples from several calls of ``sample`` are pooled, so dtypes timed in turn share the
+    machine's drift. ``row`` gives medians and p10/p90 in ms of the whole step.
+
+    Decode: a (1, in) activation through every layer's weights of each kind, then the lm_head
+    (timed on the layers that fit ``budget`` and scaled to all layers). Prefill: one layer's
+    weights at (``prefill_tokens``, in) times the number of layers, plus the lm_head for the last
+    token (generate keeps only its logits). One (layers', out, in) tensor per linear kind, filled
+    (not lazily zero-mapped, which would read one shared page) so that a pass reads every byte;
+    ``layers'`` fits ``budget`` bytes."""
 
     def __init__(self, shapes: dict, dtype: torch.dtype, prefill_tokens: int, budget: int):
-        self.weights, self.head, self.used, head_rows = _probe_weights(shapes, dtype, budget)
+        size = torch.tensor([], dtype=dtype).element_size()
+        per_layer = sum(shapes[k][0] * shapes[k][1] for k in LAYER_LINEARS) * size
+        head_o, head_i = shapes["lm_head"]
+        head_rows = max(1, min(head_o, budget // 3 // (head_i * size)))
+        fit = (budget - head_rows * head_i * size) // max(per_layer, 1)
+        self.used = used = max(1, min(shapes["layers"], fit))
+        self.weights = {k: torch.full((used, *shapes[k]), 0.01, dtype=dtype) for k in LAYER_LINEARS}
+        self.head = torch.full((head_rows, head_i), 0.01, dtype=dtype)
         self.dtype, self.layers, self.prefill_tokens = dtype, shapes["layers"], prefill_tokens
-        self.head_scale = shapes["lm_head"][0] / head_rows
+        self.head_scale = head_o / head_rows
         self.x1 = {k: torch.full((1, w.shape[2]), 0.5, dtype=dtype) for k, w in self.weights.items()}
         self.xp = {k: torch.full((prefill_tokens, w.shape[2]), 0.5, dtype=dtype) for k, w in self.weights.items()}
-        self.h1 = torch.full((1, self.head.shape[1]), 0.5, dtype=dtype)
+        self.h1 = torch.full((1, head_i), 0.5, dtype=dtype)
         self.samples: dict = {"layers": [], "head": [], "prefill": []}
-        self.nbytes = (sum(w.numel() * w.element_size() for w in self.weights.values()) * self.layers / self.used
-                       + self.head.numel() * self.head.element_size() * self.head_scale)
-
-    def _decode_layers(self):
-        linear = torch.nn.functional.linear
-        for kind, w in self.weights.items():
-            for i in range(self.used):
-                linear(self.x1[kind], w[i])
-
-    def _prefill_layer(self):
-        linear = torch.nn.functional.linear
-        for kind, w in self.weights.items():
-            linear(self.xp[kind], w[0])
+        self.nbytes = per_layer * self.layers + self.head.numel() * size * self.head_scale
 
     def sample(self, min_iters: int, min_seconds: float) -> None:
         from .bench import measure
 
-        parts = {"layers": self._decode_layers, "head": lambda: torch.nn.functional.linear(self.h1, self.head),
-                 "prefill": self._prefill_layer}
+        linear = torch.nn.functional.linear
+
+        def decode_layers():
+            for kind, w in self.weights.items():
+                for i in range(self.used):
+                    linear(self.x1[kind], w[i])
+
+        def prefill_layer():
+            for kind, w in self.weights.items():
+                linear(self.xp[kind], w[0])
+
+        parts = {"layers": decode_layers, "head": lambda: linear(self.h1, self.head),
+                 "prefill": prefill_layer}
         with torch.inference_mode():
             for part, fn in parts.items():
                 self.samples[part] += measure(fn, "cpu", name=part, warmup=1, min_iters=min_iters,
@@ -472,28 +450,14 @@ class _GemvProbe:
                 "samples": len(self.samples["layers"])}
 
 
-def time_cpu_gemvs(shapes: dict, dtype: torch.dtype, *, prefill_tokens: int = PROBE_PREFILL_TOKENS,
-                   budget: int = PROBE_BYTES, min_iters: int = 5, min_seconds: float = 0.1) -> dict:
-    """The linears of one batch-1 decode step and of one prefill, at the model's shapes, in ``dtype``.
-
-    Decode: a (1, in) activation through every layer's weights of each kind, then the lm_head
-    (timed on the layers that fit ``budget`` and scaled to all layers). Prefill: one layer's
-    weights at (``prefill_tokens``, in) times the number of layers, plus the lm_head for the last
-    token (generate keeps only its logits). Returns medians and p10/p90 in ms of the whole step.
-    """
-    probe = _GemvProbe(shapes, dtype, prefill_tokens, budget)
-    probe.sample(min_iters, min_seconds)
-    return probe.row()
-
-
 def faster_beyond_spread(candidate: dict, baseline: dict, phase: str = "decode") -> bool:
     """Whether ``candidate``'s whole p10-p90 spread of ``phase`` lies below ``baseline``'s."""
     return candidate[f"{phase}_p90_ms"] < baseline[f"{phase}_p10_ms"]
 
 
 def pick_cpu_dtype(rows: list[dict]) -> tuple[str, str]:
-    """The decision from the probe rows (``time_cpu_gemvs`` rows; a row with ``problem`` set is a
-    dtype that does not run correctly here): ``(dtype name, decision)``.
+    """The decision from ``measure_cpu_dtype``'s probe rows (a row with ``problem`` set is a dtype
+    that does not run correctly here): ``(dtype name, decision)``.
 
     float32 unless a usable 16-bit dtype decodes faster beyond both spreads (16 bits cost
     precision, so they have to pay for it); bfloat16 before float16 (float32's range, so no
@@ -566,17 +530,12 @@ class DtypeChoice:
 
     def record(self) -> dict:
         """The context chapter 00 stores with the ``dtype_choice`` figure (later chapters read it)."""
-        return {"reason": self.reason, "decision": self.decision, "rows": self.rows,
-                "prefill_slower": self.prefill_slower, "shapes_source": self.shapes_source,
-                "cpu_capability": self.cpu_capability, "threads": self.threads, "source": self.source}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dtype"}
 
 
 def cpu_capability() -> str:
     """ATen's CPU kernel level here (``AVX512``, ``AVX2``, ...; ``ATEN_CPU_CAPABILITY`` lowers it)."""
-    try:
-        return str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # noqa: BLE001  (older torch has no such query)
-        return "unknown"
+    return str(torch.backends.cpu.get_cpu_capability())  # from torch 2.1, the support floor
 
 
 _MEASURED: dict = {}
@@ -643,12 +602,6 @@ def choose_dtype(device, model=None, *, run_dir=None, reuse: bool = True) -> Dty
     return _MEASURED[key]
 
 
-def working_dtype(device, model=None, run_dir=None) -> tuple[torch.dtype, str]:
-    """The dtype a chapter should use on this device, with the reason shown to readers."""
-    choice = choose_dtype(device, model, run_dir=run_dir)
-    return choice.dtype, choice.reason
-
-
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -667,19 +620,16 @@ def parse_dtype(value, device=None, parameter: str = "dtype", *, model=None, run
     else:
         text = str(value).strip().lower()
         if text == "auto":
-            return working_dtype(device or "cpu", model, run_dir)[0]
+            return choose_dtype(device or "cpu", model, run_dir=run_dir).dtype
         if text not in DTYPES:
             raise ValueError(
                 f"{parameter}={value!r} is not valid; choose one of auto, float32, float16, bfloat16."
             )
         dtype = DTYPES[text]
-    if device is not None and dtype == torch.bfloat16:
-        kind = as_device(device).type
-        module = device_module(device)
-        if module is not None and hasattr(module, "is_bf16_supported") and not module.is_bf16_supported():
-            raise ValueError(
-                f"{parameter}=bfloat16 is not supported on this {kind} device; use float16 or float32."
-            )
+    module = device_module(device) if device is not None and dtype == torch.bfloat16 else None
+    if module is not None and not getattr(module, "is_bf16_supported", lambda: True)():
+        raise ValueError(f"{parameter}=bfloat16 is not supported on this {as_device(device).type} "
+                         "device; use float16 or float32.")
     return dtype
 
 
@@ -718,12 +668,9 @@ def cann_version() -> Optional[str]:
              "/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann"]
     for root in filter(None, roots):
         for info in sorted(Path(root).glob("*-linux/ascend_toolkit_install.info")):
-            try:
-                for line in info.read_text().splitlines():
-                    if line.startswith("version="):
-                        return line.split("=", 1)[1].strip()
-            except OSError:
-                continue
+            version = _file_field(info, "version", "=")
+            if version:
+                return version
     return None
 
 
@@ -738,14 +685,7 @@ def npu_smi_info(timeout: float = 10.0) -> Optional[str]:
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _file_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
 
 
 def git_commit(repo: Optional[Path] = None) -> Optional[str]:
@@ -794,12 +734,7 @@ def environment_report(device=None) -> dict:
         "workbook_commit": git_commit(),
         "env": reported_environment(),
     }
-    try:
-        import transformers
-
-        report["transformers"] = transformers.__version__
-    except ImportError:
-        report["transformers"] = None
+    report["transformers"] = installed_version("transformers")
     smi = npu_smi_info() if device.type == "npu" else None
     if smi:
         report["npu_smi_info"] = smi
@@ -836,17 +771,13 @@ def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
     saw. A row with a ``problem`` (a dtype that does not run correctly here) keeps it and no times."""
     import pandas as pd
 
-    by = {r["dtype"]: r for r in rows}
-    base = by.get(baseline)
-    out = []
-    for r in rows:
-        row = {k: r.get(k) for k in ("dtype", "decode_ms", "decode_p10_ms", "decode_p90_ms", "decode_gbps",
-                                     "prefill_ms", "prefill_p10_ms", "prefill_p90_ms", "prefill_tokens",
-                                     "problem")}
-        if base is not None and not r.get("problem") and "decode_ms" in r:
-            for phase in ("decode", "prefill"):
-                row[f"{phase}_time_ratio"] = r[f"{phase}_ms"] / base[f"{phase}_ms"]
-                row[f"{phase}_ratio_low"] = r[f"{phase}_p10_ms"] / base[f"{phase}_p90_ms"]
-                row[f"{phase}_ratio_high"] = r[f"{phase}_p90_ms"] / base[f"{phase}_p10_ms"]
-        out.append(row)
-    return pd.DataFrame(out)
+    columns = ["dtype", "decode_ms", "decode_p10_ms", "decode_p90_ms", "decode_gbps", "prefill_ms",
+               "prefill_p10_ms", "prefill_p90_ms", "prefill_tokens", "problem"]
+    table = pd.DataFrame(rows, columns=columns)  # a row without times (a problem) gets NaN ratios
+    base = next((r for r in rows if r["dtype"] == baseline), None)
+    if base is not None:
+        for phase in ("decode", "prefill"):
+            table[f"{phase}_time_ratio"] = table[f"{phase}_ms"] / base[f"{phase}_ms"]
+            table[f"{phase}_ratio_low"] = table[f"{phase}_p10_ms"] / base[f"{phase}_p90_ms"]
+            table[f"{phase}_ratio_high"] = table[f"{phase}_p90_ms"] / base[f"{phase}_p10_ms"]
+    return table

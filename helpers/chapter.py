@@ -8,14 +8,13 @@ It checks every parameter by its name (``helpers.params.CHECKS``, so the same na
 rule in every chapter) before any heavy work, picks the device (``backend.pick_device``) and the
 working dtype with the reason (``dtype=auto``: chapter 00's measured choice of this run, see
 ``resolve_dtype``), opens the chapter's ``results.json`` with the parameters and the
-environment, quiets the known noise of executed notebooks, notes CPU contention, and shows one line
-saying what it picked and why. ``ch.summary(block)`` renders a paragraph of the chapter's template
-(``helpers.prose``) from what the chapter recorded.
+environment, notes CPU contention, and shows one line saying what it picked and why (``import
+helpers`` has already quieted the known noise of executed notebooks). ``ch.summary(block)``
+renders a paragraph of the chapter's template (``helpers.prose``) from what the chapter recorded.
 """
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -88,18 +87,12 @@ class Chapter:
         return Markdown(self.render(block, **words))
 
 
-def quiet_known_noise() -> None:
-    """Warnings that carry no information in an executed notebook (tqdm without ipywidgets)."""
-    warnings.filterwarnings("ignore", message="IProgress not found")
-
-
 REPO = Path(__file__).resolve().parent.parent
 
 
 def parameter_names(name: str) -> list[str]:
     """The names a notebook's ``parameters`` cell declares (``notebooks/`` or ``solutions/``)."""
-    import ast
-    import json
+    from .run import declared_parameters
 
     for folder in ("notebooks", "solutions"):
         path = REPO / folder / f"{name}.ipynb"
@@ -107,45 +100,32 @@ def parameter_names(name: str) -> list[str]:
             break
     else:
         raise FileNotFoundError(f"no notebook {name}.ipynb in notebooks/ or solutions/")
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
-    tree = ast.parse("".join(cell["source"]))
-    return [node.target.id if isinstance(node, ast.AnnAssign) else node.targets[0].id
-            for node in tree.body if isinstance(node, (ast.AnnAssign, ast.Assign))]
+    return list(declared_parameters(path))
 
 
 def edition_language(lang: str = "auto") -> str:
     """``en`` or ``zh``: ``auto`` is the edition the notebook belongs to. A kernel runs in its
     notebook's folder (JupyterLab and the runner both start it there), and the Chinese edition is
     ``notebooks/zh`` / ``solutions/zh``, so the folder's name says which edition this is."""
-    if lang != "auto":
-        return lang
-    return "zh" if Path.cwd().name == "zh" else "en"
-
-
-def auto_dtype_choice(parameters: dict, device, *, reuse: bool = True):
-    """``backend.choose_dtype`` when the ``dtype`` parameter is ``auto``, else None. ``reuse=False``
-    measures now instead of reading this run's record (chapter 00, which makes that record)."""
-    requested = parameters.get("dtype", "auto")
-    if isinstance(requested, str) and requested.strip().lower() == "auto":
-        return backend.choose_dtype(device, parameters.get("model") or None,
-                                    run_dir=parameters.get("run_dir") or None, reuse=reuse)
-    return None
+    return ("zh" if Path.cwd().name == "zh" else "en") if lang == "auto" else lang
 
 
 def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any, str, str, Any]:
     """``(dtype, reason, source, choice)`` of a chapter (``choice``: dtype=auto's
     ``backend.DtypeChoice``, None when the parameter set the dtype). ``dtype=auto`` is
     ``backend.choose_dtype``: on a CPU the choice chapter 00 measured and recorded in this run
-    (``run_dir``, else the runner's
-    ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level and thread count, else measured
-    now at the ``model`` parameter's shapes; so every chapter of a run works in the same dtype, the
-    one chapters 05 and 06 get from ``backend.parse_dtype`` too."""
-    picked = auto_dtype_choice(parameters, device, reuse=reuse)
-    if picked is not None:
+    (``run_dir``, else the runner's ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level
+    and thread count, else measured now at the ``model`` parameter's shapes; so every chapter of a
+    run works in the same dtype, the one chapters 05 and 06 get from ``backend.parse_dtype`` too.
+    ``reuse=False`` measures now instead of reading this run's record (chapter 00, which makes
+    it)."""
+    requested = parameters.get("dtype", "auto")
+    if isinstance(requested, str) and requested.strip().lower() == "auto":
+        picked = backend.choose_dtype(device, parameters.get("model") or None,
+                                      run_dir=parameters.get("run_dir") or None, reuse=reuse)
         return picked.dtype, picked.reason, picked.source, picked
-    return backend.parse_dtype(parameters.get("dtype", "auto"), device), "set by the dtype parameter", \
-        "the dtype parameter", None
+    dtype = backend.parse_dtype(requested, device)
+    return dtype, "set by the dtype parameter", "the dtype parameter", None
 
 
 def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,
@@ -164,15 +144,13 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     # chapter 00 measures dtype=auto afresh (it writes the record the other chapters read)
     dtype, dtype_reason, dtype_source, picked = resolve_dtype(parameters, choice.device,
                                                               reuse=name != DTYPE_CHAPTER)
-    kept = {k: v for k, v in parameters.items() if k not in RUNNER_PARAMETERS}
-    kept["lang"] = lang
-    kept["profile"] = parameters.get("profile", "interactive")
+    kept = {**{k: v for k, v in parameters.items() if k not in RUNNER_PARAMETERS}, "lang": lang,
+            "profile": parameters.get("profile", "interactive")}
     results = Results(name, parameters.get("run_dir") or None, parameters=kept,
                       environment=backend.environment_report(choice.device))
     results.set("device_choice", {"device": str(choice.device), "reason": choice.reason,
                                   "dtype": backend.dtype_name(dtype), "dtype_reason": dtype_reason,
                                   "dtype_source": dtype_source})
-    quiet_known_noise()
     from .generation import cpu_contention
 
     contention = cpu_contention(choice.device)

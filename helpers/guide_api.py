@@ -38,31 +38,22 @@ _REAL_NPU_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_ffn",
                  "npu_fused_infer_attention_score", "npu_layer_norm_eval")
 
 
-def _lookup(root, dotted: str) -> bool:
-    obj = root
-    for part in dotted.split("."):
-        if not hasattr(obj, part):
-            return False
-        obj = getattr(obj, part)
-    return True
-
-
 def api_check(torch_npu_module=None) -> list[dict]:
     """Each guide API name: documented verdict, and a live hasattr check when torch_npu is here."""
     import sys
 
-    torch = sys.modules.get("torch")  # loaded whenever a torch_npu module is passed in
+    from .versions import has_attribute
+
+    # torch is loaded whenever a torch_npu module is passed in
+    roots = {"torch_npu": torch_npu_module, "torch": sys.modules.get("torch")}
     rows = []
     for claim in API_CLAIMS:
-        row = dict(claim)
         name = claim["guide_name"]
-        if torch_npu_module is None or not name.startswith(("torch_npu.", "torch.npu.")):
-            row["exists_here"] = None  # cannot be checked on this machine
-        else:
-            root, rest = (torch_npu_module, name[len("torch_npu."):]) if name.startswith(
-                "torch_npu.") else (torch, name[len("torch."):])
-            row["exists_here"] = _lookup(root, rest)
-        rows.append(row)
+        # only torch_npu's and torch.npu's names can be checked on this machine
+        checkable = torch_npu_module is not None and name.startswith(("torch_npu.", "torch.npu."))
+        root, _, rest = name.partition(".")
+        exists = has_attribute(roots[root], rest) if checkable else None
+        rows.append({**claim, "exists_here": exists})
     return rows
 
 

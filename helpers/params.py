@@ -1,7 +1,8 @@
 """Checks for notebook parameters: fail before heavy work, naming the parameter and valid values."""
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
 
 
 def check_choice(name: str, value, choices: Iterable) -> object:
@@ -11,8 +12,12 @@ def check_choice(name: str, value, choices: Iterable) -> object:
     return value
 
 
+def _is_int_at_least(value, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not _is_int_at_least(value, minimum):
         raise ValueError(f"{name}={value!r} is not valid; it must be an integer >= {minimum}")
     return value
 
@@ -21,7 +26,7 @@ def check_positive_ints(name: str, values: Sequence, minimum: int = 1) -> list[i
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
         raise ValueError(f"{name}={values!r} is not valid; give a non-empty list of integers >= {minimum}")
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        if not _is_int_at_least(v, minimum):
             raise ValueError(f"{name}={values!r} is not valid: {v!r} is not an integer >= {minimum}")
     return list(values)
 
@@ -55,21 +60,26 @@ def at_least(minimum: int = 1):
     return lambda name, value: check_positive_int(name, value, minimum)
 
 
-def ints_at_least(minimum: int = 1, allow_empty: bool = False):
+def ints_at_least(minimum: int = 1, allow_empty: bool = False, length: Optional[int] = None,
+                  including: Optional[int] = None):
+    """A non-empty list of integers >= ``minimum`` (``[]`` too with ``allow_empty``), of ``length``
+    integers when given, holding ``including`` when given (chapter 04's ``batch_sizes`` must include
+    1, the baseline of every ratio)."""
     def rule(name, values):
         if allow_empty and isinstance(values, (list, tuple)) and len(values) == 0:
             return []
-        return check_positive_ints(name, values, minimum)
-    return rule
-
-
-def ints_of_length(length: int, minimum: int = 1):
-    def rule(name, values):
         values = check_positive_ints(name, values, minimum)
-        if len(values) != length:
+        if length is not None and len(values) != length:
             raise ValueError(f"{name}={values!r} is not valid; give {length} integers >= {minimum}")
+        if including is not None and including not in values:
+            raise ValueError(f"{name}={values!r} is not valid; it must include {including}, "
+                             "the baseline of the ratios")
         return values
     return rule
+
+
+def ints_including(required: int, minimum: int = 1):
+    return ints_at_least(minimum, including=required)
 
 
 def one_of(*choices):
@@ -97,8 +107,6 @@ def names(name, values):
 
 def file_or_empty(name, value):
     """A path to an existing file, or empty (the shipped table)."""
-    from pathlib import Path
-
     if not isinstance(value, str) or (value and not Path(value).is_file()):
         raise ValueError(f"{name}={value!r} is not a file; leave it empty for the shipped table")
     return value
@@ -106,8 +114,6 @@ def file_or_empty(name, value):
 
 def run_folders(name, value):
     """Comma-separated run folders (``reports/<run-id>``), or empty."""
-    from pathlib import Path
-
     folders = [p.strip() for p in str(value).split(",") if p.strip()]
     for folder in folders:
         if not Path(folder).is_dir():
@@ -126,7 +132,8 @@ CHECKS = {
     "dtype": one_of("auto", "float32", "fp32", "float16", "fp16", "half", "bfloat16", "bf16"),
     "run_dir": text(), "profile": text(), "lang": one_of("auto", "en", "zh"),
     "max_new_tokens": at_least(1), "new_tokens": at_least(2), "repeats": at_least(1), "rounds": at_least(1),
-    "bandwidth_mib": at_least(1), "rms_shape": ints_of_length(3), "prefill_tokens": at_least(1),
+    "bandwidth_mib": at_least(1), "rms_shape": ints_at_least(length=3),
+    "prefill_tokens": at_least(1),
     "compile_ops": FLAG, "llama7b_edge_ops": FLAG, "min_iters": at_least(1), "min_seconds": number(allow_zero=True),
     "ffn_hidden": at_least(1), "ffn_intermediate": at_least(1), "guide_prompt": prompt, "prompt": prompt,
     "guide_new_tokens": at_least(2), "prompt_lengths": ints_at_least(1), "sweep_new_tokens": at_least(2),
@@ -158,14 +165,3 @@ def check_all(values: dict, overrides: "dict | None" = None) -> dict:
                          "checks= to open_chapter")
     return {name: rules[name](name, value) for name, value in values.items()}
 
-
-def ints_including(required: int, minimum: int = 1):
-    """A non-empty list of integers >= ``minimum`` that holds ``required`` (chapter 04's
-    ``batch_sizes`` must include 1, the baseline of every ratio)."""
-    def rule(name, values):
-        values = check_positive_ints(name, values, minimum)
-        if required not in values:
-            raise ValueError(f"{name}={values!r} is not valid; it must include {required}, "
-                             "the baseline of the ratios")
-        return values
-    return rule

@@ -9,6 +9,7 @@ imports neither torch nor transformers (the claims audit reads ``KNOWN_GOOD`` wi
 """
 from __future__ import annotations
 
+import operator
 import re
 from typing import Optional
 
@@ -41,22 +42,25 @@ def version_tuple(version: str) -> tuple[int, int, int]:
     return tuple((numbers + [0, 0, 0])[:3])  # type: ignore[return-value]
 
 
+def _dotted(numbers) -> str:
+    return ".".join(map(str, numbers))
+
+
 def check_support_floor(torch_version: Optional[str] = None) -> None:
     """Raise ImportError with advice when torch is older than the floor."""
     if torch_version is None:
         import torch
 
         torch_version = torch.__version__
-    version = torch_version
-    if version_tuple(version) < MIN_TORCH:
+    if version_tuple(torch_version) < MIN_TORCH:
         raise ImportError(
-            f"ascend-llama-workbook needs torch >= {'.'.join(map(str, MIN_TORCH))}, found {version}. "
+            f"ascend-llama-workbook needs torch >= {_dotted(MIN_TORCH)}, found {torch_version}. "
             "On Ascend, pick a CANN image with torch >= 2.1 and its paired torch_npu "
             "(e.g. torch 2.1.0 + torch_npu 2.1.0.post10 + CANN 8.0)."
         )
 
 
-def _installed_version(package: str) -> Optional[str]:
+def installed_version(package: str) -> Optional[str]:
     """The installed distribution's version without importing it (importing transformers is slow)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -69,14 +73,13 @@ def _installed_version(package: str) -> Optional[str]:
 def check_transformers(version: Optional[str] = None) -> Optional[str]:
     """A warning text when transformers is outside the tested range, else None."""
     if version is None:
-        version = _installed_version("transformers")
+        version = installed_version("transformers")
         if version is None:
             return "transformers is not installed; run make setup"
     low, high = TRANSFORMERS_RANGE
     if not (low <= version_tuple(version) < high):
         return (f"transformers {version} is outside the tested range "
-                f"[{'.'.join(map(str, low))}, {'.'.join(map(str, high))}); "
-                "run make setup to install the pinned version")
+                f"[{_dotted(low)}, {_dotted(high)}); run make setup to install the pinned version")
     return None
 
 
@@ -85,13 +88,13 @@ def check_transformers_floor(version: Optional[str] = None) -> None:
     import warnings
 
     if version is None:
-        version = _installed_version("transformers")
+        version = installed_version("transformers")
         if version is None:
             return  # reported by the chapters that need it, with the setup command
     low, _ = TRANSFORMERS_RANGE
     if version_tuple(version) < low:
         raise ImportError(
-            f"ascend-llama-workbook needs transformers >= {'.'.join(map(str, low))} (the notebooks "
+            f"ascend-llama-workbook needs transformers >= {_dotted(low)} (the notebooks "
             f"pass dtype= and build caches from a config), found {version}. Run make setup, which "
             "picks requirements-common.txt (transformers 5.x) or requirements-legacy.txt (4.57.x)."
         )
@@ -107,10 +110,10 @@ def pairing_check(torch_version: str, torch_npu_version: Optional[str],
         return {"ok": None, "verdict": "torch_npu not installed: nothing to pair", "advice": ""}
     t, n = version_tuple(torch_version), version_tuple(torch_npu_version)
     if t != n:
-        want = ".".join(map(str, n))
+        want = _dotted(n)
         known = [r["torch_npu"] for r in KNOWN_GOOD if version_tuple(r["torch"]) == t]
-        other = (f"torch_npu {known[-1]} (known-good for torch {'.'.join(map(str, t))})" if known
-                 else f"a torch_npu {'.'.join(map(str, t))}.x build")
+        other = (f"torch_npu {known[-1]} (known-good for torch {_dotted(t)})" if known
+                 else f"a torch_npu {_dotted(t)}.x build")
         return {
             "ok": False,
             "verdict": f"torch {torch_version} does not pair with torch_npu {torch_npu_version}",
@@ -143,17 +146,21 @@ _FEATURES = {  # name -> dotted attribute path under torch
 }
 
 
+def has_attribute(root, dotted: str) -> bool:
+    """Whether ``root`` has the attribute path ``dotted`` (``"nn.functional.rms_norm"``)."""
+    try:
+        operator.attrgetter(dotted)(root)
+    except AttributeError:
+        return False
+    return True
+
+
 def has_feature(name: str) -> bool:
     if name not in _FEATURES:
         raise KeyError(f"unknown feature {name!r}; known: {', '.join(_FEATURES)}")
     import torch
 
-    obj = torch
-    for part in _FEATURES[name].split("."):
-        if not hasattr(obj, part):
-            return False
-        obj = getattr(obj, part)
-    return True
+    return has_attribute(torch, _FEATURES[name])
 
 
 def feature_table() -> dict[str, bool]:
@@ -176,6 +183,12 @@ _LINE_FEATURES = [
 ]
 
 
+def _line_row(feature: str, present: Optional[bool], used_for: str, without: str) -> dict:
+    # a missing feature that nothing falls back from is "not used"
+    return {"feature": feature, "present": present, "used for": used_for,
+            "without it": without or ("not used" if present is False else "")}
+
+
 def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device=None) -> dict:
     """The torch_npu line installed and what it lacks: ``torch_npu``, ``line`` (a sentence),
     ``rows`` (``feature``, ``present``, ``used for``, ``without it``) and ``lacks`` (the features
@@ -193,31 +206,32 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
     row = next((r for r in KNOWN_GOOD if r["torch_npu"] == version), None)
     line = f"torch_npu {version}" + (f" (torch {row['torch']}, CANN {row['cann']} in the known-good table)" if row
                                      else " (not in the known-good table)")
-    rows = [{"feature": name, "present": hasattr(torch_npu_module, name.split(".", 1)[1]), "used for": used,
-             "without it": fallback} for name, used, fallback in _LINE_FEATURES]
+    rows = [_line_row(name, hasattr(torch_npu_module, name.split(".", 1)[1]), used, fallback)
+            for name, used, fallback in _LINE_FEATURES]
     torchair = torchair_module
     if torchair is None:
         try:
             import torchair  # noqa: F811  (ships with torch_npu)
         except Exception:  # a torch_npu built without torchair, or one that fails to load it
             torchair = None
-    rows.append({"feature": "torchair", "present": torchair is not None, "used for": "graph mode on the NPU",
-                 "without it": "graph-mode rungs fail with the reason (backend='npu' would run eagerly)"})
-    modes = None
-    takes_options = False
+    rows.append(_line_row(
+        "torchair", torchair is not None, "graph mode on the NPU",
+        "graph-mode rungs fail with the reason (backend='npu' would run eagerly)"))
+    modes, takes_options = None, False
     if torchair is not None:
         config = torchair.CompilerConfig()
         modes = torchair_modes(config)
         takes_options = backend_takes_options(torchair.get_npu_backend(compiler_config=config))
     for mode in NPU_GRAPH_MODES:
         present = torchair is not None and (mode in (modes or ()) or (mode == "max-autotune" and not modes))
-        rows.append({"feature": f"torchair mode {mode}", "present": present,
-                     "used for": "npu_graph_mode=" + mode + (" (the whole graph to GE)" if mode == "max-autotune"
-                                                             else " (aclgraph)"),
-                     "without it": "" if present else f"an error naming what it needs: {TORCHAIR_MODE_SINCE.get(mode, 'torchair')}"})
-    rows.append({"feature": "torchair backend options", "present": takes_options,
-                 "used for": "torch.compile(options=...) to torchair (from torchair 7.3.0)",
-                 "without it": "none are passed; the workbook passes only guard_filter_fn, which torch takes"})
+        scope = " (the whole graph to GE)" if mode == "max-autotune" else " (aclgraph)"
+        needs = f"an error naming what it needs: {TORCHAIR_MODE_SINCE.get(mode, 'torchair')}"
+        rows.append(_line_row(f"torchair mode {mode}", present, f"npu_graph_mode={mode}{scope}",
+                              "" if present else needs))
+    rows.append(_line_row(
+        "torchair backend options", takes_options,
+        "torch.compile(options=...) to torchair (from torchair 7.3.0)",
+        "none are passed; the workbook passes only guard_filter_fn, which torch takes"))
     for name in ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu"):
         if not hasattr(torch_npu_module, name) or torchair is None:
             continue
@@ -225,13 +239,11 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
         if ge_probe_device is not None:
             backend_fn = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
             present = ge_probe(name, backend_fn, ge_probe_device, torch.float16) is None
-        rows.append({"feature": f"GE converter for torch_npu.{name}", "present": present,
-                     "used for": f"{name} inside a GE graph (graph mode after the fused-operators rung)",
-                     "without it": "not probed: needs an NPU" if present is None else
-                                   "" if present else "the reference runs inside GE graphs (ops.ge_fallbacks)"})
-    for r in rows:
-        if r["present"] is False and not r["without it"]:
-            r["without it"] = "not used"
+        without = ("not probed: needs an NPU" if present is None else
+                   "" if present else "the reference runs inside GE graphs (ops.ge_fallbacks)")
+        rows.append(_line_row(
+            f"GE converter for torch_npu.{name}", present,
+            f"{name} inside a GE graph (graph mode after the fused-operators rung)", without))
     return {"torch_npu": version, "line": line, "rows": rows,
             "lacks": [r["feature"] for r in rows if r["present"] is False]}
 
@@ -271,13 +283,9 @@ def cache_of(output):
 
 def dynamic_cache(config):
     """An empty ``DynamicCache`` laid out for ``config`` (4.56+ and 5.x take ``config=``)."""
-    import inspect
-
     from transformers import DynamicCache
 
-    if "config" in inspect.signature(DynamicCache.__init__).parameters:
-        return DynamicCache(config=config)
-    return DynamicCache()
+    return DynamicCache(config=config)
 
 
 def converted_model_folder(name: str, version: Optional[str] = None) -> str:

@@ -208,9 +208,9 @@ def test_parse_dtype(text, dtype):
     assert backend.parse_dtype(text, "cpu") == dtype
 
 
-def test_parse_dtype_auto_on_cpu_matches_working_dtype(monkeypatch):
+def test_parse_dtype_auto_on_cpu_matches_choose_dtype(monkeypatch):
     monkeypatch.delenv(backend.RUN_DIR_ENV, raising=False)
-    assert backend.parse_dtype("auto", "cpu") == backend.working_dtype("cpu")[0]
+    assert backend.parse_dtype("auto", "cpu") == backend.choose_dtype("cpu").dtype
 
 
 def test_unknown_dtype_names_the_parameter_and_choices():
@@ -301,7 +301,8 @@ def test_a_model_too_big_for_the_budget_is_timed_on_a_subset_of_its_layers():
     widths = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
               "vocab_size": 1024, "num_hidden_layers": 40}
     shapes = backend.linear_shapes(widths)
-    row = backend.time_cpu_gemvs(shapes, torch.float32, budget=8 * 2**20, min_iters=2, min_seconds=0.0)
+    choice = backend.measure_cpu_dtype(widths, budget=8 * 2**20, rounds=1, min_iters=2, min_seconds=0.0)
+    row = next(r for r in choice.rows if r["dtype"] == "float32")
     assert 1 <= row["timed_layers"] < 40 and row["layers"] == 40
     per_layer = sum(shapes[k][0] * shapes[k][1] for k in backend.LAYER_LINEARS) * 4
     expected = per_layer * 40 + 1024 * 256 * 4  # every layer and the lm_head, scaled from the subset
