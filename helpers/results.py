@@ -350,9 +350,5 @@ def read_run(path: "str | Path", expected: Iterable[str] = (), run: Optional[dic
 
 def metric(results: Optional[dict], key: str, default: Any = None) -> Any:
     """The value of a recorded figure, or ``default`` when the chapter or figure is missing."""
-    if not results:
-        return default
-    entry = results.get("metrics", {}).get(key)
-    if entry is None:
-        return default
-    return entry.get("value", default)
+    entry = (results or {}).get("metrics", {}).get(key)
+    return default if entry is None else entry.get("value", default)
