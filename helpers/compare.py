@@ -154,6 +154,19 @@ class Cell:
         return float(self.value)
 
 
+def chapter_cell(run: Run, chapter: str, **figure) -> Cell:
+    """A figure of a readable chapter: the chapter's device and model unless the figure names its own."""
+    data = run.chapters[chapter]
+    device = figure.pop("device", "") or data.get("environment", {}).get("device") or run.device
+    return Cell(device=str(device), model=str(data.get("parameters", {}).get("model") or run.model),
+                status=run.status.get(chapter, "not run"), **figure)
+
+
+def chapter_dtype(run: Run, chapter: str) -> str:
+    """The dtype most of a chapter's figures name, else the run's."""
+    return most_common(e.get("dtype") for e in run.chapters[chapter]["metrics"].values()) or run.dtype
+
+
 def figure_cell(run: Run, chapter: str, key: str) -> Cell:
     data = run.chapters.get(chapter)
     status = run.status.get(chapter, "not run")
@@ -163,22 +176,17 @@ def figure_cell(run: Run, chapter: str, key: str) -> Cell:
     entry = data["metrics"].get(key)
     if entry is None or entry.get("value") is None:
         return Cell(status=status, missing=f"not recorded (chapter {status})")
-    return Cell(value=entry.get("value"), unit=str(entry.get("unit") or ""),
-                device=str(entry.get("device") or data.get("environment", {}).get("device") or run.device),
-                dtype=str(entry.get("dtype") or ""), model=str(data.get("parameters", {}).get("model") or run.model),
-                shape=str(entry.get("shape") or ""), code_path=str(entry.get("code_path") or ""),
-                status=status)
+    return chapter_cell(run, chapter, value=entry.get("value"), unit=str(entry.get("unit") or ""),
+                        device=entry.get("device"), dtype=str(entry.get("dtype") or ""),
+                        shape=str(entry.get("shape") or ""), code_path=str(entry.get("code_path") or ""))
 
 
 def why_not_comparable(ref: Cell, other: Cell, ref_label: str, other_label: str) -> str:
     """'' when ``other / ref`` measures the same thing twice; else every reason it does not."""
+    pair = ((ref, ref_label), (other, other_label))
     if ref.missing or other.missing:
-        return "; ".join(f"no figure in {label} ({c.missing})" for c, label in ((ref, ref_label), (other, other_label))
-                         if c.missing)
-    reasons = []
-    for cell, label in ((ref, ref_label), (other, other_label)):
-        if cell.status not in FINISHED:
-            reasons.append(f"chapter {cell.status} in {label}")
+        return "; ".join(f"no figure in {label} ({c.missing})" for c, label in pair if c.missing)
+    reasons = [f"chapter {c.status} in {label}" for c, label in pair if c.status not in FINISHED]
     if ref.number is None or other.number is None:
         reasons.append("not a number")
     for name in ("unit", "model", "dtype", "shape"):
@@ -190,42 +198,32 @@ def why_not_comparable(ref: Cell, other: Cell, ref_label: str, other_label: str)
     return "; ".join(reasons)
 
 
-def figure_rows(runs: list[Run]) -> list[tuple[str, str]]:
-    """(chapter, key) for every key figure any run marks, chapters in order, keys in recorded order."""
-    rows: list[tuple[str, str]] = []
-    chapters = sorted({c for r in runs for c in r.chapters})
-    for chapter in chapters:
-        for run in runs:
-            for key in run.chapters.get(chapter, {}).get("key_figures", []):
-                if (chapter, key) not in rows:
-                    rows.append((chapter, key))
-    return rows
-
-
-def batch_sweep_cell(run: Run, batch: int, column: str = "tokens_per_s_aggregate", unit: str = "tok/s") -> Cell:
+def batch_sweep_cell(run: Run, batch: int, column: str = "tokens_per_s_aggregate",
+                     unit: str = "tok/s") -> Cell:
     """A point of chapter 04's batch sweep table (decode rate at batch 8 is not a key figure)."""
     data = run.chapters.get(BATCHING)
     status = run.status.get(BATCHING, "not run")
     if data is None:
         return Cell(status=status, missing=f"chapter {status}")
-    rows = data.get("tables", {}).get("batch_sweep") or []
-    row = next((r for r in rows if isinstance(r, dict) and r.get("point") == batch), None)
+    rows = [r for r in data.get("tables", {}).get("batch_sweep") or [] if isinstance(r, dict)]
+    row = next((r for r in rows if r.get("point") == batch), None)
     if row is None:
-        ran = sorted(r.get("point") for r in rows if isinstance(r, dict) and isinstance(r.get("point"), int))
+        ran = sorted(r.get("point") for r in rows if isinstance(r.get("point"), int))
         return Cell(status=status, missing=f"batch {batch} not in this run's sweep (ran {ran or 'none'})")
     if row.get("status") != "ok" or row.get(column) is None:
-        return Cell(status=status, missing=f"batch {batch}: {row.get('status', '?')} {row.get('error') or ''}".strip())
-    dtypes = [e.get("dtype") for e in data["metrics"].values() if e.get("dtype")]
-    return Cell(value=row[column], unit=unit, device=str(data.get("environment", {}).get("device") or run.device),
-                dtype=most_common(dtypes) or run.dtype, model=str(data.get("parameters", {}).get("model") or run.model),
-                shape=f"batch {batch}, prompt {row.get('prompt_tokens', '?')} tokens, "
-                      f"{data.get('parameters', {}).get('new_tokens', '?')} new tokens",
-                code_path=str(row.get("code_path") or f"chapter 04 batch_sweep table, {column}"), status=status)
+        why = f"batch {batch}: {row.get('status', '?')} {row.get('error') or ''}"
+        return Cell(status=status, missing=why.strip())
+    new_tokens = data.get("parameters", {}).get("new_tokens", "?")
+    return chapter_cell(run, BATCHING, value=row[column], unit=unit, dtype=chapter_dtype(run, BATCHING),
+                        shape=f"batch {batch}, prompt {row.get('prompt_tokens', '?')} tokens, "
+                              f"{new_tokens} new tokens",
+                        code_path=str(row.get("code_path") or f"chapter 04 batch_sweep table, {column}"))
 
 
 DERIVED = {
     ("04_batching", "decode_tok_s_batch8"): lambda run: batch_sweep_cell(run, 8),
 }
+KEY_FIGURE = "key figure"
 
 
 def cell_for(run: Run, chapter: str, key: str) -> Cell:
@@ -234,31 +232,39 @@ def cell_for(run: Run, chapter: str, key: str) -> Cell:
     return figure_cell(run, chapter, key)
 
 
+def compared(runs: list[Run], reference: int = 0):
+    """Per row (every key figure any run marks, then the derived ones some run has), in chapter
+    order: chapter, key, source and per run ``(run, cell, ratio to the reference, why no ratio)``."""
+    keys = list(dict.fromkeys((c, k) for c in sorted({c for r in runs for c in r.chapters})
+                              for r in runs for k in r.chapters.get(c, {}).get("key_figures", [])))
+    keys += [k for k in DERIVED if k not in keys and any(cell_for(r, *k).number is not None for r in runs)]
+    ref = runs[reference]
+    for chapter, key in sorted(keys, key=lambda k: k[0]):  # stable: chapters in order, keys as recorded
+        source = KEY_FIGURE if (chapter, key) not in DERIVED else \
+            "chapter 04 batch_sweep table, batch 8 aggregate"
+        ref_cell = cell_for(ref, chapter, key)
+        per_run = []
+        for run in runs:
+            cell = cell_for(run, chapter, key)
+            why = "reference run" if run is ref else why_not_comparable(ref_cell, cell, ref.label, run.label)
+            ratio = cell.number / ref_cell.number if run is not ref and not why else None
+            per_run.append((run, cell, ratio, why))
+        yield chapter, key, source, per_run
+
+
 def comparison_table(runs: list[Run], reference: int = 0):
     """Long-form table: one row per figure and run, with the ratio to the reference run or why not."""
     import pandas as pd
 
-    ref = runs[reference]
-    rows = []
-    keys = figure_rows(runs) + [k for k in DERIVED if k not in figure_rows(runs)
-                                and any(cell_for(r, *k).number is not None for r in runs)]
-    keys = sorted(keys, key=lambda k: k[0])  # stable: chapters in order, keys as recorded
-    for chapter, key in keys:
-        source = "key figure" if (chapter, key) not in DERIVED else "chapter 04 batch_sweep table, batch 8 aggregate"
-        ref_cell = cell_for(ref, chapter, key)
-        for run in runs:
-            cell = cell_for(run, chapter, key)
-            ratio, why = None, ""
-            if run is not ref:
-                why = why_not_comparable(ref_cell, cell, ref.label, run.label)
-                ratio = None if why else cell.number / ref_cell.number
-            rows.append({"chapter": chapter, "figure": key, "source": source, "run": run.label,
-                         "value": cell.value, "unit": cell.unit, "device": cell.device or run.device,
-                         "dtype": cell.dtype, "model": cell.model or run.model, "profile": run.profile,
-                         "shape": cell.shape, "code_path": cell.code_path, "chapter_status": cell.status,
-                         "missing": cell.missing, "reference": ref.label, "ratio_to_reference": ratio,
-                         "why_no_ratio": why if run is not ref else "reference run"})
-    return pd.DataFrame(rows)
+    ref = runs[reference].label
+    return pd.DataFrame([
+        {"chapter": chapter, "figure": key, "source": source, "run": run.label, "value": cell.value,
+         "unit": cell.unit, "device": cell.device or run.device, "dtype": cell.dtype,
+         "model": cell.model or run.model, "profile": run.profile, "shape": cell.shape,
+         "code_path": cell.code_path, "chapter_status": cell.status, "missing": cell.missing,
+         "reference": ref, "ratio_to_reference": ratio, "why_no_ratio": why}
+        for chapter, key, source, per_run in compared(runs, reference)
+        for run, cell, ratio, why in per_run])
 
 
 def wide_table(long):
@@ -311,18 +317,14 @@ def memory_cell(run: Run) -> Cell:
     From chapter 06's first ladder rung (native eager, batch 1: what the claims audit reads), else
     chapter 04's batch-1 sweep point.
     """
-    data = run.chapters.get(LADDER)
-    rows = (data or {}).get("tables", {}).get("ladder") or []
+    rows = (run.chapters.get(LADDER) or {}).get("tables", {}).get("ladder") or []
     first = rows[0] if rows and isinstance(rows[0], dict) else {}
     peak = first.get("peak_memory_bytes")
     if first.get("status") == "ok" and isinstance(peak, (int, float)) and peak > 0:
-        dtypes = [e.get("dtype") for e in data["metrics"].values() if e.get("dtype")]
-        return Cell(value=peak / 1e9, unit="GB", device=str(data.get("environment", {}).get("device") or run.device),
-                    dtype=str(first.get("dtype") or most_common(dtypes) or run.dtype),
-                    model=str(data.get("parameters", {}).get("model") or run.model),
-                    shape=f"batch {first.get('batch_size') or 1}",
-                    code_path=f"chapter 06 ladder, rung {first.get('rung', '?')}, peak memory",
-                    status=run.status.get(LADDER, ""))
+        return chapter_cell(run, LADDER, value=peak / 1e9, unit="GB",
+                            dtype=str(first.get("dtype") or chapter_dtype(run, LADDER)),
+                            shape=f"batch {first.get('batch_size') or 1}",
+                            code_path=f"chapter 06 ladder, rung {first.get('rung', '?')}, peak memory")
     cell = batch_sweep_cell(run, 1, column="peak_memory_bytes", unit="bytes")
     if cell.number is not None:
         sweep = run.chapters[BATCHING].get("tables", {}).get("batch_sweep") or []
@@ -408,36 +410,22 @@ def _bars(ax, runs, cells, ylabel, fmt="{}", offset=0.0, width=0.8, color=None, 
     return bars
 
 
-def plot_decode(runs: list[Run]):
-    """Decode tok/s at batch 1 (chapter 03) and batch 8 (chapter 04's sweep, aggregate) per run."""
+def plot_runs(runs: list[Run], series: list, ylabel: str, title: str, fmt="{}", width=2.0, height=3.6):
+    """Bars per run, side by side for each series ``(cells, colour or None, legend label or None)``;
+    None when no run measured any of them."""
     import matplotlib.pyplot as plt
 
-    b1 = [figure_cell(r, *DECODE_B1) for r in runs]
-    b8 = [batch_sweep_cell(r, 8) for r in runs]
-    if all(c.number is None for c in b1 + b8):
+    if all(c.number is None for cells, _, _ in series for c in cells):
         return None
-    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(runs)), 3.8))
-    _bars(ax, runs, b1, "tokens/s", offset=-0.2, width=0.4, color="#1f77b4", label="batch 1 (ch. 03, per user)")
-    _bars(ax, runs, b8, "tokens/s", offset=0.2, width=0.4, color="#ff7f0e",
-          label="batch 8 (ch. 04 sweep, aggregate)")
-    top = max([c.number for c in b1 + b8 if c.number is not None] + [1e-9])
-    ax.set_ylim(0, top * 1.3)
-    ax.set_xticks(range(len(runs)))
-    ax.set_xticklabels(_run_ticks(runs), fontsize=8)
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_title("Decode rate per run (each bar: its run's model, dtype, device)", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def plot_single(runs: list[Run], key: tuple[str, str], ylabel: str, title: str, fmt="{}"):
-    import matplotlib.pyplot as plt
-
-    cells = [figure_cell(r, *key) for r in runs]
-    if all(c.number is None for c in cells):
-        return None
-    fig, ax = plt.subplots(figsize=(max(6.0, 2.0 * len(runs)), 3.6))
-    _bars(ax, runs, cells, ylabel, fmt=fmt)
+    fig, ax = plt.subplots(figsize=(max(6.0, width * len(runs)), height))
+    each = 0.8 / len(series)
+    for k, (cells, color, label) in enumerate(series):
+        _bars(ax, runs, cells, ylabel, fmt=fmt, offset=(k - (len(series) - 1) / 2) * each, width=each,
+              color=color, label=label)
+    if len(series) > 1:  # room above the tallest bar for the legend
+        top = max([c.number for cells, _, _ in series for c in cells if c.number is not None] + [1e-9])
+        ax.set_ylim(0, top * 1.3)
+        ax.legend(fontsize=8, loc="upper right")
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels(_run_ticks(runs), fontsize=8)
     ax.set_title(title, fontsize=10)
@@ -445,13 +433,24 @@ def plot_single(runs: list[Run], key: tuple[str, str], ylabel: str, title: str, 
     return fig
 
 
+def plot_decode(runs: list[Run]):
+    """Decode tok/s at batch 1 (chapter 03) and batch 8 (chapter 04's sweep, aggregate) per run."""
+    batch1 = [figure_cell(r, *DECODE_B1) for r in runs]
+    batch8 = [batch_sweep_cell(r, 8) for r in runs]
+    return plot_runs(runs, [(batch1, "#1f77b4", "batch 1 (ch. 03, per user)"),
+                            (batch8, "#ff7f0e", "batch 8 (ch. 04 sweep, aggregate)")],
+                     "tokens/s", "Decode rate per run (each bar: its run's model, dtype, device)",
+                     width=2.2, height=3.8)
+
+
 def plot_ttft(runs: list[Run]):
-    return plot_single(runs, TTFT, "ms", "Time to first token per run (chapter 03; shape in the figures table)")
+    return plot_runs(runs, [([figure_cell(r, *TTFT) for r in runs], None, None)], "ms",
+                     "Time to first token per run (chapter 03; shape in the figures table)")
 
 
 def plot_roofline(runs: list[Run]):
-    return plot_single(runs, ROOFLINE, "% of its own roofline",
-                       "Batch-1 decode as a share of each run's own bandwidth roofline (chapter 03)", fmt="{}%")
+    return plot_runs(runs, [([figure_cell(r, *ROOFLINE) for r in runs], None, None)], "% of its own roofline",
+                     "Batch-1 decode as a share of each run's own bandwidth roofline (chapter 03)", fmt="{}%")
 
 
 def ladder_rungs(run: Run) -> list[tuple[str, float]]:
@@ -497,31 +496,20 @@ def plot_ladder(runs: list[Run]):
 
 # --- the page ---------------------------------------------------------------------------------
 
-def _value_text(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "" if value is None else str(value)[:120]
-
-
-def figures_view(runs: list[Run], long) -> list[dict]:
+def figures_view(runs: list[Run], reference: int = 0) -> list[dict]:
     """The key-figures table as the template draws it: per row, each run's cell and each ratio or why not."""
-    ref = long["reference"].iloc[0] if len(long) else ""
     rows = []
-    for (chapter, key), group in long.groupby(["chapter", "figure"], sort=False):
-        cells = []
-        for run in runs:
-            cell = cell_for(run, chapter, key)
-            context = " · ".join(filter(None, (device_class(cell.device) or cell.device, cell.dtype, cell.model,
-                                               cell.shape, cell.code_path)))
-            cells.append({"missing": cell.missing, "value": _value_text(cell.value), "unit": cell.unit,
-                          "status": "" if cell.status in FINISHED else cell.status, "context": context})
-        ratios = []
-        for run in (r for r in runs if r.label != ref):
-            r = group[group["run"] == run.label].iloc[0]
-            ok = r["ratio_to_reference"] is not None and r["ratio_to_reference"] == r["ratio_to_reference"]
-            ratios.append((f"{r['ratio_to_reference']:.3g}x" if ok else "", r["why_no_ratio"]))
-        source = group["source"].iloc[0]
-        rows.append({"chapter": chapter, "key": key, "source": "" if source == "key figure" else source,
+    for chapter, key, source, per_run in compared(runs, reference):
+        cells, ratios = [], []
+        for run, cell, ratio, why in per_run:
+            context = " · ".join(filter(None, (device_class(cell.device) or cell.device, cell.dtype,
+                                               cell.model, cell.shape, cell.code_path)))
+            cells.append({"missing": cell.missing, "value": pages.cell_text(cell.value)[:120],
+                          "unit": cell.unit, "context": context,
+                          "status": "" if cell.status in FINISHED else cell.status})
+            if run is not runs[reference]:
+                ratios.append((f"{ratio:.3g}x" if ratio is not None else "", why))
+        rows.append({"chapter": chapter, "key": key, "source": "" if source == KEY_FIGURE else source,
                      "cells": cells, "ratios": ratios})
     return rows
 
@@ -560,7 +548,7 @@ def compare(run_dirs: list, out_dir: "str | Path", reference: int = 0, claims_ta
         shown["verdict_class"] = [pages.say("common.verdict_classes", v, lang) for v in shown["verdict_class"]]
     html_path = pages.write(
         out_dir / "index.html", "compare", lang, runs=runs, reference=runs[reference].label, guide=guide,
-        figures=figures_view(runs, long), plots=plots, claims=shown,
+        figures=figures_view(runs, reference), plots=plots, claims=shown,
         claims_error=claims_error, counts={} if table is None else claims_mod.verdict_counts(table),
         widths={"id": 4, "section": 11, claim_text: 19, "verdict": 9, "verdict_class": 9, "decided_by": 8,
                 "device_class": 5, "elsewhere": 11, "elsewhere_run": 7, "detail": 24})

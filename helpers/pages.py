@@ -45,19 +45,15 @@ def labels(kind: str, lang: str = "en") -> dict:
     return _label_file(lang)[kind]
 
 
-def label_table(path: str, lang: str = "en") -> dict:
-    """A table of the label file by its dotted path (``common.verdict_classes``, ``claims.evidence_kinds``)."""
+def say(path: str, key, lang: str = "en") -> str:
+    """The shown word for a key of the label table at a dotted path (``common.verdict_classes``,
+    ``claims.evidence_kinds``); an unknown key as it is, an unknown table a KeyError."""
     table = _label_file(lang)
     for part in path.split("."):
         if not isinstance(table, dict) or part not in table:
             raise KeyError(f"labels.{lang}.yaml has no table {path!r}")
         table = table[part]
-    return table
-
-
-def say(path: str, key, lang: str = "en") -> str:
-    """The shown word for a key of a label table (a verdict class, a status); an unknown key as it is."""
-    return str(label_table(path, lang).get(str(key), key))
+    return str(table.get(str(key), key))
 
 
 HTML_LANG = {"zh": "zh-CN"}  # the simplified-Chinese glyphs of a CJK font, not the Japanese ones

@@ -18,14 +18,10 @@ def decode_gap_parts(gap) -> list[dict]:
     bars = []
     for row in gap.to_dict(orient="records"):
         step = float(row["step_ms"])
-        matmul = float(row["matmul_ms"]) if row.get("matmul_ms") == row.get("matmul_ms") else math.nan
-        if math.isnan(matmul):
-            bars.append({"path": row["path"], "step_ms": step, "matmul_ms": 0.0, "rest_ms": step,
-                         "split": False})
-            continue
-        matmul = min(max(matmul, 0.0), step)
+        split = row.get("matmul_ms") is not None and row["matmul_ms"] == row["matmul_ms"]  # not NaN
+        matmul = min(max(float(row["matmul_ms"]), 0.0), step) if split else 0.0
         bars.append({"path": row["path"], "step_ms": step, "matmul_ms": matmul, "rest_ms": step - matmul,
-                     "split": True})
+                     "split": split})
     return bars
 
 
@@ -118,6 +114,7 @@ def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
         a.set_ylabel("ms (median, p10-p90)")
         a.set_title(name)
     fig.suptitle(title)
+    return fig
 
 
 def plot_ffn_variants(table, title: str, figsize=(12, 3.2)):

@@ -15,9 +15,6 @@ from . import decide, pages
 from .claims import number, parse_args
 from .results import REPORT_CHAPTER, RunFolder, metric
 
-FIGSIZE = (7, 3.6)
-
-
 def key_figures(results: dict):
     """Every chapter's key figures with unit and context, as recorded."""
     import pandas as pd
@@ -65,7 +62,7 @@ def plot_roofline(results: dict):
     measured = _value(results, "03_end_to_end.decode_tok_s_batch1")
     if measured is None:
         return None
-    fig, ax = plt.subplots(figsize=FIGSIZE)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     labels, values = ["measured decode (ch. 03)"], [measured]
     if ceiling:
         labels.append("bandwidth ceiling (ch. 00)")

@@ -9,6 +9,7 @@ re-measured.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -48,10 +49,8 @@ def _jsonable(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return value.tolist()
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
-        try:
+        with contextlib.suppress(Exception):
             return _jsonable(value.item())
-        except Exception:
-            pass
     if hasattr(value, "to_dict") and callable(value.to_dict):  # pandas
         try:
             return _jsonable(value.to_dict(orient="records"))
@@ -104,10 +103,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -350,9 +347,5 @@ def read_run(path: "str | Path", expected: Iterable[str] = (), run: Optional[dic
 
 def metric(results: Optional[dict], key: str, default: Any = None) -> Any:
     """The value of a recorded figure, or ``default`` when the chapter or figure is missing."""
-    if not results:
-        return default
-    entry = results.get("metrics", {}).get(key)
-    if entry is None:
-        return default
-    return entry.get("value", default)
+    entry = (results or {}).get("metrics", {}).get(key)
+    return default if entry is None else entry.get("value", default)
