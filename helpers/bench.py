@@ -151,20 +151,6 @@ def speedup(baseline: Timing, candidate: Timing) -> Speedup:
                    baseline.p10 / candidate.p90, baseline.p90 / candidate.p10)
 
 
-def table(timings: list[Timing], baseline: Optional[Timing] = None):
-    """A pandas DataFrame of timings (ms), with speedup over ``baseline`` when given."""
-    import pandas as pd
-
-    rows = []
-    for t in timings:
-        row = t.summary()
-        if baseline is not None:
-            s = speedup(baseline, t)
-            row.update(speedup=s.ratio, speedup_low=s.low, speedup_high=s.high)
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def memory_bandwidth(device="cpu", size_mib: int = 256, dtype=torch.float32,
                      min_iters: int = 10, min_seconds: float = 1.0) -> dict:
     """Sustained read bandwidth (GB/s) of this device, from a full reduction over a large buffer.

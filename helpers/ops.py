@@ -141,8 +141,7 @@ def _torch_npu():
 
 def _npu_op(name: str):
     """``torch_npu.<name>``, or a clear error naming this torch_npu and the line that has the op."""
-    module = _torch_npu()
-    fn = getattr(module, name, None)
+    fn = getattr(_torch_npu(), name, None)
     if fn is None:
         raise RuntimeError(f"impl='npu' needs torch_npu.{name}, but {npu_op_missing(name)}. "
                            "Use impl='auto' to fall back to an implementation this line has.")
@@ -284,12 +283,11 @@ def ge_fallbacks(model: nn.Module, backend_fn) -> list:
     op cannot be in a GE graph switch to the reference implementation (the rest of the graph stays
     fused). Returns one row per op that fell back, with the reason, for the chapter to print.
     """
+    op_of = {FusedRMSNorm: "npu_rms_norm", FusedLlamaMLP: "npu_swiglu"}
     users: dict = {}
     for module in model.modules():
-        if isinstance(module, FusedRMSNorm) and module.impl == "npu":
-            users.setdefault("npu_rms_norm", []).append(module)
-        elif isinstance(module, FusedLlamaMLP) and module.impl == "npu":
-            users.setdefault("npu_swiglu", []).append(module)
+        if type(module) in op_of and module.impl == "npu":
+            users.setdefault(op_of[type(module)], []).append(module)
     first = next(model.parameters(), None)
     rows = []
     for name, modules in users.items():
