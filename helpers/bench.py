@@ -78,11 +78,13 @@ class Timing:
                 f"p90 {self.p90 * 1e3:.3f}, stdev {self.stdev_pct:.1f}%, n={len(self.samples)}{flag})")
 
 
-def _timed_call(fn: Callable[[], object], device) -> tuple:
-    """``(fn(), seconds)`` for one call fenced by device synchronisation."""
+def _timed_calls(fn: Callable[[], object], device, calls: int = 1) -> tuple:
+    """``(last output, seconds)`` of ``calls`` calls of ``fn`` fenced by device synchronisation."""
+    out = None
     synchronize(device)
     t0 = time.perf_counter()
-    out = fn()
+    for _ in range(calls):
+        out = fn()
     synchronize(device)
     return out, time.perf_counter() - t0
 
@@ -101,30 +103,19 @@ def measure(fn: Callable[[], object], device="cpu", *, name: str = "", warmup: i
     if warmup < 0:
         raise ValueError(f"warmup={warmup} must be >= 0")
     device = as_device(device)
-    first = _timed_call(fn, device)[1]
-    for _ in range(max(warmup - 1, 0)):
-        fn()
-    synchronize(device)
+    first = _timed_calls(fn, device)[1]
+    _timed_calls(fn, device, max(warmup - 1, 0))  # the rest of the warm-up, untimed
 
     inner = 1
     if first < min_sample_seconds:
         # Estimate from a short probe (the first call may have included compilation).
-        t0 = time.perf_counter()
-        for _ in range(10):
-            fn()
-        synchronize(device)
-        per_call = max((time.perf_counter() - t0) / 10, 1e-9)
+        per_call = max(_timed_calls(fn, device, 10)[1] / 10, 1e-9)
         inner = max(1, min(10_000, int(min_sample_seconds / per_call)))
 
     samples: list[float] = []
     spent = 0.0
     while len(samples) < max_iters and (len(samples) < min_iters or spent < min_seconds):
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        synchronize(device)
-        elapsed = time.perf_counter() - t0
+        elapsed = _timed_calls(fn, device, inner)[1]
         spent += elapsed
         samples.append(elapsed / inner)
     meta = {k: (dtype_name(v) if isinstance(v, torch.dtype) else v) for k, v in meta.items()}
@@ -231,7 +222,7 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
         key = tuple(labels.values())
         if baseline is not None and not rows and key[-1] != baseline:
             raise ValueError(f"baseline={baseline!r}: the first variant must be the baseline, got {key}")
-        out, first = _timed_call(fn, device)
+        out, first = _timed_calls(fn, device)
         got = out if isinstance(out, (tuple, list)) else (out,)
         want = expected if isinstance(expected, (tuple, list)) else (expected,)
         if expected is not None:
