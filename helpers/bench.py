@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from .backend import as_device, dtype_name, synchronize
@@ -39,12 +40,8 @@ class Timing:
         return statistics.median(self.samples)
 
     def percentile(self, q: float) -> float:
-        ordered = sorted(self.samples)
-        if len(ordered) == 1:
-            return ordered[0]
-        pos = (len(ordered) - 1) * q / 100.0
-        lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
-        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+        """Linear interpolation between the closest ranks (numpy's default)."""
+        return float(np.percentile(self.samples, q))
 
     @property
     def p10(self) -> float:
@@ -70,19 +67,10 @@ class Timing:
 
     def summary(self) -> dict:
         """Flat dict for tables and results.json (times in milliseconds)."""
-        return {
-            "name": self.name,
-            "median_ms": self.median * 1e3,
-            "p10_ms": self.p10 * 1e3,
-            "p90_ms": self.p90 * 1e3,
-            "stdev_pct": self.stdev_pct,
-            "noisy": self.noisy,
-            "iterations": len(self.samples),
-            "inner_calls": self.inner_calls,
-            "first_call_s": self.first_call_s,
-            "device": self.device,
-            **self.meta,
-        }
+        return {"name": self.name, "median_ms": self.median_ms, "p10_ms": self.p10 * 1e3,
+                "p90_ms": self.p90 * 1e3, "stdev_pct": self.stdev_pct, "noisy": self.noisy,
+                "iterations": len(self.samples), "inner_calls": self.inner_calls,
+                "first_call_s": self.first_call_s, "device": self.device, **self.meta}
 
     def __repr__(self) -> str:
         flag = " NOISY" if self.noisy else ""
@@ -90,18 +78,20 @@ class Timing:
                 f"p90 {self.p90 * 1e3:.3f}, stdev {self.stdev_pct:.1f}%, n={len(self.samples)}{flag})")
 
 
-def measure(
-    fn: Callable[[], object],
-    device="cpu",
-    *,
-    name: str = "",
-    warmup: int = 3,
-    min_iters: int = 10,
-    min_seconds: float = 0.5,
-    max_iters: int = 10_000,
-    min_sample_seconds: float = 1e-3,
-    **meta,
-) -> Timing:
+def _timed_calls(fn: Callable[[], object], device, calls: int = 1) -> tuple:
+    """``(last output, seconds)`` of ``calls`` calls of ``fn`` fenced by device synchronisation."""
+    out = None
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - t0
+
+
+def measure(fn: Callable[[], object], device="cpu", *, name: str = "", warmup: int = 3,
+            min_iters: int = 10, min_seconds: float = 0.5, max_iters: int = 10_000,
+            min_sample_seconds: float = 1e-3, **meta) -> Timing:
     """Time ``fn()`` with the workbook protocol and return per-call statistics.
 
     Calls shorter than ``min_sample_seconds`` are batched ``inner_calls`` at a time inside one
@@ -113,34 +103,19 @@ def measure(
     if warmup < 0:
         raise ValueError(f"warmup={warmup} must be >= 0")
     device = as_device(device)
-    synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    synchronize(device)
-    first = time.perf_counter() - t0
-    for _ in range(max(warmup - 1, 0)):
-        fn()
-    synchronize(device)
+    first = _timed_calls(fn, device)[1]
+    _timed_calls(fn, device, max(warmup - 1, 0))  # the rest of the warm-up, untimed
 
     inner = 1
     if first < min_sample_seconds:
         # Estimate from a short probe (the first call may have included compilation).
-        t0 = time.perf_counter()
-        for _ in range(10):
-            fn()
-        synchronize(device)
-        per_call = max((time.perf_counter() - t0) / 10, 1e-9)
+        per_call = max(_timed_calls(fn, device, 10)[1] / 10, 1e-9)
         inner = max(1, min(10_000, int(min_sample_seconds / per_call)))
 
     samples: list[float] = []
     spent = 0.0
     while len(samples) < max_iters and (len(samples) < min_iters or spent < min_seconds):
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        synchronize(device)
-        elapsed = time.perf_counter() - t0
+        elapsed = _timed_calls(fn, device, inner)[1]
         spent += elapsed
         samples.append(elapsed / inner)
     meta = {k: (dtype_name(v) if isinstance(v, torch.dtype) else v) for k, v in meta.items()}
@@ -163,26 +138,8 @@ class Speedup:
 
 def speedup(baseline: Timing, candidate: Timing) -> Speedup:
     """How many times faster ``candidate`` is than ``baseline`` (>1 means faster)."""
-    return Speedup(
-        baseline.name, candidate.name,
-        baseline.median / candidate.median,
-        baseline.p10 / candidate.p90,
-        baseline.p90 / candidate.p10,
-    )
-
-
-def table(timings: list[Timing], baseline: Optional[Timing] = None):
-    """A pandas DataFrame of timings (ms), with speedup over ``baseline`` when given."""
-    import pandas as pd
-
-    rows = []
-    for t in timings:
-        row = t.summary()
-        if baseline is not None:
-            s = speedup(baseline, t)
-            row.update(speedup=s.ratio, speedup_low=s.low, speedup_high=s.high)
-        rows.append(row)
-    return pd.DataFrame(rows)
+    return Speedup(baseline.name, candidate.name, baseline.median / candidate.median,
+                   baseline.p10 / candidate.p90, baseline.p90 / candidate.p10)
 
 
 def memory_bandwidth(device="cpu", size_mib: int = 256, dtype=torch.float32,
@@ -205,18 +162,11 @@ def memory_bandwidth(device="cpu", size_mib: int = 256, dtype=torch.float32,
     copy = measure(lambda: dst.copy_(src), device, name="copy (read+write)", min_iters=min_iters,
                    min_seconds=min_seconds)
     del src, dst
-    return {
-        "read_gbps": nbytes / read.median / 1e9,
-        "read_gbps_p10": nbytes / read.p90 / 1e9,
-        "read_gbps_p90": nbytes / read.p10 / 1e9,
-        "copy_gbps": 2 * nbytes / copy.median / 1e9,
-        "buffer_mib": size_mib,
-        "dtype": dtype_name(dtype),
-        "device": str(device),
-        "read_timing": read.summary(),
-        "copy_timing": copy.summary(),
-        "code_path": "torch.sum over a contiguous buffer; copy_ into a second buffer",
-    }
+    return {"read_gbps": nbytes / read.median / 1e9, "read_gbps_p10": nbytes / read.p90 / 1e9,
+            "read_gbps_p90": nbytes / read.p10 / 1e9, "copy_gbps": 2 * nbytes / copy.median / 1e9,
+            "buffer_mib": size_mib, "dtype": dtype_name(dtype), "device": str(device),
+            "read_timing": read.summary(), "copy_timing": copy.summary(),
+            "code_path": "torch.sum over a contiguous buffer; copy_ into a second buffer"}
 
 
 def reference_bandwidth(device, run_dir=None, size_mib: int = 128) -> tuple[float, str]:
@@ -248,77 +198,56 @@ def timing_row(t: Timing, nbytes: Optional[float] = None, bandwidth_gbps: Option
 
 
 def check_and_time(variants: list, device, *, expected=None, measure: Optional[Callable] = None,
-                   nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None):
+                   nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
+                   tolerance=None, baseline: Optional[str] = None, count: Optional[Callable] = None):
     """Run each variant once (its first call, compilation included, timed apart), check its output
-    against ``expected`` with the dtype's ``assert_close`` tolerances, then time it.
+    against ``expected`` (``tolerance``: ``assert_close`` keywords, or a function of ``expected``
+    returning them; default: the dtype's), then time it with ``measure(fn, name)`` (default:
+    ``measure`` with its defaults) and, with ``count(fn)`` (for example ``profiling.count_ops``),
+    count its operators.
 
     ``variants`` is a list of ``(labels, fn)`` or ``(labels, fn, nbytes)`` with ``labels`` a dict
     such as ``{"impl": "torch", "layout": "contiguous"}`` (a variant's own ``nbytes`` overrides the
-    common one); ``measure(fn, name)`` returns a ``Timing`` (default: ``measure`` with its defaults).
-    Returns the rows (``timing_row``) and the timings keyed by the labels' values.
+    common one). With ``baseline``, the first variant is the baseline and its labels' last value
+    must be ``baseline``, which names the columns ``max_abs_diff_vs_<baseline>`` (largest difference
+    from ``expected``) and ``speedup_vs_<baseline>`` with its spread ``..._low`` / ``..._high``.
+    Returns the rows (``timing_row``) and the timings keyed by the labels' values (the value itself
+    for one label).
     """
+    from . import profiling
+
     measure = measure or (lambda fn, name: globals()["measure"](fn, device, name=name))
     rows, timings = [], {}
     for labels, fn, *own_bytes in variants:
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = fn()
-        synchronize(device)
-        first = time.perf_counter() - t0
-        if expected is not None:
-            got = out if isinstance(out, (tuple, list)) else (out,)
-            want = expected if isinstance(expected, (tuple, list)) else (expected,)
-            for g, w in zip(got, want):
-                torch.testing.assert_close(g, w)  # a wrong kernel fails the chapter, not just its figure
         key = tuple(labels.values())
-        timing = measure(fn, " / ".join(map(str, key)))
-        timings[key if len(key) > 1 else key[0]] = timing
+        if baseline is not None and not rows and key[-1] != baseline:
+            raise ValueError(f"baseline={baseline!r}: the first variant must be the baseline, got {key}")
+        out, first = _timed_calls(fn, device)
+        got = out if isinstance(out, (tuple, list)) else (out,)
+        want = expected if isinstance(expected, (tuple, list)) else (expected,)
+        if expected is not None:
+            for g, w in zip(got, want):
+                tol = tolerance(w) if callable(tolerance) else (tolerance or {})
+                torch.testing.assert_close(g, w, **tol)  # a wrong kernel fails the chapter, not just its figure
+        timing = timings[key if len(key) > 1 else key[0]] = measure(fn, " / ".join(map(str, key)))
         row = timing_row(timing, own_bytes[0] if own_bytes else nbytes, bandwidth_gbps, **labels)
         row["first_call_s"] = first
+        if count is not None:
+            counts = count(fn)
+            row.update(ops_per_call=counts["ops"], ops=profiling.op_list(counts))
+        if baseline is not None:
+            row[f"max_abs_diff_vs_{baseline}"] = max((g.float() - w.float()).abs().max().item()
+                                                     for g, w in zip(got, want))
+            sp = speedup(timings[next(iter(timings))], timing)
+            row.update({f"speedup_vs_{baseline}": sp.ratio, f"speedup_vs_{baseline}_low": sp.low,
+                        f"speedup_vs_{baseline}_high": sp.high})
         rows.append(row)
     return rows, timings
 
 
 def check_time_count(variants: list, device, *, expected, baseline: str, measure: Callable,
                      count: Optional[Callable] = None, tolerance=None):
-    """``check_and_time`` for a block whose variants round differently (chapter 02's FFN): each
-    variant's first call (compilation included) is timed apart and checked against ``expected`` with
-    ``tolerance`` (``assert_close`` keywords, or a function of ``expected`` returning them; default:
-    the dtype's), then timed with ``measure(fn, name)`` and, with ``count(fn)`` (for example
-    ``profiling.count_ops``), its operators counted.
-
-    The first variant is the baseline; its labels' last value is ``baseline`` (``"unfused"``), which
-    names the columns ``max_abs_diff_vs_<baseline>`` (largest difference from ``expected``) and
-    ``speedup_vs_<baseline>`` with its spread ``..._low`` / ``..._high`` (``speedup``).
-    Returns the rows and the timings keyed by the labels' values.
-    """
-    from . import profiling
-
-    rows, timings = [], {}
-    for labels, fn in variants:
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = fn()
-        synchronize(device)
-        first = time.perf_counter() - t0
-        got = out if isinstance(out, (tuple, list)) else (out,)
-        want = expected if isinstance(expected, (tuple, list)) else (expected,)
-        for g, w in zip(got, want):
-            tol = tolerance(w) if callable(tolerance) else (tolerance or {})
-            torch.testing.assert_close(g, w, **tol)  # a wrong kernel fails the chapter
-        key = tuple(labels.values())
-        timing = timings[key] = measure(fn, " / ".join(map(str, key)))
-        if not rows and key[-1] != baseline:
-            raise ValueError(f"baseline={baseline!r}: the first variant must be the baseline, got {key}")
-        row = timing_row(timing, **labels)
-        row["first_call_s"] = first
-        if count is not None:
-            counts = count(fn)
-            row.update(ops_per_call=counts["ops"], ops=profiling.op_list(counts))
-        row[f"max_abs_diff_vs_{baseline}"] = max((g.float() - w.float()).abs().max().item()
-                                                 for g, w in zip(got, want))
-        sp = speedup(timings[next(iter(timings))], timing)
-        row.update({f"speedup_vs_{baseline}": sp.ratio, f"speedup_vs_{baseline}_low": sp.low,
-                    f"speedup_vs_{baseline}_high": sp.high})
-        rows.append(row)
-    return rows, timings
+    """``check_and_time`` against a baseline, for a block whose variants round differently
+    (chapter 02's FFN: ``tolerance=ops.ffn_chain_tolerance``, ``count=profiling.count_ops``)."""
+    return check_and_time(variants, device, expected=expected, measure=measure, tolerance=tolerance,
+                          baseline=baseline, count=count)

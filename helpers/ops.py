@@ -45,9 +45,7 @@ FFN_VARIANTS = ("unfused", "merged", "fused_act", "graph")
 def _device_kind(device) -> str:
     """``"npu"`` / ``"cuda"`` / ``"cpu"`` from a tensor, device or string (``torch.device("npu")``
     only parses once torch_npu is imported, so strings are read as text)."""
-    if isinstance(device, torch.Tensor):
-        return device.device.type
-    if isinstance(device, backend.DeviceChoice):
+    if isinstance(device, (torch.Tensor, backend.DeviceChoice)):
         return device.device.type
     if isinstance(device, torch.device):
         return device.type
@@ -101,19 +99,13 @@ def npu_op_missing(name: str) -> Optional[str]:
     return f"torch_npu {_torch_npu_version(module)} has no torch_npu.{name} (it arrived with {since})"
 
 
-def _fallback_impl(op: str) -> str:
-    return "reference" if op == "swiglu" or not versions.has_feature("F.rms_norm") else "torch"
-
-
 def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
     """The implementation that really runs for ``impl`` on ``device`` (``auto`` and fallbacks
     resolved); ``op`` is ``"rms_norm"``, ``"add_rms_norm"`` or ``"swiglu"``."""
-    choices = SWIGLU_IMPLS if op == "swiglu" else RMS_IMPLS
-    _check_impl(impl, choices)
-    kind = _device_kind(device)
+    _check_impl(impl, SWIGLU_IMPLS if op == "swiglu" else RMS_IMPLS)
     if impl == "auto":
-        if kind == "npu":
-            return "npu" if npu_op_missing(NPU_OPS[op]) is None else _fallback_impl(op)
+        if _device_kind(device) == "npu" and npu_op_missing(NPU_OPS[op]) is None:
+            return "npu"
         impl = "reference" if op == "swiglu" else "torch"
     if impl == "npu":
         _npu_op(NPU_OPS[op])  # an explicit request fails here, naming the op this line lacks
@@ -124,14 +116,11 @@ def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
 
 def explain_impl(impl: str, device, op: str = "rms_norm") -> tuple:
     """``(resolve_impl(...), why)``: the implementation that runs and the reason, for a chapter to print."""
-    chosen = resolve_impl(impl, device, op)
-    kind = _device_kind(device)
-    npu_name = NPU_OPS[op]
+    chosen, kind, npu_name = resolve_impl(impl, device, op), _device_kind(device), NPU_OPS[op]
     if impl == "auto" and kind == "npu":
-        missing = npu_op_missing(npu_name)
-        if missing is None:
+        if chosen == "npu":
             return chosen, f"auto on an NPU: torch_npu.{npu_name} exists in torch_npu {_torch_npu_version()}"
-        return chosen, f"auto on an NPU: {missing}; the {chosen} implementation runs instead"
+        return chosen, f"auto on an NPU: {npu_op_missing(npu_name)}; the {chosen} implementation runs instead"
     if impl == "npu":
         return chosen, f"impl='npu' requested: torch_npu.{npu_name}"
     if impl == "auto":
@@ -152,8 +141,7 @@ def _torch_npu():
 
 def _npu_op(name: str):
     """``torch_npu.<name>``, or a clear error naming this torch_npu and the line that has the op."""
-    module = _torch_npu()
-    fn = getattr(module, name, None)
+    fn = getattr(_torch_npu(), name, None)
     if fn is None:
         raise RuntimeError(f"impl='npu' needs torch_npu.{name}, but {npu_op_missing(name)}. "
                            "Use impl='auto' to fall back to an implementation this line has.")
@@ -246,12 +234,8 @@ def npu_graph_plan(mode: Optional[str] = None) -> dict:
 
 
 def npu_graph_backend(mode: Optional[str] = None, plan: Optional[dict] = None):
-    """torchair's backend for ``torch.compile``, built the documented way from ``npu_graph_plan``.
-
-    ``backend="npu"`` is the same with the default config; building it explicitly lets ``mode``
-    ("max-autotune" = GE graph, "reduce-overhead" / "npugraph_ex" = aclgraph) be chosen where this
-    torchair offers it.
-    """
+    """torchair's backend for ``torch.compile``, built from ``npu_graph_plan`` (``backend="npu"``
+    is the same with the default config; building it lets ``mode`` be chosen where torchair offers it)."""
     plan = plan if plan is not None else npu_graph_plan(mode)
     return _import_torchair().get_npu_backend(compiler_config=plan["config"])
 
@@ -299,12 +283,11 @@ def ge_fallbacks(model: nn.Module, backend_fn) -> list:
     op cannot be in a GE graph switch to the reference implementation (the rest of the graph stays
     fused). Returns one row per op that fell back, with the reason, for the chapter to print.
     """
+    op_of = {FusedRMSNorm: "npu_rms_norm", FusedLlamaMLP: "npu_swiglu"}
     users: dict = {}
     for module in model.modules():
-        if isinstance(module, FusedRMSNorm) and module.impl == "npu":
-            users.setdefault("npu_rms_norm", []).append(module)
-        elif isinstance(module, FusedLlamaMLP) and module.impl == "npu":
-            users.setdefault("npu_swiglu", []).append(module)
+        if type(module) in op_of and module.impl == "npu":
+            users.setdefault(op_of[type(module)], []).append(module)
     first = next(model.parameters(), None)
     rows = []
     for name, modules in users.items():
@@ -379,7 +362,6 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6)
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, impl: str = "auto") -> torch.Tensor:
     """RMSNorm over the last dim; ``impl`` in ``RMS_IMPLS`` (see the module docstring)."""
-    _check_impl(impl, RMS_IMPLS)
     _check_norm(x, weight, eps)
     impl = resolve_impl(impl, x, "rms_norm")
     if impl == "npu":
@@ -399,18 +381,12 @@ def add_rms_norm_reference(x, residual, weight, eps: float = 1e-6):
     return rms_norm_reference(new_residual, weight, eps), new_residual
 
 
-def _add_rms_norm_torch(x, residual, weight, eps):
-    new_residual = x + residual
-    return F.rms_norm(new_residual, (x.shape[-1],), weight, eps), new_residual
-
-
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                  impl: str = "auto"):
     """``(normed, new_residual)`` with ``new_residual = x + residual`` feeding the next block.
 
     On NPU one ``npu_add_rms_norm`` kernel does both; it returns ``(y, rstd, x1 + x2)``.
     """
-    _check_impl(impl, RMS_IMPLS)
     _check_norm(x, weight, eps)
     if not isinstance(residual, torch.Tensor) or residual.shape != x.shape:
         shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
@@ -420,7 +396,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         y, _rstd, new_residual = _npu_op("npu_add_rms_norm")(x, residual, weight, eps)
         return y, new_residual
     if impl == "torch":
-        return _add_rms_norm_torch(x, residual, weight, eps)
+        new_residual = x + residual
+        return F.rms_norm(new_residual, (x.shape[-1],), weight, eps), new_residual
     if impl == "compiled":
         return _compiled(add_rms_norm_reference, x)(x, residual, weight, eps)
     return add_rms_norm_reference(x, residual, weight, eps)
@@ -436,7 +413,6 @@ def swiglu_reference(gate_up: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def swiglu(gate_up: torch.Tensor, dim: int = -1, impl: str = "auto") -> torch.Tensor:
     """SwiGLU activation of a merged gate_up tensor; ``impl`` in ``SWIGLU_IMPLS``."""
-    _check_impl(impl, SWIGLU_IMPLS)
     if not isinstance(gate_up, torch.Tensor) or gate_up.dim() == 0 or gate_up.shape[dim] % 2:
         shape = tuple(gate_up.shape) if isinstance(gate_up, torch.Tensor) else type(gate_up).__name__
         raise ValueError(f"gate_up must have an even size along dim={dim} (gate and up halves); got {shape}")

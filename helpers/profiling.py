@@ -88,41 +88,49 @@ def _quiet_native_stderr():
         os.close(devnull)
 
 
+def _profile(fn: Callable[[], object], device, device_kernels: bool = True):
+    """torch.profiler over one call of ``fn``, fenced by synchronisation; CUDA kernels are
+    recorded too where ``device_kernels`` and the device is CUDA."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device_kernels and device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    synchronize(device)
+    with _quiet_native_stderr(), profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    return prof
+
+
+def _self_cpu_ms(prof) -> dict:
+    """Self CPU time (ms) per operator name, operators that took none left out."""
+    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages() if e.self_cpu_time_total > 0}
+
+
 def count_ops(fn: Callable[[], object], device="cpu", *, warmup: int = 1) -> dict:
     """Profile one call of ``fn`` (after ``warmup`` calls, so compilation is excluded).
 
     Returns ``ops`` (launches per call), ``distinct_ops``, ``by_op`` (name -> count),
     ``device_kernels`` (CUDA only, else None) and ``profiler`` (what produced the count).
     """
-    from torch.profiler import ProfilerActivity, profile
-
     device = as_device(device)
     for _ in range(warmup):
         fn()
-    synchronize(device)
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    with _quiet_native_stderr(), profile(activities=activities) as prof:
-        fn()
-        synchronize(device)
+    prof = _profile(fn, device)
     counter: Counter = Counter()
     kernels = 0
     for event in prof.events():
         if getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA:
             kernels += 1
-            continue
-        if _is_generated_kernel(event.name):
+        elif _is_generated_kernel(event.name):
             counter["inductor kernel"] += 1
         elif _counted(event):
             counter[event.name] += 1
-    return {
-        "ops": sum(counter.values()),
-        "distinct_ops": len(counter),
-        "by_op": dict(counter.most_common()),
-        "device_kernels": kernels if device.type == "cuda" else None,
-        "profiler": "torch.profiler, CPU activity" + (" + CUDA kernels" if device.type == "cuda" else ""),
-    }
+    cuda = device.type == "cuda"
+    return {"ops": sum(counter.values()), "distinct_ops": len(counter), "by_op": dict(counter.most_common()),
+            "device_kernels": kernels if cuda else None,
+            "profiler": "torch.profiler, CPU activity" + (" + CUDA kernels" if cuda else "")}
 
 
 # Kernels that multiply activations by weights, by the names torch.profiler gives them: ATen's
@@ -150,16 +158,9 @@ def kernel_kind(name: str) -> str:
 def _kernel_ms(fn: Callable[[], object], device) -> dict:
     """Self time (ms) of one call of ``fn`` by ``kernel_kind``: CPU ops on a CPU, device kernels on
     CUDA; the names of the matmul kernels seen are kept, so a table can say what really ran."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    synchronize(device)
-    with _quiet_native_stderr(), profile(activities=activities) as prof:
-        fn()
-        synchronize(device)
     totals: Counter = Counter()
     names: Counter = Counter()
-    for event in prof.key_averages():
+    for event in _profile(fn, device).key_averages():
         if device.type == "cuda":
             value = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0))
         else:
@@ -178,18 +179,8 @@ def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[st
     ``aten::bmm`` under ``aten::linear`` is named, where ``count_ops`` counts the caller)."""
     device = as_device(device)
     fn()
-    ms = _kernel_ms_by_name(fn, device)
-    return [name for name, _ in sorted(ms.items(), key=lambda kv: -kv[1])[:top]]
-
-
-def _kernel_ms_by_name(fn: Callable[[], object], device) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    synchronize(device)
-    with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-        synchronize(device)
-    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages() if e.self_cpu_time_total > 0}
+    ms = _self_cpu_ms(_profile(fn, device, device_kernels=False))
+    return sorted(ms, key=ms.get, reverse=True)[:top]
 
 
 def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="cpu", repeats: int = 3) -> dict:
@@ -239,21 +230,18 @@ def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False
     On CUDA the device time is profiled too; on NPU use ``torch_npu.profiler`` for kernel times.
     """
     import pandas as pd
-    from torch.profiler import ProfilerActivity, profile
 
     from .generation import decode_step
 
     step = decode_step(model, tokenizer, prompt, chat=chat, device=device)
     device = as_device(device) if device is not None else next(model.parameters()).device
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
     step()  # one untimed step, as every measurement has
-    synchronize(device)
-    with _quiet_native_stderr(), profile(activities=activities) as prof:
+
+    def steps_in_a_row():
         for _ in range(steps):
             step()
-        synchronize(device)
+
+    prof = _profile(steps_in_a_row, device)
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events) or 1.0
     rows = [{"op": e.key, "calls": e.count, "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps,

@@ -141,8 +141,7 @@ def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None
 
 
 def _config_value(config, name: str):
-    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
-    return value
+    return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
 
 
 def kv_cache_bytes_per_token(config, dtype: str = "float16") -> int:

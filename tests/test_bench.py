@@ -63,14 +63,6 @@ def test_speedup_is_a_ratio_of_medians_with_spread():
     assert bench.speedup(fast, base).ratio == pytest.approx(0.5)
 
 
-def test_table_adds_speedups_against_the_baseline():
-    base = _timing([2.0, 2.0, 2.0], "a")
-    other = _timing([4.0, 4.0, 4.0], "b")
-    df = bench.table([base, other], baseline=base)
-    assert list(df["name"]) == ["a", "b"]
-    assert list(df["speedup"]) == pytest.approx([1.0, 0.5])
-
-
 class _Clock:
     """A fake perf_counter: each call of the timed function advances it by ``step`` seconds."""
 
