@@ -12,28 +12,21 @@ minutes and leaves eager speed.
 
 The path here keeps every shape fixed for a request:
 
-* a ``StaticCache`` sized for the request (prompt + new tokens), built once and reset before each
-  ``generate`` (``make_static_cache``, ``static_generate_kwargs``), and primed by one eager
-  forward, so the lazily allocated cache of transformers 5.x is not a new shape for the graph;
+* a ``StaticCache`` sized for the request (prompt + new tokens), built once, primed by one eager
+  forward (the lazily allocated cache of transformers 5.x must not be a new shape for the graph)
+  and reset before each ``generate`` (``static_generate_kwargs``);
 * ``model.forward`` compiled with ``dynamic=False`` and ``fullgraph=True`` on every backend
-  (torchair on NPU with GE ``max-autotune`` or aclgraph ``reduce-overhead`` / ``npugraph_ex`` as
-  ``npu_mode``, each only where that torchair offers it, see ``ops.npu_graph_plan``; inductor on
-  CPU/CUDA), wrapped in ``CompiledForward``, which counts the graphs dynamo builds and turns
-  reaching the recompile limit into ``GraphRecompileError`` instead of a silent eager run. In a GE
-  graph a fused op without a GE converter in that torchair falls back to the reference
-  (``ops.ge_fallbacks``), and the settings say so.
+  (torchair on NPU with ``npu_mode`` only where that torchair offers it, see ``ops.npu_graph_plan``;
+  inductor on CPU/CUDA), wrapped in ``CompiledForward``, which counts the graphs dynamo builds and
+  turns reaching the recompile limit into ``GraphRecompileError`` instead of a silent eager run.
 
 A prefill shape and a decode shape give two graphs per (batch, prompt length, cache length).
-
-On a CPU the graphs are built with inductor's ``freezing`` and, for decode steps of a model with
-int8 / int4 weights, ``max_autotune`` (``decode_inductor_config``): the weights become constants of
-the graph, so inductor can offer its own C++ GEMM kernels (for the int8 weights of
-``_weight_int8pack_mm`` and the int4 ones of ``_weight_int4pack_mm_for_cpu``) and keeps, per shape,
-whichever of them and ATen's kernel times faster. Dense float weights keep ATen's BLAS GEMMs.
-(On an NPU, torchair's ``max-autotune`` mode hands the whole graph to the graph engine instead.) Dynamo's per-call guards on module attributes are
-skipped where this torch can (``skip_guard_on_all_nn_modules_unsafe``): a compiled forward therefore
-never notices a changed model, and ``compile_model`` must run again after any change (the ladder of
-chapter 06 does: restore the eager forward, change the model, compile).
+On a CPU the weights become constants of the graph (inductor's ``freezing``), so inductor can offer
+its own C++ GEMM kernels for int8 / int4 weights (``decode_inductor_config``). (On an NPU, torchair's
+``max-autotune`` mode hands the whole graph to the graph engine instead.) Dynamo's per-call guards on
+module attributes are skipped where this torch can (``module_guard_filter``): a compiled forward
+therefore never notices a changed model, and ``compile_model`` must run again after any change (the
+ladder of chapter 06 does: restore the eager forward, change the model, compile).
 """
 from __future__ import annotations
 
@@ -49,6 +42,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import versions
+from .params import check_positive_int
 
 
 DEFAULT_RECOMPILE_LIMIT = 8
@@ -83,8 +77,7 @@ def _dynamo_option(*names: str) -> Optional[str]:
 
 def strict_recompile_options(limit: int = DEFAULT_RECOMPILE_LIMIT) -> dict:
     """dynamo config values that make the recompile limit an error rather than an eager fallback."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"recompile_limit={limit!r} is not valid; it must be an integer >= 1")
+    check_positive_int("recompile_limit", limit)
     options = {}
     limit_name = _dynamo_option("recompile_limit", "cache_size_limit")
     if limit_name:
@@ -145,11 +138,12 @@ def graphs_built() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _recompile_limit_errors() -> tuple:
-    import torch._dynamo.exc as exc
+def _errors(module: str, *names: str) -> tuple:
+    """The exception classes among ``names`` that this torch's ``module`` has (names changed)."""
+    import importlib
 
-    return tuple(getattr(exc, n) for n in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
-                 if hasattr(exc, n))
+    found = importlib.import_module(module)
+    return tuple(getattr(found, n) for n in names if hasattr(found, n))
 
 
 @contextmanager
@@ -172,9 +166,8 @@ def make_static_cache(model, batch_size: int, max_cache_len: int, device=None, d
     """
     from transformers import StaticCache
 
-    for name, value in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} is not valid; it must be an integer >= 1")
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("max_cache_len", max_cache_len)
     params = inspect.signature(StaticCache.__init__).parameters
     first = next(model.parameters())
     kwargs: dict = {"config": model.config, "max_cache_len": max_cache_len}
@@ -269,8 +262,7 @@ class CompiledForward:
     """
 
     def __init__(self, model, device, *, backend_override=None, npu_mode: Optional[str] = None,
-                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, fullgraph: bool = True,
-                 reset: bool = True, inductor_config: Optional[dict] = None,
+                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, inductor_config: Optional[dict] = None,
                  skip_module_guards: bool = True, autotune_prefill: bool = False):
         from .ops import _device_kind, graph_mode
 
@@ -279,26 +271,27 @@ class CompiledForward:
                              f"{', '.join(map(repr, NPU_MODES))} or None for torchair's default")
         self.options = strict_recompile_options(recompile_limit)
         self.recompile_limit = recompile_limit
-        if reset:
-            torch._dynamo.reset()  # graphs of earlier measurements must not count or be reused
+        torch._dynamo.reset()  # graphs of earlier measurements must not count or be reused
         self.eager = model.forward
         extra = {"mode": npu_mode} if npu_mode is not None and _device_kind(device) == "npu" else {}
         self.npu_plan, self.ge_fallbacks = self._npu_settings(model, device, npu_mode, backend_override)
         if self.npu_plan is not None:
             extra["npu_plan"] = self.npu_plan
         guards = module_guard_filter() if skip_module_guards else {}
-        if guards:
-            extra["options"] = dict(guards)  # torch.compile pops guard_filter_fn out of the dict it gets
-        self.compiled, self.backend = graph_mode(self.eager, device, dynamic=False, fullgraph=fullgraph,
-                                                 compiler_backend=backend_override, **extra)
+
+        def build():  # a new options dict each time: torch.compile pops guard_filter_fn out of it
+            options = {"options": dict(guards)} if guards else {}
+            return graph_mode(self.eager, device, dynamic=False, fullgraph=True,
+                              compiler_backend=backend_override, **extra, **options)
+
+        self.compiled, self.backend = build()
         self.inductor_config = (decode_inductor_config(device, self.backend, has_quantized_linears(model))
                                 if inductor_config is None else dict(inductor_config))
         # The prefill graph runs once per request: autotuning its GEMM shapes too would about double
         # the compile time for a few milliseconds of first-token latency.
         self.autotune_prefill = autotune_prefill
         self._released = weakref.WeakSet()
-        self._rebuild = lambda: graph_mode(self.eager, device, dynamic=False, fullgraph=fullgraph,
-                                           compiler_backend=backend_override, **extra)[0]
+        self._rebuild = lambda: build()[0]
         self.autotune_fallback = ""  # why max-autotune was dropped, when it was
         self.module_guards_skipped = bool(guards)
         self.npu_mode = npu_mode
@@ -311,7 +304,7 @@ class CompiledForward:
     def _npu_settings(model, device, npu_mode, backend_override):
         """``(plan, fallbacks)`` on an NPU with torchair: what this torchair builds for ``npu_mode``
         (``ops.npu_graph_plan``) and, for a GE graph, the fused ops that fell back for want of a GE
-        converter (``ops.ge_fallbacks``, probed before dynamo is reset). ``(None, [])`` elsewhere."""
+        converter (``ops.ge_fallbacks``). ``(None, [])`` elsewhere."""
         from . import ops
 
         if backend_override is not None or ops._device_kind(device) != "npu":
@@ -385,7 +378,7 @@ class CompiledForward:
                 torch._dynamo.reset()
                 self.compiled = self._rebuild()
                 out = self._call_compiled(args, kwargs)
-        except _recompile_limit_errors() as exc:
+        except _errors("torch._dynamo.exc", "FailOnRecompileLimitHit", "FailOnCacheLimitHit") as exc:
             self.graphs += graphs_built() - before
             raise GraphRecompileError(
                 f"graph mode reached dynamo's recompile limit ({self.recompile_limit}) after {self.graphs} "
@@ -403,16 +396,7 @@ class CompiledForward:
 
 def _cpp_compile_errors() -> tuple:
     """The errors a failed inductor C++ compile reaches the caller as (dynamo wraps the backend's)."""
-    import torch._dynamo.exc as dynamo_exc
-
-    found = [getattr(dynamo_exc, "BackendCompilerFailed", None)]
-    try:
-        from torch._inductor.exc import CppCompileError
-
-        found.append(CppCompileError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(e for e in found if e is not None)
+    return _errors("torch._dynamo.exc", "BackendCompilerFailed") + _errors("torch._inductor.exc", "CppCompileError")
 
 
 def _first_line(exc: BaseException) -> str:
