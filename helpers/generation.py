@@ -445,14 +445,12 @@ def decode_step_launches(model, tokenizer, prompt: str, *, chat: bool = False, d
 def prompt_length_sweep(model, tokenizer, lengths, new_tokens: int, device=None, *, repeats: int = 3):
     """``measure_generation`` at each prompt length (chapter 03): TTFT and decode per point, the
     sample lists left out; a point that fails or runs out of memory is recorded and the sweep goes on."""
-    import pandas as pd
-
     def point(n_tokens):
         prompt, _ = prompt_of_length(tokenizer, n_tokens)
         r = measure_generation(model, tokenizer, [prompt], new_tokens, device, repeats=repeats)
-        return {"requested_tokens": n_tokens, **{k: v for k, v in r.items() if not k.endswith("samples_ms")}}
+        return {"requested_tokens": n_tokens, **r}
 
-    return pd.DataFrame(run_sweep(lengths, point, device))
+    return sweep_table(run_sweep(lengths, point, device))
 
 
 # --- batching: the padding check and the batch sweep (chapter 04) --------------------------------
@@ -574,8 +572,8 @@ def batch_ratios(rows: list[dict], guide: Optional[dict] = None) -> list[dict]:
         claim = guide.get(b, {})
         out.append({
             "batch": b, "prompt_tokens": r["prompt_tokens"], "throughput_ratio": b * s.ratio,
-            "throughput_low": b * s.low,
-            "throughput_high": b * s.high, "latency_ratio": 1 / s.ratio, "latency_ratio_low": 1 / s.high,
+            "throughput_low": b * s.low, "throughput_high": b * s.high,
+            "latency_ratio": 1 / s.ratio, "latency_ratio_low": 1 / s.high,
             "latency_ratio_high": 1 / s.low, "latency_growth_pct": 100 * (1 / s.ratio - 1),
             "latency_growth_low_pct": 100 * (1 / s.high - 1),
             "latency_growth_high_pct": 100 * (1 / s.low - 1),

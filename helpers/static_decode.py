@@ -178,14 +178,6 @@ def make_static_cache(model, batch_size: int, max_cache_len: int, device=None, d
     return StaticCache(**kwargs)
 
 
-def no_auto_compile_kwargs() -> dict:
-    """Keeps ``generate`` from compiling on its own with a static cache (it does so on CUDA), so an
-    eager measurement stays eager and a graph measurement compiles only what we compiled."""
-    from transformers import GenerationConfig
-
-    return {"disable_compile": True} if hasattr(GenerationConfig(), "disable_compile") else {}
-
-
 def eager_forward(model) -> Callable:
     """``model.forward`` as written, even when ``CompiledForward`` has replaced it."""
     forward = model.forward
@@ -210,7 +202,9 @@ def static_generate_kwargs(model, inputs: dict, max_new_tokens: int) -> tuple[An
     batch, prompt_len = inputs["input_ids"].shape
     cache = make_static_cache(model, int(batch), int(prompt_len) + int(max_new_tokens))
     prime_cache(model, cache, inputs)
-    return cache, {versions.cache_argument(model): cache, **no_auto_compile_kwargs()}
+    # disable_compile keeps generate from compiling on its own with a static cache (it does so on
+    # CUDA), so an eager measurement stays eager and a graph measurement compiles only what we compiled.
+    return cache, {versions.cache_argument(model): cache, "disable_compile": True}
 
 
 # --- the compiled forward ------------------------------------------------------------------------
@@ -528,19 +522,17 @@ class GreedyLoop:
             mask = attention_mask.new_ones(batch, length)
             mask[:, :prompt] = attention_mask
             positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        forward = self.model.forward
         common = {"use_cache": True, self.cache_argument: cache, **self.keep_last_logits}
-        out = forward(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                      cache_position=torch.arange(prompt, device=input_ids.device), **common)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        tokens = [token]
-        last = positions[:, -1:] if positions is not None else None
-        for step in range(max_new_tokens - 1):
-            position = None if last is None else last + 1 + step
-            out = forward(input_ids=token, attention_mask=mask, position_ids=position,
-                          cache_position=torch.tensor([prompt + step], device=input_ids.device), **common)
+        # The first step is the prefill of the whole prompt, every later one a decode step of one token.
+        token, position, cache_position = input_ids, positions, torch.arange(prompt, device=input_ids.device)
+        tokens = []
+        for step in range(max_new_tokens):
+            out = self.model.forward(input_ids=token, attention_mask=mask, position_ids=position,
+                                     cache_position=cache_position, **common)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             tokens.append(token)
+            cache_position = torch.tensor([prompt + step], device=input_ids.device)
+            position = None if positions is None else positions[:, -1:] + 1 + step
         self.steps += max_new_tokens
         return torch.cat([input_ids, *tokens], dim=1)
 
