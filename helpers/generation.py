@@ -245,7 +245,7 @@ def decode_bytes_per_step(model, batch_size: int, context_len: int) -> int:
 
     A tied embedding / lm_head matrix is counted once (the lm_head reads all of it); an untied
     input embedding is a lookup, so it counts as one row per sequence, not the whole table.
-    The KV cache is 2 (K and V) x layers x kv_heads x head_dim x context_len x batch_size.
+    The KV cache is ``roofline.kv_cache_bytes`` of the batch at ``context_len`` tokens.
     """
     from .roofline import kv_cache_bytes
 

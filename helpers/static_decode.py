@@ -65,26 +65,18 @@ class GraphRecompileError(RuntimeError):
 
 # --- torch / transformers differences, each behind one small function ---------------------------
 
-def _dynamo_option(*names: str) -> Optional[str]:
-    """The first of ``names`` that this torch's dynamo config knows (names changed in torch 2.6)."""
-    import torch._dynamo.config as config
-
-    for name in names:
-        if hasattr(config, name):
-            return name
-    return None
-
-
 def strict_recompile_options(limit: int = DEFAULT_RECOMPILE_LIMIT) -> dict:
     """dynamo config values that make the recompile limit an error rather than an eager fallback."""
+    import torch._dynamo.config as config
+
     check_positive_int("recompile_limit", limit)
     options = {}
-    limit_name = _dynamo_option("recompile_limit", "cache_size_limit")
-    if limit_name:
-        options[limit_name] = limit
-    fail_name = _dynamo_option("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit")
-    if fail_name:
-        options[fail_name] = True
+    # Each setting under the first of its names that this torch knows (they changed in torch 2.6).
+    for names, value in ((("recompile_limit", "cache_size_limit"), limit),
+                         (("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"), True)):
+        known = [name for name in names if hasattr(config, name)]
+        if known:
+            options[known[0]] = value
     return options
 
 
