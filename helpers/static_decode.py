@@ -282,7 +282,6 @@ class CompiledForward:
         self.module_guards_skipped = bool(guards)
         self.npu_mode = npu_mode
         self.graphs = 0
-        self.calls = 0
         self.compile_s = 0.0
         functools.update_wrapper(self, self.eager)
 
@@ -376,7 +375,6 @@ class CompiledForward:
         if built:
             self.graphs += built
             self.compile_s += time.perf_counter() - start
-        self.calls += 1
         return out
 
 
@@ -485,7 +483,6 @@ class GreedyLoop:
         self.cache_argument = versions.cache_argument(model)
         params = inspect.signature(type(model).forward).parameters
         self.keep_last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self.steps = 0
 
     def __call__(self, input_ids, attention_mask=None, *, max_new_tokens: int, min_new_tokens=None,
                  do_sample: bool = False, pad_token_id=None, **kwargs):
@@ -525,7 +522,6 @@ class GreedyLoop:
             tokens.append(token)
             cache_position = torch.tensor([prompt + step], device=input_ids.device)
             position = None if positions is None else positions[:, -1:] + 1 + step
-        self.steps += max_new_tokens
         return torch.cat([input_ids, *tokens], dim=1)
 
 
