@@ -11,9 +11,7 @@ from __future__ import annotations
 import gc
 import math
 import os
-import sys
 import time
-from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -21,6 +19,7 @@ import torch
 from . import backend, bench, static_decode, versions
 from .backend import as_device, dtype_name
 from .models import chat_inputs
+from .params import check_positive_int
 
 
 def _inputs(model, tokenizer, prompts, device, chat: bool):
@@ -32,21 +31,17 @@ def _inputs(model, tokenizer, prompts, device, chat: bool):
 
 
 @torch.inference_mode()
-def _generate(model, tokenizer, inputs, new_tokens: int, **kwargs):
-    return model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                          do_sample=False, pad_token_id=tokenizer.pad_token_id, **kwargs)
-
-
 def generate_tokens(model, tokenizer, inputs: dict, new_tokens: int, **generate_kwargs):
     """Greedy ``generate`` of exactly ``new_tokens`` tokens from tokenized ``inputs`` (all ids returned)."""
-    return _generate(model, tokenizer, inputs, new_tokens, **generate_kwargs)
+    return model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                          do_sample=False, pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
 
 
 def greedy_new_tokens(model, tokenizer, prompts, max_new_tokens: int, *, chat: bool = False,
                       device=None) -> list[list[int]]:
     """The new token ids of one batched greedy generate (left padding), one list per prompt."""
     inputs = _inputs(model, tokenizer, prompts, device, chat)
-    out = _generate(model, tokenizer, inputs, max_new_tokens)
+    out = generate_tokens(model, tokenizer, inputs, max_new_tokens)
     return out[:, inputs["input_ids"].shape[1]:].tolist()
 
 
@@ -97,8 +92,7 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 2:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is not valid; it must be an integer >= 2 "
                          "(the decode time is the difference between N tokens and 1 token)")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} is not valid; it must be an integer >= 1")
+    check_positive_int("repeats", repeats)
     device = as_device(device) if device is not None else backend.model_device(model)
     inputs = _inputs(model, tokenizer, prompts, device, chat)
     batch, prompt_len = inputs["input_ids"].shape
@@ -113,7 +107,7 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     def generate(n_tokens: int):
         if cache is not None:
             cache.reset()
-        return _generate(model, tokenizer, inputs, n_tokens, **extra)
+        return generate_tokens(model, tokenizer, inputs, n_tokens, **extra)
 
     lengths: list[int] = []
 
@@ -139,13 +133,6 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
 
         kernels = kernel_time_by_kind(generate, max_new_tokens, device)
     decode_samples = [(f - p) / (max_new_tokens - 1) for f, p in zip(full.samples, prefill.samples)]
-    decode = bench.Timing("decode per token", decode_samples, device=str(device))
-    decode_s = decode.median
-    # A non-positive difference means timing noise exceeded the decode time: report no figure.
-    resolved = decode_s > 0
-    if not resolved:
-        decode_s = math.nan
-    per_user = 1.0 / decode_s if resolved else math.nan
     attn = getattr(model.config, "_attn_implementation", None) or "default"
     path = (f"transformers generate, greedy, min_new_tokens=max_new_tokens, {attn} attention, left padding, "
             + ("static KV cache sized for the request" if static_cache else "dynamic KV cache")
@@ -154,14 +141,7 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
         "batch_size": int(batch),
         "prompt_tokens": int(prompt_len),
         "new_tokens": int(max_new_tokens),
-        "ttft_ms": prefill.median * 1e3,
-        "ttft_p10_ms": prefill.p10 * 1e3,
-        "ttft_p90_ms": prefill.p90 * 1e3,
-        "decode_ms_per_token": decode_s * 1e3,
-        "decode_p10_ms": decode.p10 * 1e3 if resolved else math.nan,
-        "decode_p90_ms": decode.p90 * 1e3 if resolved else math.nan,
-        "tokens_per_s_per_user": per_user,
-        "tokens_per_s_aggregate": per_user * int(batch),
+        **timing_figures(prefill.samples, decode_samples, int(batch), str(device)),
         "total_ms": full.median * 1e3,
         **request_memory(model, memory, batch, prompt_len + max_new_tokens),
         "dtype": dtype_name(next(model.parameters()).dtype),
@@ -169,11 +149,6 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
         "code_path": code_path or path,
         "static_cache": bool(static_cache),
         "repeats": repeats,
-        "ttft_noisy": prefill.noisy,
-        "decode_noisy": decode.noisy or not resolved,
-        "decode_resolved": resolved,
-        "ttft_samples_ms": [x * 1e3 for x in prefill.samples],
-        "decode_samples_ms": [x * 1e3 for x in decode_samples],
         **static_decode.graph_fields(compiled, graphs_before),
         **kernels,
     }
@@ -188,8 +163,7 @@ def measure_interleaved(models_by_name: dict, tokenizer, prompts, max_new_tokens
     round is the same protocol as a single ``measure_generation``; the pooled result has its keys,
     with medians and p10/p90 over every round's samples and the largest memory growth of the rounds.
     """
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds={rounds!r} is not valid; it must be an integer >= 1")
+    check_positive_int("rounds", rounds)
     runs: dict = {name: [] for name in models_by_name}
     for _ in range(rounds):
         for name, model in models_by_name.items():
@@ -199,34 +173,47 @@ def measure_interleaved(models_by_name: dict, tokenizer, prompts, max_new_tokens
 
 
 def _pooled(parts: list, rounds: int) -> dict:
-    ttft = bench.Timing("ttft", [x / 1e3 for p in parts for x in p["ttft_samples_ms"]])
-    decode = bench.Timing("decode", [x / 1e3 for p in parts for x in p["decode_samples_ms"]])
     out = dict(max(parts, key=lambda p: p["memory_growth_bytes"]))
-    batch = out["batch_size"]
-    resolved = decode.median > 0
-    out.update(ttft_ms=ttft.median * 1e3, ttft_p10_ms=ttft.p10 * 1e3, ttft_p90_ms=ttft.p90 * 1e3,
-               decode_ms_per_token=decode.median * 1e3 if resolved else math.nan,
-               decode_p10_ms=decode.p10 * 1e3, decode_p90_ms=decode.p90 * 1e3,
-               tokens_per_s_per_user=1e3 / (decode.median * 1e3) if resolved else math.nan,
-               tokens_per_s_aggregate=batch / decode.median if resolved else math.nan,
-               ttft_noisy=ttft.noisy, decode_noisy=decode.noisy or not resolved, decode_resolved=resolved,
-               ttft_samples_ms=[x * 1e3 for x in ttft.samples], decode_samples_ms=[x * 1e3 for x in decode.samples],
-               repeats=len(decode.samples), rounds=rounds,
-               code_path=out["code_path"] + f", {rounds} interleaved rounds pooled")
+    out.update(timing_figures([x / 1e3 for p in parts for x in p["ttft_samples_ms"]],
+                              [x / 1e3 for p in parts for x in p["decode_samples_ms"]],
+                              out["batch_size"], out["device"]),
+               rounds=rounds, code_path=out["code_path"] + f", {rounds} interleaved rounds pooled")
+    out["repeats"] = len(out["decode_samples_ms"])
     return out
+
+
+def timing_figures(ttft_samples: list, decode_samples: list, batch_size: int, device: str) -> dict:
+    """The one definition of the recorded TTFT and decode figures, from per-run samples in seconds:
+    medians, p10 / p90, tokens/s per user and for the batch, noise flags and the samples in ms."""
+    ttft = bench.Timing("ttft", list(ttft_samples), device=device)
+    decode = bench.Timing("decode per token", list(decode_samples), device=device)
+    # A non-positive median means timing noise exceeded the decode time: report no figure.
+    resolved = decode.median > 0
+    per_user = 1.0 / decode.median if resolved else math.nan
+    return {"ttft_ms": ttft.median * 1e3, "ttft_p10_ms": ttft.p10 * 1e3, "ttft_p90_ms": ttft.p90 * 1e3,
+            "decode_ms_per_token": decode.median * 1e3 if resolved else math.nan,
+            "decode_p10_ms": decode.p10 * 1e3 if resolved else math.nan,
+            "decode_p90_ms": decode.p90 * 1e3 if resolved else math.nan,
+            "tokens_per_s_per_user": per_user, "tokens_per_s_aggregate": per_user * batch_size,
+            "ttft_noisy": ttft.noisy, "decode_noisy": decode.noisy or not resolved,
+            "decode_resolved": resolved, "ttft_samples_ms": [x * 1e3 for x in ttft.samples],
+            "decode_samples_ms": [x * 1e3 for x in decode.samples]}
 
 
 def ttft_timing(result: dict, name: str = "") -> bench.Timing:
     """The TTFT samples of a ``measure_generation`` result as a ``bench.Timing``."""
-    return bench.Timing(name or f"ttft batch {result['batch_size']}",
-                        [x / 1e3 for x in result["ttft_samples_ms"]], device=result["device"])
+    return _samples(result, "ttft", name)
 
 
 def decode_timing(result: dict, name: str = "") -> bench.Timing:
     """The decode-per-token samples of a ``measure_generation`` result as a ``bench.Timing``,
     so that two configurations compare with ``bench.speedup``."""
-    return bench.Timing(name or f"decode batch {result['batch_size']}",
-                        [x / 1e3 for x in result["decode_samples_ms"]], device=result["device"])
+    return _samples(result, "decode", name)
+
+
+def _samples(result: dict, phase: str, name: str) -> bench.Timing:
+    return bench.Timing(name or f"{phase} batch {result['batch_size']}",
+                        [x / 1e3 for x in result[f"{phase}_samples_ms"]], device=result["device"])
 
 
 def request_memory(model, memory: "backend.MemoryRegion", batch_size: int, context_len: int) -> dict:
@@ -258,13 +245,12 @@ def decode_bytes_per_step(model, batch_size: int, context_len: int) -> int:
 
     A tied embedding / lm_head matrix is counted once (the lm_head reads all of it); an untied
     input embedding is a lookup, so it counts as one row per sequence, not the whole table.
-    The KV cache is 2 (K and V) x layers x kv_heads x head_dim x context_len x batch_size.
+    The KV cache is ``roofline.kv_cache_bytes`` of the batch at ``context_len`` tokens.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 1")
-    if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 0:
-        raise ValueError(f"context_len={context_len!r} is not valid; it must be an integer >= 0")
-    cfg = model.config
+    from .roofline import kv_cache_bytes
+
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("context_len", context_len, minimum=0)
     embedding = model.get_input_embeddings().weight
     output = model.get_output_embeddings()
     tied = output is not None and output.weight.data_ptr() == embedding.data_ptr()
@@ -277,11 +263,7 @@ def decode_bytes_per_step(model, batch_size: int, context_len: int) -> int:
             weights += batch_size * p.shape[1] * p.element_size()
         else:
             weights += p.numel() * p.element_size()
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    kv = 2 * cfg.num_hidden_layers * kv_heads * head_dim * context_len * batch_size * embedding.element_size()
-    return int(weights + kv)
+    return int(weights + kv_cache_bytes(model.config, batch_size, context_len, dtype_name(embedding.dtype)))
 
 
 def achieved_bandwidth_gbps(bytes_per_step: float, decode_ms_per_token: float) -> float:
@@ -319,8 +301,7 @@ def run_sweep(points: Iterable, fn: Callable[[Any], dict], device) -> list[dict]
 
 def prompt_of_length(tokenizer, n_tokens: int, text: Optional[str] = None) -> tuple[str, int]:
     """A plain-text prompt of about ``n_tokens`` tokens (and its exact count) for length sweeps."""
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
-        raise ValueError(f"n_tokens={n_tokens!r} is not valid; it must be an integer >= 1")
+    check_positive_int("n_tokens", n_tokens)
     base = text or ("Large language models generate text one token at a time. Each step reads "
                     "every weight of the model from memory, so the speed of decoding is set by "
                     "memory bandwidth, while the prompt is processed in parallel. ")
@@ -367,8 +348,7 @@ def eager_matmul_times(model, batch_size: int = 1, device=None, *, min_iters: in
     import torch.nn.functional as F
     from torch import nn
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 1")
+    check_positive_int("batch_size", batch_size)
     device = as_device(device) if device is not None else backend.model_device(model)
     groups: dict = {}
     for name, module in model.named_modules():
@@ -465,14 +445,12 @@ def decode_step_launches(model, tokenizer, prompt: str, *, chat: bool = False, d
 def prompt_length_sweep(model, tokenizer, lengths, new_tokens: int, device=None, *, repeats: int = 3):
     """``measure_generation`` at each prompt length (chapter 03): TTFT and decode per point, the
     sample lists left out; a point that fails or runs out of memory is recorded and the sweep goes on."""
-    import pandas as pd
-
     def point(n_tokens):
         prompt, _ = prompt_of_length(tokenizer, n_tokens)
         r = measure_generation(model, tokenizer, [prompt], new_tokens, device, repeats=repeats)
-        return {"requested_tokens": n_tokens, **{k: v for k, v in r.items() if not k.endswith("samples_ms")}}
+        return {"requested_tokens": n_tokens, **r}
 
-    return pd.DataFrame(run_sweep(lengths, point, device))
+    return sweep_table(run_sweep(lengths, point, device))
 
 
 # --- batching: the padding check and the batch sweep (chapter 04) --------------------------------
@@ -492,8 +470,7 @@ BATCH_PROMPTS = (
 
 def batch_prompts(batch_size: int) -> list[str]:
     """``batch_size`` prompts for one batch: ``BATCH_PROMPTS`` in turn, repeated past eight."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 1")
+    check_positive_int("batch_size", batch_size)
     return [BATCH_PROMPTS[i % len(BATCH_PROMPTS)] for i in range(batch_size)]
 
 
@@ -595,8 +572,8 @@ def batch_ratios(rows: list[dict], guide: Optional[dict] = None) -> list[dict]:
         claim = guide.get(b, {})
         out.append({
             "batch": b, "prompt_tokens": r["prompt_tokens"], "throughput_ratio": b * s.ratio,
-            "throughput_low": b * s.low,
-            "throughput_high": b * s.high, "latency_ratio": 1 / s.ratio, "latency_ratio_low": 1 / s.high,
+            "throughput_low": b * s.low, "throughput_high": b * s.high,
+            "latency_ratio": 1 / s.ratio, "latency_ratio_low": 1 / s.high,
             "latency_ratio_high": 1 / s.low, "latency_growth_pct": 100 * (1 / s.ratio - 1),
             "latency_growth_low_pct": 100 * (1 / s.high - 1),
             "latency_growth_high_pct": 100 * (1 / s.low - 1),

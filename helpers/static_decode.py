@@ -12,28 +12,21 @@ minutes and leaves eager speed.
 
 The path here keeps every shape fixed for a request:
 
-* a ``StaticCache`` sized for the request (prompt + new tokens), built once and reset before each
-  ``generate`` (``make_static_cache``, ``static_generate_kwargs``), and primed by one eager
-  forward, so the lazily allocated cache of transformers 5.x is not a new shape for the graph;
+* a ``StaticCache`` sized for the request (prompt + new tokens), built once, primed by one eager
+  forward (the lazily allocated cache of transformers 5.x must not be a new shape for the graph)
+  and reset before each ``generate`` (``static_generate_kwargs``);
 * ``model.forward`` compiled with ``dynamic=False`` and ``fullgraph=True`` on every backend
-  (torchair on NPU with GE ``max-autotune`` or aclgraph ``reduce-overhead`` / ``npugraph_ex`` as
-  ``npu_mode``, each only where that torchair offers it, see ``ops.npu_graph_plan``; inductor on
-  CPU/CUDA), wrapped in ``CompiledForward``, which counts the graphs dynamo builds and turns
-  reaching the recompile limit into ``GraphRecompileError`` instead of a silent eager run. In a GE
-  graph a fused op without a GE converter in that torchair falls back to the reference
-  (``ops.ge_fallbacks``), and the settings say so.
+  (torchair on NPU with ``npu_mode`` only where that torchair offers it, see ``ops.npu_graph_plan``;
+  inductor on CPU/CUDA), wrapped in ``CompiledForward``, which counts the graphs dynamo builds and
+  turns reaching the recompile limit into ``GraphRecompileError`` instead of a silent eager run.
 
 A prefill shape and a decode shape give two graphs per (batch, prompt length, cache length).
-
-On a CPU the graphs are built with inductor's ``freezing`` and, for decode steps of a model with
-int8 / int4 weights, ``max_autotune`` (``decode_inductor_config``): the weights become constants of
-the graph, so inductor can offer its own C++ GEMM kernels (for the int8 weights of
-``_weight_int8pack_mm`` and the int4 ones of ``_weight_int4pack_mm_for_cpu``) and keeps, per shape,
-whichever of them and ATen's kernel times faster. Dense float weights keep ATen's BLAS GEMMs.
-(On an NPU, torchair's ``max-autotune`` mode hands the whole graph to the graph engine instead.) Dynamo's per-call guards on module attributes are
-skipped where this torch can (``skip_guard_on_all_nn_modules_unsafe``): a compiled forward therefore
-never notices a changed model, and ``compile_model`` must run again after any change (the ladder of
-chapter 06 does: restore the eager forward, change the model, compile).
+On a CPU the weights become constants of the graph (inductor's ``freezing``), so inductor can offer
+its own C++ GEMM kernels for int8 / int4 weights (``decode_inductor_config``). (On an NPU, torchair's
+``max-autotune`` mode hands the whole graph to the graph engine instead.) Dynamo's per-call guards on
+module attributes are skipped where this torch can (``module_guard_filter``): a compiled forward
+therefore never notices a changed model, and ``compile_model`` must run again after any change (the
+ladder of chapter 06 does: restore the eager forward, change the model, compile).
 """
 from __future__ import annotations
 
@@ -49,6 +42,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import versions
+from .params import check_positive_int
 
 
 DEFAULT_RECOMPILE_LIMIT = 8
@@ -71,27 +65,18 @@ class GraphRecompileError(RuntimeError):
 
 # --- torch / transformers differences, each behind one small function ---------------------------
 
-def _dynamo_option(*names: str) -> Optional[str]:
-    """The first of ``names`` that this torch's dynamo config knows (names changed in torch 2.6)."""
-    import torch._dynamo.config as config
-
-    for name in names:
-        if hasattr(config, name):
-            return name
-    return None
-
-
 def strict_recompile_options(limit: int = DEFAULT_RECOMPILE_LIMIT) -> dict:
     """dynamo config values that make the recompile limit an error rather than an eager fallback."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"recompile_limit={limit!r} is not valid; it must be an integer >= 1")
+    import torch._dynamo.config as config
+
+    check_positive_int("recompile_limit", limit)
     options = {}
-    limit_name = _dynamo_option("recompile_limit", "cache_size_limit")
-    if limit_name:
-        options[limit_name] = limit
-    fail_name = _dynamo_option("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit")
-    if fail_name:
-        options[fail_name] = True
+    # Each setting under the first of its names that this torch knows (they changed in torch 2.6).
+    for names, value in ((("recompile_limit", "cache_size_limit"), limit),
+                         (("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"), True)):
+        known = [name for name in names if hasattr(config, name)]
+        if known:
+            options[known[0]] = value
     return options
 
 
@@ -145,11 +130,12 @@ def graphs_built() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _recompile_limit_errors() -> tuple:
-    import torch._dynamo.exc as exc
+def _errors(module: str, *names: str) -> tuple:
+    """The exception classes among ``names`` that this torch's ``module`` has (names changed)."""
+    import importlib
 
-    return tuple(getattr(exc, n) for n in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
-                 if hasattr(exc, n))
+    found = importlib.import_module(module)
+    return tuple(getattr(found, n) for n in names if hasattr(found, n))
 
 
 @contextmanager
@@ -172,9 +158,8 @@ def make_static_cache(model, batch_size: int, max_cache_len: int, device=None, d
     """
     from transformers import StaticCache
 
-    for name, value in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} is not valid; it must be an integer >= 1")
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("max_cache_len", max_cache_len)
     params = inspect.signature(StaticCache.__init__).parameters
     first = next(model.parameters())
     kwargs: dict = {"config": model.config, "max_cache_len": max_cache_len}
@@ -183,14 +168,6 @@ def make_static_cache(model, batch_size: int, max_cache_len: int, device=None, d
                 "dtype": dtype if dtype is not None else first.dtype}
     kwargs.update({k: v for k, v in optional.items() if k in params})
     return StaticCache(**kwargs)
-
-
-def no_auto_compile_kwargs() -> dict:
-    """Keeps ``generate`` from compiling on its own with a static cache (it does so on CUDA), so an
-    eager measurement stays eager and a graph measurement compiles only what we compiled."""
-    from transformers import GenerationConfig
-
-    return {"disable_compile": True} if hasattr(GenerationConfig(), "disable_compile") else {}
 
 
 def eager_forward(model) -> Callable:
@@ -217,7 +194,9 @@ def static_generate_kwargs(model, inputs: dict, max_new_tokens: int) -> tuple[An
     batch, prompt_len = inputs["input_ids"].shape
     cache = make_static_cache(model, int(batch), int(prompt_len) + int(max_new_tokens))
     prime_cache(model, cache, inputs)
-    return cache, {versions.cache_argument(model): cache, **no_auto_compile_kwargs()}
+    # disable_compile keeps generate from compiling on its own with a static cache (it does so on
+    # CUDA), so an eager measurement stays eager and a graph measurement compiles only what we compiled.
+    return cache, {versions.cache_argument(model): cache, "disable_compile": True}
 
 
 # --- the compiled forward ------------------------------------------------------------------------
@@ -269,8 +248,7 @@ class CompiledForward:
     """
 
     def __init__(self, model, device, *, backend_override=None, npu_mode: Optional[str] = None,
-                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, fullgraph: bool = True,
-                 reset: bool = True, inductor_config: Optional[dict] = None,
+                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, inductor_config: Optional[dict] = None,
                  skip_module_guards: bool = True, autotune_prefill: bool = False):
         from .ops import _device_kind, graph_mode
 
@@ -279,31 +257,31 @@ class CompiledForward:
                              f"{', '.join(map(repr, NPU_MODES))} or None for torchair's default")
         self.options = strict_recompile_options(recompile_limit)
         self.recompile_limit = recompile_limit
-        if reset:
-            torch._dynamo.reset()  # graphs of earlier measurements must not count or be reused
+        torch._dynamo.reset()  # graphs of earlier measurements must not count or be reused
         self.eager = model.forward
         extra = {"mode": npu_mode} if npu_mode is not None and _device_kind(device) == "npu" else {}
         self.npu_plan, self.ge_fallbacks = self._npu_settings(model, device, npu_mode, backend_override)
         if self.npu_plan is not None:
             extra["npu_plan"] = self.npu_plan
         guards = module_guard_filter() if skip_module_guards else {}
-        if guards:
-            extra["options"] = dict(guards)  # torch.compile pops guard_filter_fn out of the dict it gets
-        self.compiled, self.backend = graph_mode(self.eager, device, dynamic=False, fullgraph=fullgraph,
-                                                 compiler_backend=backend_override, **extra)
+
+        def build():  # a new options dict each time: torch.compile pops guard_filter_fn out of it
+            options = {"options": dict(guards)} if guards else {}
+            return graph_mode(self.eager, device, dynamic=False, fullgraph=True,
+                              compiler_backend=backend_override, **extra, **options)
+
+        self.compiled, self.backend = build()
         self.inductor_config = (decode_inductor_config(device, self.backend, has_quantized_linears(model))
                                 if inductor_config is None else dict(inductor_config))
         # The prefill graph runs once per request: autotuning its GEMM shapes too would about double
         # the compile time for a few milliseconds of first-token latency.
         self.autotune_prefill = autotune_prefill
         self._released = weakref.WeakSet()
-        self._rebuild = lambda: graph_mode(self.eager, device, dynamic=False, fullgraph=fullgraph,
-                                           compiler_backend=backend_override, **extra)[0]
+        self._rebuild = lambda: build()[0]
         self.autotune_fallback = ""  # why max-autotune was dropped, when it was
         self.module_guards_skipped = bool(guards)
         self.npu_mode = npu_mode
         self.graphs = 0
-        self.calls = 0
         self.compile_s = 0.0
         functools.update_wrapper(self, self.eager)
 
@@ -311,7 +289,7 @@ class CompiledForward:
     def _npu_settings(model, device, npu_mode, backend_override):
         """``(plan, fallbacks)`` on an NPU with torchair: what this torchair builds for ``npu_mode``
         (``ops.npu_graph_plan``) and, for a GE graph, the fused ops that fell back for want of a GE
-        converter (``ops.ge_fallbacks``, probed before dynamo is reset). ``(None, [])`` elsewhere."""
+        converter (``ops.ge_fallbacks``). ``(None, [])`` elsewhere."""
         from . import ops
 
         if backend_override is not None or ops._device_kind(device) != "npu":
@@ -385,7 +363,7 @@ class CompiledForward:
                 torch._dynamo.reset()
                 self.compiled = self._rebuild()
                 out = self._call_compiled(args, kwargs)
-        except _recompile_limit_errors() as exc:
+        except _errors("torch._dynamo.exc", "FailOnRecompileLimitHit", "FailOnCacheLimitHit") as exc:
             self.graphs += graphs_built() - before
             raise GraphRecompileError(
                 f"graph mode reached dynamo's recompile limit ({self.recompile_limit}) after {self.graphs} "
@@ -397,22 +375,12 @@ class CompiledForward:
         if built:
             self.graphs += built
             self.compile_s += time.perf_counter() - start
-        self.calls += 1
         return out
 
 
 def _cpp_compile_errors() -> tuple:
     """The errors a failed inductor C++ compile reaches the caller as (dynamo wraps the backend's)."""
-    import torch._dynamo.exc as dynamo_exc
-
-    found = [getattr(dynamo_exc, "BackendCompilerFailed", None)]
-    try:
-        from torch._inductor.exc import CppCompileError
-
-        found.append(CppCompileError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(e for e in found if e is not None)
+    return _errors("torch._dynamo.exc", "BackendCompilerFailed") + _errors("torch._inductor.exc", "CppCompileError")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -515,7 +483,6 @@ class GreedyLoop:
         self.cache_argument = versions.cache_argument(model)
         params = inspect.signature(type(model).forward).parameters
         self.keep_last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self.steps = 0
 
     def __call__(self, input_ids, attention_mask=None, *, max_new_tokens: int, min_new_tokens=None,
                  do_sample: bool = False, pad_token_id=None, **kwargs):
@@ -544,20 +511,17 @@ class GreedyLoop:
             mask = attention_mask.new_ones(batch, length)
             mask[:, :prompt] = attention_mask
             positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        forward = self.model.forward
         common = {"use_cache": True, self.cache_argument: cache, **self.keep_last_logits}
-        out = forward(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                      cache_position=torch.arange(prompt, device=input_ids.device), **common)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        tokens = [token]
-        last = positions[:, -1:] if positions is not None else None
-        for step in range(max_new_tokens - 1):
-            position = None if last is None else last + 1 + step
-            out = forward(input_ids=token, attention_mask=mask, position_ids=position,
-                          cache_position=torch.tensor([prompt + step], device=input_ids.device), **common)
+        # The first step is the prefill of the whole prompt, every later one a decode step of one token.
+        token, position, cache_position = input_ids, positions, torch.arange(prompt, device=input_ids.device)
+        tokens = []
+        for step in range(max_new_tokens):
+            out = self.model.forward(input_ids=token, attention_mask=mask, position_ids=position,
+                                     cache_position=cache_position, **common)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             tokens.append(token)
-        self.steps += max_new_tokens
+            cache_position = torch.tensor([prompt + step], device=input_ids.device)
+            position = None if positions is None else positions[:, -1:] + 1 + step
         return torch.cat([input_ids, *tokens], dim=1)
 
 

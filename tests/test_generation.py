@@ -157,6 +157,19 @@ def test_noise_larger_than_decode_gives_no_figure(tiny_model, monkeypatch):
     assert r["decode_ms_per_token"] != r["decode_ms_per_token"]  # NaN, never a negative speed
 
 
+def test_timing_figures_are_the_one_definition_of_decode():
+    """measure_generation and measure_interleaved's pooling record the figures of timing_figures."""
+    r = generation.timing_figures([0.1, 0.2, 0.3], [0.02, 0.03, 0.04], 4, "cpu")
+    assert r["ttft_ms"] == pytest.approx(200.0) and r["decode_ms_per_token"] == pytest.approx(30.0)
+    assert r["decode_p10_ms"] == pytest.approx(22.0) and r["decode_p90_ms"] == pytest.approx(38.0)
+    assert r["tokens_per_s_aggregate"] == pytest.approx(4 * 1000 / 30) and r["decode_resolved"]
+    assert r["decode_samples_ms"] == pytest.approx([20.0, 30.0, 40.0])
+    noisy = generation.timing_figures([0.1, 0.1], [-0.01, 0.005, -0.002], 1, "cpu")
+    assert not noisy["decode_resolved"] and noisy["decode_noisy"]
+    for key in ("decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "tokens_per_s_per_user"):
+        assert noisy[key] != noisy[key]  # NaN: no figure, never a negative speed
+
+
 def test_compile_model_dispatches_by_device(tiny_model, monkeypatch):
     """inductor on CPU, torchair's NPU backend on NPU, always dynamic=False; nothing is compiled."""
     import sys
