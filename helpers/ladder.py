@@ -217,18 +217,23 @@ def batch_throughput_ratio(table) -> Optional[dict]:
 COUNT_COLUMNS = ("batch_size", "prompt_tokens", "new_tokens", "compiled_graphs")  # recorded as integers
 
 
+def ladder_rows(table) -> list[dict]:
+    """The ladder table as recorded: counts as whole numbers (pandas holds a column with gaps as
+    floats; a template shows "2 graphs", not "2.00 graphs")."""
+    def whole(value):
+        return int(value) if _known(value) else None
+
+    return [{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()}
+            for row in table.to_dict("records")]
+
+
 def record_ladder_figures(ch, table, new_tokens: int) -> None:
     """Chapter 06's figures from the ladder table, on one batch-1 protocol: each ok rung's tok/s
     (``ladder_tok_s_<rung>``, with its prompt and new tokens), the best batch-1 rung as
     ``best_batch1_speedup`` decides it (the table's own ratio, with its spread), the batch rung's
     throughput ratio, the graph counts and each batch-1 step (``ladder_steps``). ``ch`` is the
     chapter (``helpers.chapter.Chapter``)."""
-    # Counts are recorded as whole numbers (a template shows "2 graphs", not "2.00 graphs").
-    def whole(value):
-        return int(value) if _known(value) else None
-
-    rows = [{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()}
-            for row in table.to_dict("records")]
+    rows = ladder_rows(table)
     ch.results.table("ladder", rows)
     for row in (r for r in rows if r["status"] == "ok"):
         extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if _known(row.get(k))}

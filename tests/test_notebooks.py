@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import serving
+from helpers import ladder, serving
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb"))
@@ -74,6 +74,16 @@ def _vllm_skip_is_justified(results):
     why = marker.read_text().strip()
     warnings.warn(f"VLLM UNAVAILABLE: {SERVING} started no server in this test run: {why}")
     pytest.skip(f"VLLM UNAVAILABLE (the venv could not be built: {why}); {SERVING} measured nothing")
+
+
+def test_the_ladder_table_records_its_counts_as_whole_numbers(quick_run):
+    # chapter 06 records its table twice (after the rungs, again with the reference columns);
+    # both go through ladder.ladder_rows, else pandas' floats come back ("2.00 graphs built")
+    path = quick_run["run_dir"] / "06_optimization_ladder" / "results.json"
+    rows = json.loads(path.read_text())["tables"]["ladder"]
+    assert rows and all("vs_float32_eager" in r for r in rows)  # the second recording
+    counts = [r[k] for r in rows for k in ladder.COUNT_COLUMNS if r.get(k) is not None]
+    assert counts and all(type(c) is int for c in counts), counts
 
 
 def test_the_serving_chapter_served_and_left_no_process(quick_run):
