@@ -34,7 +34,8 @@ WORKSHOP_REPORT ?= 0
 LEGACY_VENV ?= .venv-legacy
 LEGACY_RUN_ID ?= legacy-quick
 # Its own model cache: the embedded GGUF is converted under transformers 4.57 (that is tested too).
-LEGACY_CACHE ?= $(LEGACY_VENV)/model-cache
+# Absolute, so every process (pytest, the runner, its kernels in notebooks/) finds the same folder.
+LEGACY_CACHE ?= $(abspath $(LEGACY_VENV)/model-cache)
 
 .PHONY: setup setup-vllm report test test-legacy lab compare clean-reports check-notebooks workshop-prep
 

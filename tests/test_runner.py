@@ -27,10 +27,15 @@ SECRETS = {"HF_TOKEN": "hf_" + "C" * 34, "AWS_SECRET_ACCESS_KEY": "aws-secret-va
            "MODELSCOPE_API_TOKEN": "ms-secret-value-123", "OBS_SECRET_KEY": "obs-secret-value-789"}
 
 
+# A relative model cache given to the runner (as make test-legacy once did): it means REPO/<this>, and
+# must reach the kernels (whose cwd is the notebook's folder) as that absolute folder.
+RELATIVE_CACHE = os.path.join("reports", "runner-test-cache")
+
+
 def run_cli(*args, timeout=240):
     return subprocess.run([sys.executable, "-m", "helpers.run", "--notebooks-dir", str(FIXTURES),
                            "--no-html", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **SECRETS})
+                          timeout=timeout, env={**os.environ, **SECRETS, "WORKBOOK_CACHE": RELATIVE_CACHE})
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +130,14 @@ def test_profile_values_and_overrides_are_injected(failing_run):
     assert _entry(run, "01_ok")["parameters"]["run_dir"] == str(run_dir)
     assert run["overrides"] == {"nap": 0}
     assert _entry(run, "04_after")["ignored_overrides"] == ["nap"]  # only 05_naps declares it
+
+
+def test_a_relative_model_cache_reaches_the_kernel_absolute(failing_run):
+    _, run_dir, _ = failing_run
+    seen = json.loads((run_dir / "01_ok" / "kernel.json").read_text())
+    assert Path(seen["cwd"]).resolve() == FIXTURES.resolve()  # the kernel runs in the notebook's folder
+    assert seen["WORKBOOK_CACHE"] == str(REPO / RELATIVE_CACHE)  # not FIXTURES/reports/...
+    assert not (FIXTURES / "reports").exists()
 
 
 def test_the_kernel_tcp_warning_is_silenced(failing_run):
