@@ -24,11 +24,36 @@ from helpers import backend  # noqa: E402
 FAKES = Path(__file__).parent / "fakes"
 
 
-def _load_fakes_module(name):
-    spec = importlib.util.spec_from_file_location(f"_workbook_{name}", FAKES / f"{name}.py")
+def _load_fakes_module(name, folder=FAKES):
+    spec = importlib.util.spec_from_file_location(f"_workbook_{name}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# Wall time per phase, printed at the end of the session (tests/phase_times.py): make test's budget.
+PHASE_TIMES = _load_fakes_module("phase_times", Path(__file__).parent).PhaseTimes()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    PHASE_TIMES.current = item.nodeid  # a session fixture started now is timed apart from this test
+    try:
+        yield
+    finally:
+        PHASE_TIMES.current = None
+
+
+def pytest_runtest_logreport(report):
+    PHASE_TIMES.add(report.nodeid, report.when, report.duration, report.keywords)
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = PHASE_TIMES.lines()
+    if len(lines) > 1:
+        terminalreporter.write_sep("-", "wall time per phase")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 npu_line = _load_fakes_module("npu_line")
@@ -90,6 +115,18 @@ def tiny_model():
     return tiny_llama(seed=0)
 
 
+def run_workbook(args: list[str], extra_env: "dict | None" = None):
+    """``python -m helpers.run <args>`` from the repository; (process, "" or why it was stopped)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "helpers.run", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        return proc, ""
+    except subprocess.TimeoutExpired as exc:
+        timed_out = f" (the run was stopped after {RUN_TIMEOUT_S} s, WORKBOOK_TEST_RUN_TIMEOUT)"
+        return SimpleNamespace(returncode=None, stdout=str(exc.stdout or ""), stderr=timed_out), timed_out
+
+
 @pytest.fixture(scope="session")
 def quick_run(tmp_path_factory):
     """Every notebook run once per session with the ``quick`` profile through the real runner.
@@ -97,17 +134,9 @@ def quick_run(tmp_path_factory):
     Shared by tests/test_notebooks.py (one test per chapter) and tests/test_browser.py (the pages).
     """
     reports = tmp_path_factory.mktemp("reports")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "helpers.run", "--profile", "quick", "--run-id", "quick",
-             "--reports-dir", str(reports), "--solutions"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-        )
-        timed_out = ""
-    except subprocess.TimeoutExpired as exc:
-        timed_out = f" (the run was stopped after {RUN_TIMEOUT_S} s, WORKBOOK_TEST_RUN_TIMEOUT)"
-        proc = SimpleNamespace(returncode=None, stdout=str(exc.stdout or ""), stderr=timed_out)
+    with PHASE_TIMES.fixture("quick run: every chapter + answers (fixture quick_run)"):
+        proc, timed_out = run_workbook(["--profile", "quick", "--run-id", "quick",
+                                        "--reports-dir", str(reports), "--solutions"])
     run_dir = reports / "quick"
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
     return {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out}
@@ -136,17 +165,9 @@ def zh_quick_run(tmp_path_factory):
     if not chapters:
         return {"proc": SimpleNamespace(returncode=None, stdout="", stderr="no Chinese chapter in notebooks/zh"),
                 "run_dir": run_dir, "run": None, "timed_out": "", "chapters": chapters}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "helpers.run", "--profile", "quick", "--lang", "zh", "--run-id", "quick-zh",
-             "--reports-dir", str(reports), "--only", *chapters],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-        )
-        timed_out = ""
-    except subprocess.TimeoutExpired as exc:
-        timed_out = f" (the run was stopped after {RUN_TIMEOUT_S} s, WORKBOOK_TEST_RUN_TIMEOUT)"
-        proc = SimpleNamespace(returncode=None, stdout=str(exc.stdout or ""), stderr=timed_out)
+    with PHASE_TIMES.fixture("Chinese quick run (fixture zh_quick_run)"):
+        proc, timed_out = run_workbook(["--profile", "quick", "--lang", "zh", "--run-id", "quick-zh",
+                                        "--reports-dir", str(reports), "--only", *chapters])
     run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
     return {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out, "chapters": chapters}
 
