@@ -62,12 +62,13 @@ test: setup setup-vllm
 	@if [ "$(LEGACY)" = "1" ]; then $(TIMED) legacy $(MAKE) --no-print-directory test-legacy ARGS=; fi
 
 ## The legacy set for real: build $(LEGACY_VENV) from requirements-legacy.txt with the pinned CPU
-## torch, then run the unit tests (the pin check runs once, in make test) and chapters 00 and 03
-## (quick profile) under transformers 4.57.x.
+## torch, then run the unit tests whose outcome can depend on those pins (marked `legacy` in
+## tests/conftest.py; the pin check runs once, in make test) and chapters 00 and 03 (quick profile)
+## under transformers 4.57.x.
 test-legacy:
 	@WORKBOOK_PIN_SET=legacy USE_SYSTEM_TORCH=0 WORKBOOK_LLAMACPP=0 VENV=$(LEGACY_VENV) $(TIMED) legacy-setup bash scripts/setup.sh
 	$(LEGACY_VENV)/bin/python -c "import transformers, numpy, torch; print('legacy venv: transformers', transformers.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
-	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m pytest -m "not notebooks and not pins" -q $(ARGS)
+	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m pytest -m "legacy and not notebooks and not pins" -q $(ARGS)
 	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m helpers.run --profile quick --only 00 03 --run-id $(LEGACY_RUN_ID)
 	$(LEGACY_VENV)/bin/python scripts/check_legacy_run.py reports/$(LEGACY_RUN_ID)
 

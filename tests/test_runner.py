@@ -277,7 +277,7 @@ def test_overrides_are_yaml_literals():
 def test_unknown_profile_names_the_choices():
     with pytest.raises(SystemExit) as err:
         runner.load_profile("fastest")
-    assert "--profile 'fastest' not found; choose one of default, npu, quick" in str(err.value)
+    assert "--profile 'fastest' not found; choose one of default, dtypes, npu, quick" in str(err.value)
 
 
 def test_unknown_notebook_selection_names_the_choices():
@@ -302,13 +302,29 @@ def test_resume_without_an_earlier_run_is_a_clear_error(tmp_path):
                      "--notebooks-dir", str(FIXTURES)])
 
 
+# Profiles for some chapters only: the dtype runs of make test (tests/conftest.py DTYPE_CHAPTERS).
+PARTIAL_PROFILES = {"dtypes"}
+
+
 def test_every_profile_is_a_mapping_with_known_notebooks():
     real = {p.stem for p in (REPO / "notebooks").glob("*.ipynb")}
     for name in runner.available_profiles():
         profile = runner.load_profile(name)
         assert isinstance(profile["all"], dict) and isinstance(profile["notebooks"], dict)
-        assert real <= set(profile["notebooks"]), f"profile {name} misses {real - set(profile['notebooks'])}"
+        assert set(profile["notebooks"]) <= real, f"profile {name} names {set(profile['notebooks']) - real}"
+        if name not in PARTIAL_PROFILES:
+            assert real <= set(profile["notebooks"]), f"profile {name} misses {real - set(profile['notebooks'])}"
         assert "trust_remote_code" not in json.dumps(profile)  # off unless a user sets it
+
+
+def test_the_dtypes_profile_covers_exactly_the_dtype_chapters_at_the_guide_shape():
+    from conftest import DTYPE_CHAPTERS
+
+    profile = runner.load_profile("dtypes")
+    assert tuple(sorted(profile["notebooks"])) == DTYPE_CHAPTERS
+    # the RMSNorm check's outcome depends on the size: the dtype runs check it where the guide does
+    assert profile["notebooks"]["01_operator_verification"]["rms_shape"] == [1, 4096, 4096]
+    assert profile["notebooks"]["06_optimization_ladder"]["llamacpp"] is False  # no build needed
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.ipynb"))
