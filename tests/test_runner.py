@@ -27,10 +27,15 @@ SECRETS = {"HF_TOKEN": "hf_" + "C" * 34, "AWS_SECRET_ACCESS_KEY": "aws-secret-va
            "MODELSCOPE_API_TOKEN": "ms-secret-value-123", "OBS_SECRET_KEY": "obs-secret-value-789"}
 
 
+# A relative model cache given to the runner (as make test-legacy once did): it means REPO/<this>, and
+# must reach the kernels (whose cwd is the notebook's folder) as that absolute folder.
+RELATIVE_CACHE = os.path.join("reports", "runner-test-cache")
+
+
 def run_cli(*args, timeout=240):
     return subprocess.run([sys.executable, "-m", "helpers.run", "--notebooks-dir", str(FIXTURES),
                            "--no-html", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **SECRETS})
+                          timeout=timeout, env={**os.environ, **SECRETS, "WORKBOOK_CACHE": RELATIVE_CACHE})
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +130,14 @@ def test_profile_values_and_overrides_are_injected(failing_run):
     assert _entry(run, "01_ok")["parameters"]["run_dir"] == str(run_dir)
     assert run["overrides"] == {"nap": 0}
     assert _entry(run, "04_after")["ignored_overrides"] == ["nap"]  # only 05_naps declares it
+
+
+def test_a_relative_model_cache_reaches_the_kernel_absolute(failing_run):
+    _, run_dir, _ = failing_run
+    seen = json.loads((run_dir / "01_ok" / "kernel.json").read_text())
+    assert Path(seen["cwd"]).resolve() == FIXTURES.resolve()  # the kernel runs in the notebook's folder
+    assert seen["WORKBOOK_CACHE"] == str(REPO / RELATIVE_CACHE)  # not FIXTURES/reports/...
+    assert not (FIXTURES / "reports").exists()
 
 
 def test_the_kernel_tcp_warning_is_silenced(failing_run):
@@ -264,7 +277,7 @@ def test_overrides_are_yaml_literals():
 def test_unknown_profile_names_the_choices():
     with pytest.raises(SystemExit) as err:
         runner.load_profile("fastest")
-    assert "--profile 'fastest' not found; choose one of default, npu, quick" in str(err.value)
+    assert "--profile 'fastest' not found; choose one of default, dtypes, npu, quick" in str(err.value)
 
 
 def test_unknown_notebook_selection_names_the_choices():
@@ -289,13 +302,29 @@ def test_resume_without_an_earlier_run_is_a_clear_error(tmp_path):
                      "--notebooks-dir", str(FIXTURES)])
 
 
+# Profiles for some chapters only: the dtype runs of make test (tests/conftest.py DTYPE_CHAPTERS).
+PARTIAL_PROFILES = {"dtypes"}
+
+
 def test_every_profile_is_a_mapping_with_known_notebooks():
     real = {p.stem for p in (REPO / "notebooks").glob("*.ipynb")}
     for name in runner.available_profiles():
         profile = runner.load_profile(name)
         assert isinstance(profile["all"], dict) and isinstance(profile["notebooks"], dict)
-        assert real <= set(profile["notebooks"]), f"profile {name} misses {real - set(profile['notebooks'])}"
+        assert set(profile["notebooks"]) <= real, f"profile {name} names {set(profile['notebooks']) - real}"
+        if name not in PARTIAL_PROFILES:
+            assert real <= set(profile["notebooks"]), f"profile {name} misses {real - set(profile['notebooks'])}"
         assert "trust_remote_code" not in json.dumps(profile)  # off unless a user sets it
+
+
+def test_the_dtypes_profile_covers_exactly_the_dtype_chapters_at_the_guide_shape():
+    from conftest import DTYPE_CHAPTERS
+
+    profile = runner.load_profile("dtypes")
+    assert tuple(sorted(profile["notebooks"])) == DTYPE_CHAPTERS
+    # the RMSNorm check's outcome depends on the size: the dtype runs check it where the guide does
+    assert profile["notebooks"]["01_operator_verification"]["rms_shape"] == [1, 4096, 4096]
+    assert profile["notebooks"]["06_optimization_ladder"]["llamacpp"] is False  # no build needed
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.ipynb"))
