@@ -331,11 +331,16 @@ def ge_fallbacks(model: nn.Module, backend_fn) -> list:
         name = _ge_probe_name(module)
         if name is not None:
             users.setdefault(name, []).append(module)
-    first = next(model.parameters(), None)
     rows = []
     for name, modules in users.items():
-        dtype = next((m.scale_act.dtype for m in modules if hasattr(m, "scale_act")), first.dtype)
-        error = ge_probe(name, backend_fn, first.device, dtype)
+        # an Int8Linear holds buffers only; its activations are in scale_act's dtype
+        first = modules[0]
+        if hasattr(first, "scale_act"):
+            device, dtype = first.scale_act.device, first.scale_act.dtype
+        else:
+            weight = next(first.parameters())
+            device, dtype = weight.device, weight.dtype
+        error = ge_probe(name, backend_fn, device, dtype)
         if error is None:
             continue
         reason = (f"no GE converter for it in the torchair of torch_npu {_torch_npu_version()} ({error})")
