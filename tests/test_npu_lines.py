@@ -6,7 +6,7 @@ the real sources has a test that drives the helpers the way a chapter does; each
 the code before per-op feature detection (run against it with the helpers unchanged):
 
 * graph mode with ``npu_graph_mode=max-autotune`` set ``CompilerConfig.mode``, which torchair before
-  7.0.0 does not have (torch_npu 2.1.0 and 2.1.0.post6 lines);
+  7.0.0 does not have (torch_npu 2.1.0, 2.1.0.post6 and 2.1.0.post10 lines);
 * ``reduce-overhead`` there failed with torchair's ``has no option mode`` instead of naming the
   torch_npu it needs, and ``npugraph_ex`` was not accepted at all;
 * ``impl="auto"`` picked ops the line does not have (AttributeError instead of a fallback);
@@ -130,6 +130,23 @@ def test_fake_compiler_config_rejects_unknown_options(fake_torch_npu):
         assert list(config.mode.optional) == list(fake_torch_npu.LINE.MODES)
         with pytest.raises(ValueError, match="not in optional list"):
             config.mode = "O3"
+
+
+def test_fake_backend_has_the_signatures_of_its_line_s_torchair(fake_torch_npu):
+    """get_npu_backend and _npu_backend with the parameters of the line's npu_fx_compiler.py; the
+    partial get_npu_backend returns passes only parameters _npu_backend has."""
+    import inspect
+
+    torchair, line = fake_torch_npu.torchair, fake_torch_npu.LINE
+    params = inspect.signature(torchair.get_npu_backend).parameters
+    expected = (("compiler_config", "aot_config", "custom_decompositions") if line.GET_NPU_BACKEND_TAKES_AOT_CONFIG
+                else ("compiler_config", "custom_decompositions"))
+    assert tuple(params) == expected and all(p.kind is p.KEYWORD_ONLY for p in params.values())
+    backend_fn = torchair.get_npu_backend()
+    inner = inspect.signature(backend_fn.func).parameters
+    assert set(backend_fn.keywords) <= set(inner)
+    assert ("aot_config" in inner) == line.GET_NPU_BACKEND_TAKES_AOT_CONFIG
+    assert any(p.kind is p.VAR_KEYWORD for p in inner.values()) == (line.BACKEND_OPTIONS is not None)
 
 
 def test_fake_ge_backend_refuses_an_op_without_a_converter(fake_torch_npu):
