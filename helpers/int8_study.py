@@ -69,6 +69,13 @@ def variant_row(name: str, r: dict) -> dict:
     return out
 
 
+def kept_dense_rows(rows: dict) -> list[dict]:
+    """The linears each variant left dense because its kernel cannot take their shape, with the reason
+    (``quant.quantize_model_int8``'s ``kept_dense``; on an NPU ``lm_head`` of a vocabulary above 65,535)."""
+    return [{"variant": name, "layer": layer, "reason": why}
+            for name, r in rows.items() for layer, why in r.get("kept_dense") or ()]
+
+
 KERNEL_COLUMNS = ("kernel", "activations", "decode_ms", "decode_p10_ms", "decode_p90_ms", "weight_mb",
                   "gbps", "chosen", "problem")
 

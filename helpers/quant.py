@@ -9,7 +9,8 @@ per-output-channel int8 weight and picks a kernel per backend:
   always given; a static activation scale is folded into an int64 ``npu_trans_quant_param`` scale
   for float16 output, which GE graph mode needs). These ops take only float16 / bfloat16
   activations, so float32 never reaches them, and each is used only where this torch_npu has it
-  (``npu_int8_choice``);
+  (``npu_int8_choice``). They take K and N up to 65,535 only, so a wider linear (``lm_head`` of a
+  128K vocabulary) stays dense and ``quantize_model_int8`` names it in ``kept_dense``;
 * ``int8pack``: ``torch._weight_int8pack_mm`` (CPU, and CUDA where torch has it) with 16-bit
   activations. Fed float32 activations it is several times slower (pathologically so for more
   than one row), so W8A16 on a CPU always runs with 16-bit activations: a float32 model's
@@ -101,6 +102,14 @@ NPU_INT8_OPS = {
     "w8a8_static": ("npu_quant_matmul", "npu_trans_quant_param"),
 }
 NPU_ACT_DTYPES = (torch.float16, torch.bfloat16)
+# The largest K (in_features) and N (out_features) the NPU INT8 kernels take: "K and N in [1, 65535]"
+# for npu_weight_quant_batchmatmul and "the last dims of x1 and x2 must not exceed 65535" for
+# npu_quant_matmul (op-plugin 7.2.0 docs/context/torch_npu-npu_weight_quant_batchmatmul.md and
+# torch_npu-npu_quant_matmul.md, 约束说明). A limit of these kernels only: int8pack / dequant / emulate
+# have none, so it applies where the chosen kernel is "npu". A vocabulary above it (Llama-3's
+# 128,256, Qwen2's 151,936) makes lm_head too wide: quantize_model_int8 keeps such a linear dense.
+NPU_INT8_MAX_DIM = 65535
+NPU_INT8_KERNEL = {"w8a16": "npu_weight_quant_batchmatmul", "w8a8": "npu_quant_matmul"}
 
 
 def _check_choice(impl: str, scheme: str) -> None:
@@ -164,6 +173,16 @@ def npu_int8_choice(impl: str, dtype: torch.dtype, scheme: str = "w8a16", static
         "" if impl == "npu" else " (auto on an NPU: this torch_npu has them)")
 
 
+def npu_shape_problem(in_features: int, out_features: int, scheme: str = "w8a16") -> Optional[str]:
+    """None where the NPU INT8 kernel of ``scheme`` takes a (out_features, in_features) linear;
+    otherwise why not, e.g. ``"N=128256 > 65535, the limit of npu_weight_quant_batchmatmul"``."""
+    over = [f"{axis}={size} > {NPU_INT8_MAX_DIM}" for axis, size in (("K", in_features), ("N", out_features))
+            if size > NPU_INT8_MAX_DIM]
+    if not over:
+        return None
+    return f"{', '.join(over)}, the limit of {NPU_INT8_KERNEL[scheme]}"
+
+
 def act_dtype_for(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -> torch.dtype:
     """The activation dtype an ``Int8Linear`` computes in: the model's, except W8A16 on a CPU in a
     float32 model, which casts to bfloat16 (float32's range) at the linear."""
@@ -216,6 +235,13 @@ class Int8Linear(_QuantizedLinear):
         self.scheme, self.act_scale = scheme, act_scale
         self.impl, self.impl_reason = choose_impl(impl, weight.device, weight.dtype, scheme,
                                                   static=act_scale is not None)
+        if self.impl == "npu":
+            problem = npu_shape_problem(self.in_features, self.out_features, scheme)
+            if problem:
+                # aclnn would reject it at the first call; say so here, with what to do instead
+                raise ValueError(f"this linear ({self.out_features} x {self.in_features}) cannot use the NPU INT8 "
+                                 f"kernel: {problem}; keep it dense (quantize_model_int8 does) or use "
+                                 "impl='dequant'")
         self.act_dtype = act_dtype_for(self.impl, weight.device, weight.dtype, scheme)
         q, scale = quantize_weight(weight)
         if self.impl == "npu" and scheme == "w8a8":
@@ -230,6 +256,20 @@ class Int8Linear(_QuantizedLinear):
                              persistent=False)
         if self.impl == "npu" and scheme == "w8a8":
             self.register_buffer("npu_scale", _npu_w8a8_scale(self.scale, weight.dtype, act_scale), persistent=False)
+
+    def use_fallback_kernel(self, reason: str) -> str:
+        """Leave the NPU kernel for the portable one of this scheme (``dequant`` for W8A16, ``emulate``
+        for W8A8), e.g. where this torchair cannot put the npu op into a GE graph
+        (``ops.ge_fallbacks``); returns the kernel that runs now."""
+        if self.impl != "npu":
+            return self.impl
+        if self.scheme == "w8a8":
+            self.qweight = self.qweight.t().contiguous()  # back to the (N, K) layout emulate reads
+            self.impl = "emulate"
+        else:
+            self.impl = "dequant"  # reads the same (N, K) int8 weight, scale in the model dtype
+        self.impl_reason = reason
+        return self.impl
 
     def extra_repr(self) -> str:
         act = "" if self.scheme == "w8a16" else (
@@ -336,7 +376,10 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
     """Replace every ``nn.Linear`` of ``model`` (in place) by an ``Int8Linear``.
 
     ``act_scales`` (from ``calibrate``) makes W8A8 static; without it W8A8 is dynamic per-token.
-    Returns ``bytes_before``, ``bytes_after`` (``weight_bytes``), ``layers``, ``impl``, ``scheme``.
+    Returns ``bytes_before``, ``bytes_after`` (``weight_bytes``), ``layers``, ``impl``, ``scheme``
+    and ``kept_dense``: ``[(name, reason), ...]``, the linears left as they were because the chosen
+    kernel cannot take their shape (on an NPU, K or N above ``NPU_INT8_MAX_DIM``: ``lm_head`` of a
+    vocabulary above 65,535); ``layers`` counts only the quantized ones.
     """
     _check_choice(impl, scheme)
     if act_scales is not None and scheme != "w8a8":
@@ -355,9 +398,20 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
         timed = choose_cpu_w8a16_kernel(model, skip)
         timed = {"kernel_timings": timed["rows"], "kernel_choice": timed["decision"]}
         if timed["kernel_choice"]["kernel"] == "torchao":
-            return {**torchao_int8_weight_only(model), **timed}
+            return {**torchao_int8_weight_only(model), "kept_dense": [], **timed}
         impl = timed["kernel_choice"]["kernel"]
     scales = {} if act_scales is None else {n: float(act_scales[n]) / 127.0 for n in names}
+    kept_dense = []
+    for name in names:
+        lin = model.get_submodule(name)
+        kernel = choose_impl(impl, lin.weight.device, lin.weight.dtype, scheme, static=name in scales)[0]
+        problem = npu_shape_problem(lin.in_features, lin.out_features, scheme) if kernel == "npu" else None
+        if problem:
+            kept_dense.append((name, problem))
+    if len(kept_dense) == len(names):
+        raise ValueError(f"no linear of this model fits the NPU INT8 kernel: {kept_dense[0][1]}")
+    dense = {n for n, _ in kept_dense}
+    names = [n for n in names if n not in dense]
     made = _replace_linears(model, names,
                             lambda n, lin: Int8Linear(lin, impl, scheme, scales.get(n)))
     acts = {activations_label(m.act_dtype, m.model_dtype) for m in made}
@@ -366,7 +420,7 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
             "impl": ",".join(sorted({m.impl for m in made})),
             "impl_reason": "; ".join(sorted({m.impl_reason for m in made})), "scheme": scheme,
-            "activations": ", ".join(sorted(acts)), **timed}
+            "activations": ", ".join(sorted(acts)), "kept_dense": kept_dense, **timed}
 
 
 # --- INT4 weights in groups (CPU): the grid of the embedded GGUF's Q4_1 --------------------------

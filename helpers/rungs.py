@@ -169,7 +169,10 @@ def fusion_description(fusion: Optional[dict]) -> Optional[str]:
 
 
 def weight_formats(c: Climb) -> list[dict]:
-    """One row per weight format a rung produced: bytes before and after, layers, kernel."""
+    """One row per weight format a rung produced: bytes before and after, layers, kernel, and the
+    linears the kernel could not take, kept dense with the reason (``kept_dense``, None if none: on an
+    NPU a vocabulary above 65,535 keeps lm_head dense, ``quant.npu_shape_problem``)."""
     keys = ("bytes_before", "bytes_after", "layers", "impl", "lm_head")
-    return [{"format": name, **{k: info.get(k) for k in keys}}
+    return [{"format": name, **{k: info.get(k) for k in keys},
+             "kept_dense": "; ".join(f"{layer} ({why})" for layer, why in info.get("kept_dense") or ()) or None}
             for name, info in (("INT8", c.int8_info), ("INT4 g32", c.int4_info)) if info]

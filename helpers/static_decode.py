@@ -288,7 +288,7 @@ class CompiledForward:
     @staticmethod
     def _npu_settings(model, device, npu_mode, backend_override):
         """``(plan, fallbacks)`` on an NPU with torchair: what this torchair builds for ``npu_mode``
-        (``ops.npu_graph_plan``) and, for a GE graph, the fused ops that fell back for want of a GE
+        (``ops.npu_graph_plan``) and, for a GE graph, the npu ops (fused, INT8) that fell back for want of a GE
         converter (``ops.ge_fallbacks``). ``(None, [])`` elsewhere."""
         from . import ops
 
@@ -305,7 +305,7 @@ class CompiledForward:
             plan = self.npu_plan
             parts.append(f"mode={plan['mode_set']}" if plan["mode_set"] else
                          f"{plan['graph']} graph (torchair default, no mode option set)")
-            parts.extend(f"{row['op']} -> reference (no GE converter)" for row in self.ge_fallbacks)
+            parts.extend(f"{row['op']} -> {row['now']} (no GE converter)" for row in self.ge_fallbacks)
         elif self.npu_mode and self.backend == "torchair":  # torchair's mode; other backends ignore it
             parts.append(f"mode={self.npu_mode}")
         if self.inductor_config.get("freezing"):

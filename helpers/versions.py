@@ -183,6 +183,22 @@ _LINE_FEATURES = [
 ]
 
 
+# Each GE probe's row (ops.GE_PROBE_OPS): what the op inside a GE graph is for, and what runs without it.
+_GE_ROWS = {
+    "npu_rms_norm": ("npu_rms_norm inside a GE graph (graph mode after the fused-operators rung)",
+                     "the reference RMSNorm runs"),
+    "npu_add_rms_norm": ("npu_add_rms_norm inside a GE graph", "the reference add + RMSNorm runs"),
+    "npu_swiglu": ("npu_swiglu inside a GE graph (graph mode after the fused-operators rung)",
+                   "the reference SwiGLU runs"),
+    "npu_weight_quant_batchmatmul": ("W8A16 Int8Linear inside a GE graph (the INT8 rung in graph mode)",
+                                     "the dequant INT8 kernel runs"),
+    "npu_dynamic_quant": ("dynamic W8A8 inside a GE graph: npu_dynamic_quant + npu_quant_matmul (chapter 05)",
+                          "W8A8 runs emulated"),
+    "npu_quant_matmul": ("static W8A8 inside a GE graph: npu_quant_matmul with the int64 scale of "
+                         "npu_trans_quant_param (chapter 05)", "W8A8 runs emulated"),
+}
+
+
 def _line_row(feature: str, present: Optional[bool], used_for: str, without: str) -> dict:
     # a missing feature that nothing falls back from is "not used"
     return {"feature": feature, "present": present, "used for": used_for,
@@ -193,14 +209,14 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
     """The torch_npu line installed and what it lacks: ``torch_npu``, ``line`` (a sentence),
     ``rows`` (``feature``, ``present``, ``used for``, ``without it``) and ``lacks`` (the features
     that are missing). torchair is imported when ``torchair_module`` is not given. With
-    ``ge_probe_device`` (an NPU device) each fused op is also compiled alone into a GE graph to see
+    ``ge_probe_device`` (an NPU device) each fused op and each INT8 path is also compiled alone into a GE graph to see
     whether this torchair has a GE converter for it (``ops.ge_probe``); otherwise those rows say
     "not probed" (``present`` None) and are not counted as lacking."""
     if torch_npu_module is None:
         return {"torch_npu": None, "line": "torch_npu not loaded: no NPU line to detect", "rows": [], "lacks": []}
     import torch
 
-    from .ops import NPU_GRAPH_MODES, TORCHAIR_MODE_SINCE, backend_takes_options, ge_probe, torchair_modes
+    from .ops import GE_PROBE_OPS, NPU_GRAPH_MODES, TORCHAIR_MODE_SINCE, backend_takes_options, ge_probe, torchair_modes
 
     version = str(getattr(torch_npu_module, "__version__", "unknown"))
     row = next((r for r in KNOWN_GOOD if r["torch_npu"] == version), None)
@@ -232,18 +248,17 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
         "torchair backend options", takes_options,
         "torch.compile(options=...) to torchair (from torchair 7.3.0)",
         "none are passed; the workbook passes only guard_filter_fn, which torch takes"))
-    for name in ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu"):
-        if not hasattr(torch_npu_module, name) or torchair is None:
+    for name, needs in GE_PROBE_OPS.items():
+        if not all(hasattr(torch_npu_module, op) for op in needs) or torchair is None:
             continue
         present = None
         if ge_probe_device is not None:
             backend_fn = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
             present = ge_probe(name, backend_fn, ge_probe_device, torch.float16) is None
+        used, fallback = _GE_ROWS[name]
         without = ("not probed: needs an NPU" if present is None else
-                   "" if present else "the reference runs inside GE graphs (ops.ge_fallbacks)")
-        rows.append(_line_row(
-            f"GE converter for torch_npu.{name}", present,
-            f"{name} inside a GE graph (graph mode after the fused-operators rung)", without))
+                   "" if present else f"{fallback} inside GE graphs (ops.ge_fallbacks)")
+        rows.append(_line_row(f"GE converter for torch_npu.{name}", present, used, without))
     return {"torch_npu": version, "line": line, "rows": rows,
             "lacks": [r["feature"] for r in rows if r["present"] is False]}
 

@@ -164,3 +164,21 @@ def test_the_exercises_name_only_dtypes_of_the_run_or_the_one_it_proposes(lang):
         entry["dtype"] = str(entry.get("dtype", "")).replace("float32", "bfloat16")
     text = prose.render(CHAPTER, "exercises", results, lang=lang)
     assert "dtype=float32" in text
+
+
+def test_kept_dense_rows_name_each_variant_s_dense_layers():
+    rows = {"dense": {"impl": "dense"}, "w8a16": {"kept_dense": [("lm_head", "N=128256 > 65535, the limit of x")]},
+            "w8a8_dynamic": {"kept_dense": []}}
+    assert int8_study.kept_dense_rows(rows) == [
+        {"variant": "w8a16", "layer": "lm_head", "reason": "N=128256 > 65535, the limit of x"}]
+
+
+@pytest.mark.parametrize("lang", prose.LANGUAGES)
+def test_a_layer_kept_dense_is_named_with_its_reason(lang):
+    results = _results()
+    reason = "N=128256 > 65535, the limit of npu_weight_quant_batchmatmul"
+    results["tables"]["int8_kept_dense"] = [{"variant": "w8a16", "layer": "lm_head", "reason": reason}]
+    text = "".join(prose.render(CHAPTER, block, results, lang=lang) for block in prose.blocks(CHAPTER, lang))
+    assert "lm_head" in text and reason in text
+    assert reason not in "".join(prose.render(CHAPTER, block, _results(), lang=lang)
+                                 for block in prose.blocks(CHAPTER, lang))

@@ -6,7 +6,7 @@ the real sources has a test that drives the helpers the way a chapter does; each
 the code before per-op feature detection (run against it with the helpers unchanged):
 
 * graph mode with ``npu_graph_mode=max-autotune`` set ``CompilerConfig.mode``, which torchair before
-  7.0.0 does not have (torch_npu 2.1.0 and 2.1.0.post6 lines);
+  7.0.0 does not have (torch_npu 2.1.0, 2.1.0.post6 and 2.1.0.post10 lines);
 * ``reduce-overhead`` there failed with torchair's ``has no option mode`` instead of naming the
   torch_npu it needs, and ``npugraph_ex`` was not accepted at all;
 * ``impl="auto"`` picked ops the line does not have (AttributeError instead of a fallback);
@@ -130,6 +130,23 @@ def test_fake_compiler_config_rejects_unknown_options(fake_torch_npu):
         assert list(config.mode.optional) == list(fake_torch_npu.LINE.MODES)
         with pytest.raises(ValueError, match="not in optional list"):
             config.mode = "O3"
+
+
+def test_fake_backend_has_the_signatures_of_its_line_s_torchair(fake_torch_npu):
+    """get_npu_backend and _npu_backend with the parameters of the line's npu_fx_compiler.py; the
+    partial get_npu_backend returns passes only parameters _npu_backend has."""
+    import inspect
+
+    torchair, line = fake_torch_npu.torchair, fake_torch_npu.LINE
+    params = inspect.signature(torchair.get_npu_backend).parameters
+    expected = (("compiler_config", "aot_config", "custom_decompositions") if line.GET_NPU_BACKEND_TAKES_AOT_CONFIG
+                else ("compiler_config", "custom_decompositions"))
+    assert tuple(params) == expected and all(p.kind is p.KEYWORD_ONLY for p in params.values())
+    backend_fn = torchair.get_npu_backend()
+    inner = inspect.signature(backend_fn.func).parameters
+    assert set(backend_fn.keywords) <= set(inner)
+    assert ("aot_config" in inner) == line.GET_NPU_BACKEND_TAKES_AOT_CONFIG
+    assert any(p.kind is p.VAR_KEYWORD for p in inner.values()) == (line.BACKEND_OPTIONS is not None)
 
 
 def test_fake_ge_backend_refuses_an_op_without_a_converter(fake_torch_npu):
@@ -385,3 +402,163 @@ def test_w8a8_passes_output_dtype_and_a_scale_of_the_table(fake_torch_npu, as_np
         # fp16 output with pertoken_scale takes a float32 scale; bf16 output a bf16 one (both in the table)
         assert call["scale"].dtype == (torch.float32 if dtype == torch.float16 else torch.bfloat16)
         torch.testing.assert_close(y.float(), emulated(x.float()), atol=3e-2, rtol=3e-2)
+
+
+# --- the NPU INT8 kernels' K, N <= 65,535, and the INT8 ops inside a GE graph ---------------------
+
+def _has_int8(fake):
+    return _has(fake, "npu_weight_quant_batchmatmul")
+
+
+def test_fake_int8_ops_reject_k_or_n_above_65535(fake_torch_npu):
+    if not _has(fake_torch_npu, "npu_quant_matmul"):
+        pytest.skip("this line has no INT8 ops")
+    wide = torch.zeros(8, 65536, dtype=torch.int8)  # (K, N) with N one past the limit
+    with pytest.raises(RuntimeError, match=r"N=65536 must be in \[1, 65535\]"):
+        fake_torch_npu.npu_weight_quant_batchmatmul(torch.zeros(1, 8, dtype=torch.float16), wide,
+                                                    torch.ones(65536, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="must not exceed 65535"):
+        fake_torch_npu.npu_quant_matmul(torch.zeros(1, 8, dtype=torch.int8), wide, torch.ones(65536),
+                                        output_dtype=torch.bfloat16)
+    fake_torch_npu.npu_weight_quant_batchmatmul(torch.zeros(1, 8, dtype=torch.float16), wide[:, :65535],
+                                                torch.ones(65535, dtype=torch.float16))
+
+
+def test_an_npu_int8_linear_wider_than_the_kernel_takes_says_so(fake_torch_npu, as_npu):
+    if not _has_int8(fake_torch_npu):
+        pytest.skip("this line has no INT8 ops")
+    assert quant.npu_shape_problem(4096, 128256) == "N=128256 > 65535, the limit of npu_weight_quant_batchmatmul"
+    assert quant.npu_shape_problem(70000, 8, "w8a8") == "K=70000 > 65535, the limit of npu_quant_matmul"
+    assert quant.npu_shape_problem(65535, 65535) is None
+    wide = torch.nn.Linear(8, 65536, bias=False).half()
+    with pytest.raises(ValueError, match=r"N=65536 > 65535.*keep it dense"):
+        quant.Int8Linear(wide, impl="npu")
+    assert "npu_weight_quant_batchmatmul" not in fake_torch_npu.CALLS
+
+
+@pytest.fixture(scope="module")
+def llama3_vocab_model():
+    """A tiny float16 Llama with Llama-3's vocabulary of 128,256 tokens (the only large dim); built
+    before any fake torch_npu is installed (importing transformers' model code looks for torch_npu)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).half().eval()
+    return model.requires_grad_(False)
+
+
+def test_a_128k_vocabulary_keeps_lm_head_dense_through_the_npu_int8_path(llama3_vocab_model, fake_torch_npu,
+                                                                         as_npu):
+    """Llama-3's lm_head (N=128,256) is wider than npu_weight_quant_batchmatmul takes: it stays dense,
+    named with its reason; every other linear is INT8 and the forward runs."""
+    model = copy.deepcopy(llama3_vocab_model)
+    ids = torch.tensor([[1, 500, 70000, 128255]])
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits
+    names = quant.linear_names(model)
+    info = quant.quantize_model_int8(model, impl="auto")
+    if not _has_int8(fake_torch_npu):
+        # the dequant kernel has no such limit: every linear, lm_head included, is INT8
+        assert info["impl"] == "dequant" and info["kept_dense"] == [] and info["layers"] == len(names)
+        return
+    assert info["kept_dense"] == [("lm_head", "N=128256 > 65535, the limit of npu_weight_quant_batchmatmul")]
+    assert info["impl"] == "npu" and info["layers"] == len(names) - 1
+    assert quant.linear_names(model) == ["lm_head"]  # the one nn.Linear left
+    assert all(isinstance(model.get_submodule(n), quant.Int8Linear) for n in names if n != "lm_head")
+    with torch.no_grad():
+        got = model(input_ids=ids, use_cache=False).logits
+    assert got.shape == (1, 4, 128256) and torch.isfinite(got).all()
+    assert "npu_weight_quant_batchmatmul" in fake_torch_npu.CALLS
+    torch.testing.assert_close(got.float(), ref.float(), atol=5e-2, rtol=5e-2)
+
+
+def test_w8a8_keeps_a_wide_lm_head_dense_too(fake_torch_npu, as_npu):
+    if not _has(fake_torch_npu, "npu_dynamic_quant"):
+        pytest.skip("this line has no npu_dynamic_quant")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 65536)).half()
+    info = quant.quantize_model_int8(model, impl="auto", scheme="w8a8")
+    assert info["kept_dense"] == [("1", "N=65536 > 65535, the limit of npu_quant_matmul")] and info["layers"] == 1
+    model(torch.randn(2, 16, dtype=torch.float16))
+
+
+def test_helpers_call_get_npu_backend_only_with_arguments_every_line_takes(fake_torch_npu):
+    """Every ``get_npu_backend(...)`` call in helpers/ passes only keywords this line's real
+    get_npu_backend has, and what it returns hands its backend only parameters that backend has."""
+    import ast
+    import inspect
+
+    takes = set(inspect.signature(fake_torch_npu.torchair.get_npu_backend).parameters)
+    calls = []
+    for path in (REPO / "helpers").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get_npu_backend":
+                calls.append((path.name, node))
+    assert calls, "no get_npu_backend call found in helpers/"
+    for name, call in calls:
+        assert not call.args, f"{name}: get_npu_backend takes keyword arguments only"
+        assert {k.arg for k in call.keywords} <= takes, (name, takes)
+    backend_fn = ops.npu_graph_backend()
+    assert set(backend_fn.keywords) <= set(inspect.signature(backend_fn.func).parameters)
+    assert ops.backend_takes_options(backend_fn) == (fake_torch_npu.LINE.BACKEND_OPTIONS is not None)
+
+
+def test_the_ge_probe_covers_the_int8_ops_as_the_int8_linears_call_them(fake_torch_npu):
+    if not _has_int8(fake_torch_npu):
+        pytest.skip("this line has no INT8 ops")
+    torchair = fake_torch_npu.torchair
+    for name in ("npu_weight_quant_batchmatmul", "npu_dynamic_quant", "npu_quant_matmul"):
+        for dtype in (torch.float16, torch.bfloat16):
+            torch._dynamo.reset()
+            fake_torch_npu.CALLS.clear()
+            error = ops.ge_probe(name, torchair.get_npu_backend(), "cpu", dtype)
+            assert error is None, (name, dtype, error)
+            # the probe really put the op into a GE graph (the fake backend checked it)
+            assert "torchair:max-autotune" in fake_torch_npu.CALLS and name in fake_torch_npu.CALLS
+    with pytest.raises(ValueError, match="name='npu_bogus'"):
+        ops.ge_probe("npu_bogus", torchair.get_npu_backend(), "cpu", torch.float16)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("scheme,act_scale,op,now", [
+    ("w8a16", None, "npu_weight_quant_batchmatmul", "dequant"),
+    ("w8a8", None, "npu_dynamic_quant", "emulate"),
+    ("w8a8", 4.0 / 127, "npu_quant_matmul", "emulate")])
+def test_int8_linears_leave_a_ge_graph_where_torchair_has_no_converter(fake_torch_npu, as_npu, monkeypatch,
+                                                                       scheme, act_scale, op, now):
+    """A torchair without the INT8 op's GE converter (none of the known lines, so one is made by
+    taking it away) must not break the graph: the INT8 linears fall back and say why."""
+    needs = ops.GE_PROBE_OPS[op]
+    if not all(_has(fake_torch_npu, o) for o in needs):
+        pytest.skip("this line lacks the op")
+    monkeypatch.setattr(fake_torch_npu.LINE, "GE_CONVERTERS", fake_torch_npu.LINE.GE_CONVERTERS - {op})
+    lin = torch.nn.Linear(32, 48, bias=False).half()
+    model = torch.nn.Sequential(quant.Int8Linear(lin, impl="npu", scheme=scheme, act_scale=act_scale))
+    x = torch.randn(2, 32, dtype=torch.float16)
+    torch._dynamo.reset()
+    rows = ops.ge_fallbacks(model, fake_torch_npu.torchair.get_npu_backend())
+    assert len(rows) == 1 and rows[0]["now"] == now and rows[0]["modules"] == 1
+    assert "no GE converter" in rows[0]["reason"] and fake_torch_npu.__version__ in rows[0]["reason"]
+    assert model[0].impl == now
+    compiled, _ = ops.graph_mode(model, "npu", dynamic=False, fullgraph=True)
+    y = compiled(x)
+    torch._dynamo.reset()
+    emulated = quant.Int8Linear(lin.float(), impl="emulate" if scheme == "w8a8" else "dequant", scheme=scheme,
+                                act_scale=act_scale)
+    torch.testing.assert_close(y.float(), emulated(x.float()), atol=3e-2, rtol=3e-2)
+
+
+def test_npu_line_report_probes_the_int8_ops_in_a_ge_graph(fake_torch_npu):
+    report = versions.npu_line_report(fake_torch_npu, fake_torch_npu.torchair, ge_probe_device="cpu")
+    torch._dynamo.reset()
+    rows = {r["feature"]: r for r in report["rows"]}
+    for name, needs in ops.GE_PROBE_OPS.items():
+        feature = f"GE converter for torch_npu.{name}"
+        if not all(_has(fake_torch_npu, o) for o in needs):
+            assert feature not in rows
+            continue
+        in_graph = [o for o in needs if o != "npu_trans_quant_param"]  # made outside the graph
+        assert rows[feature]["present"] == all(o in fake_torch_npu.LINE.GE_CONVERTERS for o in in_graph), name

@@ -394,3 +394,15 @@ def test_quantize_model_int4_replaces_every_linear(tiny_model):
 def test_int4_is_a_cpu_kernel_only():
     assert "CPU kernel" in quant.int4_problem("cuda")
     assert quant.int4_problem("cpu") in (None, "this torch has no _weight_int4pack_mm_for_cpu")
+
+
+def test_the_npu_kernels_width_limit_does_not_apply_to_the_cpu_kernels():
+    """K, N <= 65,535 is a limit of npu_weight_quant_batchmatmul / npu_quant_matmul only: on a CPU a
+    linear as wide as Llama-3's lm_head (here N = 65,536) is quantized like any other."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 65536, bias=False))
+    x = torch.randn(2, 8)
+    ref = model(x)
+    info = quant.quantize_model_int8(model, impl="dequant")
+    assert info["kept_dense"] == [] and info["layers"] == 2 and not quant.linear_names(model)
+    torch.testing.assert_close(model(x), ref, atol=5e-2, rtol=5e-2)
+    assert quant.npu_shape_problem(16, 65536) == "N=65536 > 65535, the limit of npu_weight_quant_batchmatmul"

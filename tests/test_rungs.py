@@ -66,7 +66,10 @@ def test_int8_is_skipped_when_off_or_slower_and_recompiles_in_graph_mode(climb, 
     r["+ INT8"].prepare()
     assert climb.calls == ["compile", "restore", "compile"]
     assert rungs.weight_formats(climb) == [{"format": "INT8", "bytes_before": 10, "bytes_after": 5, "layers": 7,
-                                            "impl": "int8pack", "lm_head": None}]
+                                            "impl": "int8pack", "lm_head": None, "kept_dense": None}]
+    climb.int8_info["kept_dense"] = [("lm_head", "N=128256 > 65535, the limit of npu_weight_quant_batchmatmul")]
+    assert rungs.weight_formats(climb)[0]["kept_dense"] == \
+        "lm_head (N=128256 > 65535, the limit of npu_weight_quant_batchmatmul)"
 
 
 def test_int4_off_or_unsupported_says_why(climb, monkeypatch):

@@ -65,7 +65,12 @@ def _nothing_quantized(r):
     r["metrics"]["mindspeed_script_wall_s"] = {"value": 312.0, "unit": "s", "returncode": 0}
 
 
-VARIANTS = {"as run": lambda r: None, "tied": _tied, "no gain": _no_gain, "no llama.cpp": _no_llamacpp,
+def _kept_dense(r):
+    r["tables"]["weight_formats"][0]["kept_dense"] = \
+        "lm_head (N=128256 > 65535, the limit of npu_weight_quant_batchmatmul)"
+
+
+VARIANTS = {"as run": lambda r: None, "kept dense": _kept_dense, "tied": _tied, "no gain": _no_gain, "no llama.cpp": _no_llamacpp,
             "graph": _graph, "16-bit": _sixteen_bit, "int8 in the noise": _int8_in_the_noise,
             "blocked": _blocked, "nothing quantized": _nothing_quantized}
 
@@ -84,6 +89,8 @@ def test_every_block_renders_from_each_variant_with_only_recorded_numbers(varian
         if block == "ladder":
             decision = results["metrics"]["ladder_best_batch1_speedup"]["decision"]
             assert words[decision] in outside, (variant, lang, decision)
+        if block == "formats" and variant == "kept dense":
+            assert "lm_head (N=128256 > 65535, the limit of npu_weight_quant_batchmatmul)" in text
         if block == "references" and variant == "no llama.cpp":
             assert "llama-cpp-python is not installed" in text
 

@@ -11,7 +11,10 @@ What each fake keeps from the real one of its line:
 * ``get_npu_backend(*, compiler_config=None, custom_decompositions={})`` returns
   ``functools.partial(_npu_backend, compiler_config=..., decompositions=...)``; ``_npu_backend`` takes
   ``**kwargs`` (torch.compile's ``options``) only where the line's does, and validates them as
-  ``_process_kwargs_options`` does.
+  ``_process_kwargs_options`` does. torchair 702161d7 (torch_npu 2.1.0) is older: its
+  ``get_npu_backend(*, compiler_config=None, aot_config=None, custom_decompositions={})`` hands
+  ``aot_config`` and ``custom_decompositions`` on under those names to an ``_npu_backend`` that has
+  them as parameters.
 * In GE mode (no ``mode`` option, or ``mode="max-autotune"``) every npu op in the graph needs a GE
   converter of that line; one without raises the line's error (``Unsupported torch op ... by ge``).
   GE mode also refuses a float32 ``scale`` for ``npu_quant_matmul`` with int8 / float16 output and no
@@ -142,7 +145,15 @@ def build(line, torch_npu=None) -> types.ModuleType:
         torchair.GRAPHS.append(gm)
         return gm.forward
 
-    if line.BACKEND_OPTIONS is None:
+    if line.GET_NPU_BACKEND_TAKES_AOT_CONFIG:
+        # torchair 702161d7 (torch_npu 2.1.0): npu_fx_compiler.py:356-369 takes aot_config and
+        # custom_decompositions (not decompositions) and reads compiler_config.experimental_config
+        # without defaulting compiler_config (only get_npu_backend does).
+        def _npu_backend(gm, example_inputs, compiler_config=None, aot_config=None, custom_decompositions={}):
+            if compiler_config is None:
+                raise AttributeError("'NoneType' object has no attribute 'experimental_config'")
+            return _compile(gm, example_inputs, compiler_config)
+    elif line.BACKEND_OPTIONS is None:
         def _npu_backend(gm, example_inputs, compiler_config=None, decompositions={}):
             return _compile(gm, example_inputs, compiler_config or CompilerConfig())
     else:
@@ -159,10 +170,12 @@ def build(line, torch_npu=None) -> types.ModuleType:
                           "Please use the \"npugraph_ex\" backend.", DeprecationWarning)
 
     if line.GET_NPU_BACKEND_TAKES_AOT_CONFIG:
+        # 702161d7:python/torchair/npu_fx_compiler.py:371-376: the partial carries aot_config and
+        # custom_decompositions under those names, and there is no _check_config_support
         def get_npu_backend(*, compiler_config=None, aot_config=None, custom_decompositions={}):
             compiler_config = compiler_config or CompilerConfig()
-            return functools.partial(_npu_backend, compiler_config=compiler_config,
-                                     decompositions=dict(custom_decompositions))
+            return functools.partial(_npu_backend, compiler_config=compiler_config, aot_config=aot_config,
+                                     custom_decompositions=custom_decompositions)
     else:
         def get_npu_backend(*, compiler_config=None, custom_decompositions={}):
             compiler_config = compiler_config or CompilerConfig()

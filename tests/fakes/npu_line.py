@@ -16,7 +16,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # Oldest first; the test ids are the torch_npu versions.
-LINE_FILES = ("line_2_1_0", "line_2_1_0_post6", "line_2_7_1", "line_2_9_0_post2")
+LINE_FILES = ("line_2_1_0", "line_2_1_0_post6", "line_2_1_0_post10", "line_2_5_1", "line_2_7_1",
+              "line_2_9_0_post2")
 
 DEFAULTS = {
     "IMAGE": "",
