@@ -667,6 +667,7 @@ class DtypeChoice:
     flip_longer_dtype: Optional[str] = None
     flip_shorter_tokens: Optional[int] = None
     flip_shorter_dtype: Optional[str] = None
+    flip_horizon_tokens: int = FLIP_HORIZON_TOKENS
 
     def record(self) -> dict:
         """The context chapter 00 stores with the ``dtype_choice`` figure (later chapters read it)."""
