@@ -2,12 +2,12 @@
 
 The fixture is the ``results.json`` of a quick-profile run of ``00_environment_check`` on a CPU
 whose ``dtype=auto`` chose bfloat16; its ``dtype=auto`` record is in the probe's current format with
-synthetic rows (``make_fixture_runs.py --synthetic-dtype-choice``, its ``note`` says so). The variants change what a branch of the template depends on:
-float32 kept because the spreads overlap, float32 kept because the 16-bit dtypes are slower, no
-16-bit dtype that runs, float16 picked with a flip to bfloat16 at a longer prompt, a dtype set by the
-parameter, an NPU (float16 without timing, a torch_npu
-line that lacks ops) and a noisy bandwidth. In audit mode every figure is marked with its source;
-the checks hold for every block of every variant, in both languages.
+synthetic rows (``make_fixture_runs.py --synthetic-dtype-choice``, its ``note`` says so). The
+variants change what a branch of the template depends on: float32 kept because the spreads
+overlap, float32 kept because the 16-bit dtypes are slower, no 16-bit dtype that runs, float16
+picked with a flip to bfloat16 at a longer prompt, a dtype set by the parameter, an NPU (float16
+without timing, a torch_npu line that lacks ops) and a noisy bandwidth. In audit mode every figure
+is marked with its source; the checks hold for every block of every variant, in both languages.
 """
 from __future__ import annotations
 
