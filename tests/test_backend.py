@@ -230,47 +230,81 @@ def test_bf16_where_the_device_lacks_it(fake_torch_npu, monkeypatch):
 
 # --- the CPU working dtype, chosen by timing -------------------------------------------------
 
-def _row(dtype, decode, spread=0.5, prefill=100.0, pspread=5.0, problem=None):
-    return {"dtype": dtype, "decode_ms": decode, "decode_p10_ms": decode - spread,
-            "decode_p90_ms": decode + spread, "prefill_ms": prefill, "prefill_p10_ms": prefill - pspread,
-            "prefill_p90_ms": prefill + pspread, "prefill_tokens": 128, "problem": problem}
+def _row(dtype, decode, short, long, spread=0.5, pspread=5.0, problem=None):
+    """A probe row: a decode step of ``decode`` ms, prefills of ``short`` and ``long`` ms at 32 and
+    128 tokens, each with a p10-p90 of +- its spread; the request times for the standard request."""
+    row = {"dtype": dtype, "problem": problem, "decode_ms": decode, "decode_p10_ms": decode - spread,
+           "decode_p90_ms": decode + spread, "prefill_short_tokens": 32, "prefill_long_tokens": 128,
+           "decode_context_tokens": 128, "layers": 30, "timed_layers": 30}
+    for part, ms in (("prefill_short", short), ("prefill_long", long)):
+        row.update({f"{part}_ms": ms, f"{part}_p10_ms": ms - pspread, f"{part}_p90_ms": ms + pspread})
+    return {**row, **backend.request_times(row)}
 
 
-def test_a_16bit_dtype_is_picked_only_when_faster_beyond_the_spread():
-    faster = [_row("float32", 52.0), _row("bfloat16", 20.0), _row("float16", 20.5)]
-    assert backend.pick_cpu_dtype(faster) == ("bfloat16", "16bit_faster")
-    overlapping = [_row("float32", 20.0, spread=2), _row("bfloat16", 19.0, spread=2), _row("float16", 19.5)]
-    assert backend.pick_cpu_dtype(overlapping) == ("float32", "float32_not_slower")
-    slower = [_row("float32", 18.0), _row("bfloat16", 30.0), _row("float16", 29.0)]
+# float32 50 ms a step; bfloat16 45 ms with a cheap prefill; float16 30 ms with an expensive one
+# (a CPU whose float16 GEMVs are fast but whose float16 arithmetic is slow)
+F32, BF16, FP16 = _row("float32", 50, 100, 300), _row("bfloat16", 45, 90, 280), _row("float16", 30, 100, 400)
+
+
+def test_the_request_time_is_the_prefill_line_plus_the_decode_steps():
+    t = backend.request_times(F32, prompt_tokens=80, new_tokens=10)
+    assert t["request_ms"] == pytest.approx(200 + 10 * 50)  # halfway between 32 and 128 tokens
+    assert t["request_p10_ms"] == pytest.approx(195 + 10 * 49.5)
+    assert t["request_p90_ms"] == pytest.approx(205 + 10 * 50.5)
+    assert F32["request_ms"] == pytest.approx(300 + backend.REQUEST_NEW_TOKENS * 50)
+    assert F32["request_prompt_tokens"] == backend.REQUEST_PROMPT_TOKENS
+
+
+def test_float16_is_picked_when_its_request_is_fastest_beyond_the_spread():
+    assert backend.pick_cpu_dtype([F32, BF16, FP16]) == ("float16", "16bit_faster")
+
+
+def test_bfloat16_is_picked_where_float16s_prefill_dominates_a_long_prompt():
+    assert backend.pick_cpu_dtype([F32, BF16, FP16], prompt_tokens=2048) == ("bfloat16", "16bit_faster")
+    # within the spread of each other, bf16 keeps float32's range
+    close = _row("float16", 44.9, 90, 280)
+    assert backend.pick_cpu_dtype([F32, BF16, close]) == ("bfloat16", "16bit_faster")
+
+
+def test_float32_is_kept_when_no_16bit_dtype_beats_it():
+    slower = [F32, _row("bfloat16", 60, 120, 350), _row("float16", 55, 200, 900)]
     assert backend.pick_cpu_dtype(slower) == ("float32", "float32_not_slower")
-
-
-def test_float16_wins_over_bfloat16_only_beyond_the_spread():
-    rows = [_row("float32", 52.0), _row("bfloat16", 20.0), _row("float16", 19.8)]
-    assert backend.pick_cpu_dtype(rows)[0] == "bfloat16"  # within the noise: bf16 keeps float32's range
-    rows = [_row("float32", 52.0), _row("bfloat16", 30.0), _row("float16", 20.0)]
-    assert backend.pick_cpu_dtype(rows)[0] == "float16"
+    overlapping = [_row("float32", 50, 100, 300, spread=3), _row("bfloat16", 49, 100, 300, spread=3),
+                   _row("float16", 80, 100, 300)]
+    assert backend.pick_cpu_dtype(overlapping) == ("float32", "float32_not_slower")
 
 
 def test_a_dtype_that_does_not_run_is_never_picked():
-    rows = [_row("float32", 52.0), _row("bfloat16", 1.0, problem="RuntimeError: not implemented"),
-            _row("float16", 1.0, problem="differs from float32 by 3")]
+    rows = [F32, {"dtype": "bfloat16", "problem": "RuntimeError: not implemented"},
+            {**FP16, "problem": "differs from float32 by 3"}]
     assert backend.pick_cpu_dtype(rows) == ("float32", "no_16bit_usable")
+    assert "no 16-bit dtype runs" in backend._reason("no_16bit_usable", rows, "float32")
     with pytest.raises(ValueError, match="float32 row"):
-        backend.pick_cpu_dtype([_row("bfloat16", 1.0)])
+        backend.pick_cpu_dtype([BF16])
 
 
-def test_prefill_loss_is_reported_both_ways():
-    rows = [_row("float32", 52.0, prefill=100.0), _row("bfloat16", 20.0, prefill=740.0)]  # bf16 emulated
-    assert backend.loses_at_prefill(rows, "bfloat16") and backend.faster_at_prefill(rows, "bfloat16") == "float32"
-    assert not backend.loses_at_prefill(rows, "float32")
-    rows = [_row("float32", 52.0, prefill=100.0), _row("bfloat16", 20.0, prefill=102.0)]
-    assert not backend.loses_at_prefill(rows, "bfloat16") and not backend.loses_at_prefill(rows, "float32")
-    rows = [_row("float32", 20.0, prefill=83.0), _row("bfloat16", 22.0, prefill=28.0),
-            _row("float16", 1.0, problem="differs")]  # a CPU whose bf16 matmul units win only at prefill
-    assert backend.faster_at_prefill(rows, "float32") == "bfloat16"
-    text = backend._reason("float32_not_slower", rows, "float32", True)
-    assert "at prefill (128 tokens) float32 is slower: 83 ms against bfloat16's 28 ms" in text
+def test_the_flip_length_is_where_the_request_time_lines_change_the_pick():
+    rows = [F32, BF16, FP16]
+    flips = backend.flip_lengths(rows)
+    # float16 stops beating bfloat16 beyond the spreads where its steeper prefill line has eaten its
+    # decode lead: 2020 + 3.125 (P - 32) + 37 = 2970 + 1.979 (P - 32) - 37, P = 796.2
+    assert flips["flip_longer_tokens"] == 797 and flips["flip_longer_dtype"] == "bfloat16"
+    assert backend.pick_cpu_dtype(rows, 796)[0] == "float16" and backend.pick_cpu_dtype(rows, 797)[0] == "bfloat16"
+    assert flips["flip_shorter_tokens"] is None  # float16 holds down to a 1-token prompt
+    text = backend._reason("16bit_faster", rows, "float16", flips)
+    assert "from 797-token prompts on it would be bfloat16" in text
+    # seen from a long request, the pick flips the other way at the same length
+    long = backend.flip_lengths(rows, prompt_tokens=2048)
+    assert long["flip_shorter_tokens"] == 796 and long["flip_shorter_dtype"] == "float16"
+    assert long["flip_longer_tokens"] is None
+
+
+def test_no_flip_when_one_dtype_wins_at_every_prompt_length():
+    rows = [F32, _row("bfloat16", 40, 50, 100), _row("float16", 60, 200, 900)]
+    flips = backend.flip_lengths(rows)
+    assert set(flips.values()) == {None}
+    short = backend.flip_lengths(rows, horizon=200)  # a short horizon is honoured too
+    assert short["flip_longer_tokens"] is None
 
 
 def test_linear_shapes_follow_the_config():
@@ -282,31 +316,55 @@ def test_linear_shapes_follow_the_config():
         backend.linear_shapes({"hidden_size": 8})
 
 
-def test_measured_choice_times_real_gemvs_and_records_its_figures(monkeypatch):
-    widths = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "vocab_size": 256, "num_hidden_layers": 3}
-    choice = backend.measure_cpu_dtype(widths)
-    assert choice.dtype in (torch.float32, torch.bfloat16, torch.float16)
+def test_the_embedded_model_is_built_whole_and_a_7b_on_a_subset_of_its_layers():
+    assert backend.probe_layers(backend.EMBEDDED_WIDTHS) == (30, 30)
+    llama2_7b = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+                 "vocab_size": 32000, "num_hidden_layers": 32, "tie_word_embeddings": False}
+    assert backend.probe_layers(llama2_7b) == (1, 32)  # one layer is 0.8 GB in float32
+    # 8 GiB less the 1.05 GB embedding + lm_head holds 9 layers of 0.81 GB
+    assert backend.probe_layers(llama2_7b, budget=8 * 2**30)[0] == 9
+    assert backend.probe_config(llama2_7b, 3).num_hidden_layers == 3
+
+
+def test_a_subset_probe_scales_the_layers_and_counts_the_head_once():
+    probe = backend._ForwardProbe.__new__(backend._ForwardProbe)
+    probe.layers, probe.built = 40, 2
+    probe.samples = {"decode": [0.012, 0.014]}
+    probe.fixed = {"decode": [0.002, 0.002, 0.002]}
+    # 2 ms of embedding, norm and lm_head once, the rest (10 or 12 ms for 2 layers) times 20
+    assert probe.scaled("decode") == pytest.approx([0.002 + 0.010 * 20, 0.002 + 0.012 * 20])
+    probe.built = 40
+    assert probe.scaled("decode") == [0.012, 0.014]
+
+
+def test_measured_choice_times_the_real_forward_and_records_its_figures():
+    from helpers import models
+
+    config = models.tiny_llama()[0].config
+    choice = backend.measure_cpu_dtype(config, rounds=1, decode_iters=1)
+    assert choice.dtype in backend.CPU_CANDIDATE_DTYPES
     assert choice.decision in backend.DTYPE_DECISIONS and choice.source == "measured now"
-    names = [r["dtype"] for r in choice.rows]
-    assert names == ["float32", "bfloat16", "float16"]
+    assert [r["dtype"] for r in choice.rows] == ["float32", "bfloat16", "float16"]
     for row in choice.rows:
         if not row["problem"]:
-            assert row["decode_p10_ms"] <= row["decode_ms"] <= row["decode_p90_ms"]
-            assert row["timed_layers"] == 3 and row["prefill_tokens"] == backend.PROBE_PREFILL_TOKENS
+            for part in ("decode", "prefill_short", "prefill_long", "request"):
+                assert row[f"{part}_p10_ms"] <= row[f"{part}_ms"] <= row[f"{part}_p90_ms"], part
+            assert row["timed_layers"] == row["layers"] == config.num_hidden_layers
+            assert (row["prefill_short_tokens"], row["prefill_long_tokens"]) == backend.PROBE_PROMPT_TOKENS
+            assert row["request_prompt_tokens"] == backend.REQUEST_PROMPT_TOKENS
     assert backend.dtype_name(choice.dtype) in choice.reason
+    record = choice.record()
+    assert record["request_new_tokens"] == backend.REQUEST_NEW_TOKENS and "flip_longer_tokens" in record
+    with pytest.raises(ValueError, match="new_tokens=0"):
+        backend.measure_cpu_dtype(config, new_tokens=0)
 
 
 def test_a_model_too_big_for_the_budget_is_timed_on_a_subset_of_its_layers():
-    widths = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-              "vocab_size": 1024, "num_hidden_layers": 40}
-    shapes = backend.linear_shapes(widths)
-    choice = backend.measure_cpu_dtype(widths, budget=8 * 2**20, rounds=1, min_iters=2, min_seconds=0.0)
+    widths = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+              "vocab_size": 512, "num_hidden_layers": 40, "max_position_embeddings": 256}
+    choice = backend.measure_cpu_dtype(widths, budget=2 * 2**20, rounds=1, decode_iters=1)
     row = next(r for r in choice.rows if r["dtype"] == "float32")
-    assert 1 <= row["timed_layers"] < 40 and row["layers"] == 40
-    per_layer = sum(shapes[k][0] * shapes[k][1] for k in backend.LAYER_LINEARS) * 4
-    expected = per_layer * 40 + 1024 * 256 * 4  # every layer and the lm_head, scaled from the subset
-    assert abs(row["decode_weight_mb"] * 1e6 - expected) < 0.01 * expected
+    assert row["timed_layers"] == backend.probe_layers(widths, 2 * 2**20)[0] < 40 and row["layers"] == 40
 
 
 def test_recorded_choice_is_reused_only_from_the_same_cpu_level(tmp_path, monkeypatch):
@@ -315,9 +373,11 @@ def test_recorded_choice_is_reused_only_from_the_same_cpu_level(tmp_path, monkey
     monkeypatch.delenv(backend.RUN_DIR_ENV, raising=False)
     res = Results("00_environment_check", tmp_path)
     res.record(backend.DTYPE_CHOICE_KEY, "bfloat16", reason="bfloat16: measured", decision="16bit_faster",
-               rows=[], cpu_capability=backend.cpu_capability(), threads=torch.get_num_threads())
+               rows=[], cpu_capability=backend.cpu_capability(), threads=torch.get_num_threads(),
+               flip_longer_tokens=700, flip_longer_dtype="float32")
     got = backend.recorded_dtype_choice(tmp_path)
     assert got.dtype == torch.bfloat16 and got.source == "recorded by chapter 00 of this run"
+    assert got.flip_longer_tokens == 700 and got.flip_longer_dtype == "float32"
     monkeypatch.setenv(backend.RUN_DIR_ENV, str(tmp_path))
     assert backend.parse_dtype("auto", "cpu") == torch.bfloat16  # the runner's run folder, no measuring
     res.record(backend.DTYPE_CHOICE_KEY, "bfloat16", cpu_capability="SOME_OTHER_LEVEL",
@@ -332,15 +392,16 @@ def test_npu_and_cuda_keep_float16_without_measuring(monkeypatch):
 
 
 @pytest.mark.parametrize("rows, chosen", [
-    ([_row("float32", 52.0), _row("bfloat16", 20.0), _row("float16", 20.5)], "bfloat16"),  # bf16 clear
-    ([_row("float32", 20.0, spread=2), _row("bfloat16", 19.0, spread=2), _row("float16", 30.0)], "float32"),
-    ([_row("float32", 18.0), _row("bfloat16", 30.0), _row("float16", 29.0)], "float32"),  # 16-bit slower
+    ([F32, BF16, _row("float16", 44.9, 90, 280)], "bfloat16"),  # bf16 clear of float32
+    ([_row("float32", 50, 100, 300, spread=3), _row("bfloat16", 49, 100, 300, spread=3),
+      _row("float16", 80, 100, 300)], "float32"),  # overlapping spreads
+    ([F32, _row("bfloat16", 60, 120, 350), _row("float16", 55, 200, 900)], "float32"),  # 16-bit slower
 ])
 def test_the_probe_table_says_what_the_choice_saw(rows, chosen):
     from helpers import decide
 
     table = backend.dtype_probe_table(rows)
-    said = {r.dtype: decide.time_ratio_direction(r.decode_ratio_low, r.decode_ratio_high)
+    said = {r.dtype: decide.time_ratio_direction(r.request_ratio_low, r.request_ratio_high)
             for r in table.itertuples() if r.dtype != "float32"}
     assert backend.pick_cpu_dtype(rows)[0] == chosen
     if chosen == "float32":
@@ -348,16 +409,17 @@ def test_the_probe_table_says_what_the_choice_saw(rows, chosen):
     else:
         assert said[chosen] == decide.FASTER
     base = table[table.dtype == "float32"].iloc[0]
-    assert base.decode_time_ratio == 1.0 and base.decode_ratio_low < 1 < base.decode_ratio_high
-    if rows[1]["decode_ms"] == 19.0:  # overlapping spreads: no direction
+    assert base.request_time_ratio == 1.0 and base.request_ratio_low < 1 < base.request_ratio_high
+    assert base.prefill_long_time_ratio == 1.0 and base.decode_time_ratio == 1.0
+    if rows[1]["decode_ms"] == 49:  # overlapping spreads: no direction
         assert said["bfloat16"] == decide.SAME
 
 
 def test_the_probe_table_keeps_a_dtype_that_did_not_run_without_times():
-    rows = [_row("float32", 52.0), {"dtype": "float16", "problem": "differs from float32 by 3"}]
+    rows = [F32, {"dtype": "float16", "problem": "differs from float32 by 3"}]
     table = backend.dtype_probe_table(rows)
     row = table[table.dtype == "float16"].iloc[0]
-    assert row.problem == "differs from float32 by 3" and pd_isna(row.decode_time_ratio)
+    assert row.problem == "differs from float32 by 3" and pd_isna(row.request_time_ratio)
     assert backend.dtype_probe_table([]).empty
 
 

@@ -1,11 +1,13 @@
 """Chapter 00's template, rendered from a real quick run and from variants of it for other outcomes.
 
 The fixture is the ``results.json`` of a quick-profile run of ``00_environment_check`` on a CPU
-whose ``dtype=auto`` chose bfloat16. The variants change what a branch of the template depends on:
-float32 kept because the spreads overlap, float32 kept because the 16-bit dtypes are slower, no
-16-bit dtype that runs, a dtype set by the parameter, an NPU (float16 without timing, a torch_npu
-line that lacks ops) and a noisy bandwidth. In audit mode every figure is marked with its source;
-the checks hold for every block of every variant, in both languages.
+whose ``dtype=auto`` chose bfloat16; its ``dtype=auto`` record is in the probe's current format with
+synthetic rows (``make_fixture_runs.py --synthetic-dtype-choice``, its ``note`` says so). The
+variants change what a branch of the template depends on: float32 kept because the spreads
+overlap, float32 kept because the 16-bit dtypes are slower, no 16-bit dtype that runs, float16
+picked with a flip to bfloat16 at a longer prompt, a dtype set by the parameter, an NPU (float16
+without timing, a torch_npu line that lacks ops) and a noisy bandwidth. In audit mode every figure
+is marked with its source; the checks hold for every block of every variant, in both languages.
 """
 from __future__ import annotations
 
@@ -29,20 +31,28 @@ def _fixture() -> dict:
     return json.loads(FIXTURE.read_text(encoding="utf-8"))
 
 
-def _row(dtype, decode, spread, problem=None):
-    return {"dtype": dtype, "decode_ms": decode, "decode_p10_ms": decode - spread, "decode_p90_ms": decode + spread,
-            "prefill_ms": 100.0, "prefill_p10_ms": 95.0, "prefill_p90_ms": 105.0, "prefill_tokens": 128,
-            "decode_gbps": 10.0, "problem": problem}
+def _row(dtype, decode, short, long, spread=0.5, pspread=5.0, problem=None):
+    """A probe row: a decode step of ``decode`` ms, prefills of ``short`` / ``long`` ms at 32 / 128
+    tokens, each with a p10-p90 of +- its spread, and its standard request's time."""
+    row = {"dtype": dtype, "problem": problem, "decode_ms": decode, "decode_p10_ms": decode - spread,
+           "decode_p90_ms": decode + spread, "prefill_short_tokens": 32, "prefill_long_tokens": 128,
+           "decode_context_tokens": 128, "layers": 30, "timed_layers": 30}
+    for part, ms in (("prefill_short", short), ("prefill_long", long)):
+        row.update({f"{part}_ms": ms, f"{part}_p10_ms": ms - pspread, f"{part}_p90_ms": ms + pspread})
+    return {**row, **backend.request_times(row)}
 
 
 def _with_rows(rows) -> dict:
     """The fixture with ``choose_dtype``'s decision on ``rows``, recorded the way the chapter does."""
     r = _fixture()
     chosen, decision = backend.pick_cpu_dtype(rows)
-    timed = [row for row in rows if not row.get("problem")]
+    flips = backend.flip_lengths(rows) if decision != "no_16bit_usable" else {}
     c = r["metrics"]["dtype_choice"]
-    c.update(value=chosen, decision=decision, rows=rows, prefill_slower=backend.loses_at_prefill(timed, chosen),
-             reason=backend._reason(decision, rows, chosen, False))
+    c.update(value=chosen, decision=decision, rows=rows, reason=backend._reason(decision, rows, chosen, flips),
+             request_prompt_tokens=backend.REQUEST_PROMPT_TOKENS, request_new_tokens=backend.REQUEST_NEW_TOKENS,
+             flip_horizon_tokens=backend.FLIP_HORIZON_TOKENS)
+    c.update({k: flips.get(k) for k in ("flip_longer_tokens", "flip_longer_dtype", "flip_shorter_tokens",
+                                        "flip_shorter_dtype")})
     table = backend.dtype_probe_table(rows)
     r["tables"]["dtype_probe"] = json.loads(table.to_json(orient="records"))
     r["device_choice"]["dtype"] = chosen
@@ -52,15 +62,24 @@ def _with_rows(rows) -> dict:
 
 
 def _float32_tie():
-    return _with_rows([_row("float32", 20.0, 2.0), _row("bfloat16", 19.0, 2.0), _row("float16", 30.0, 1.0)])
+    return _with_rows([_row("float32", 50, 100, 300, spread=3), _row("bfloat16", 49, 100, 300, spread=3),
+                       _row("float16", 80, 100, 300)])
 
 
 def _float32_16bit_slower():
-    return _with_rows([_row("float32", 18.0, 0.5), _row("bfloat16", 30.0, 0.5), _row("float16", 29.0, 0.5)])
+    return _with_rows([_row("float32", 50, 100, 300), _row("bfloat16", 60, 120, 350),
+                       _row("float16", 55, 200, 900)])
+
+
+def _float16_until_a_longer_prompt():
+    """float16's fast decode wins the standard request; its steep prefill loses from a longer prompt."""
+    return _with_rows([_row("float32", 50, 100, 300), _row("bfloat16", 45, 90, 280),
+                       _row("float16", 30, 100, 400)])
 
 
 def _no_16bit():
-    return _with_rows([_row("float32", 18.0, 0.5), {"dtype": "bfloat16", "problem": "RuntimeError: not implemented"},
+    return _with_rows([_row("float32", 50, 100, 300),
+                       {"dtype": "bfloat16", "problem": "RuntimeError: not implemented"},
                        {"dtype": "float16", "problem": "differs from the reference"}])
 
 
@@ -94,6 +113,7 @@ def _npu():
 
 VARIANTS = {"bf16 cpu (fixture)": _fixture, "float32 kept, spreads overlap": _float32_tie,
             "float32 kept, 16-bit slower": _float32_16bit_slower, "no 16-bit dtype runs": _no_16bit,
+            "float16 until a longer prompt": _float16_until_a_longer_prompt,
             "dtype set by the parameter": _dtype_parameter, "npu float16": _npu}
 
 
@@ -105,8 +125,11 @@ def test_the_fixture_is_a_real_quick_run_with_the_records_later_chapters_read():
     r = _fixture()
     assert r["chapter"] == CHAPTER and r["status"] == "ok" and r["parameters"]["profile"] == "quick"
     choice = r["metrics"]["dtype_choice"]
-    for field in ("reason", "decision", "rows", "prefill_slower", "shapes_source", "cpu_capability", "threads"):
+    for field in ("reason", "decision", "rows", "shapes_source", "cpu_capability", "threads",
+                  "request_prompt_tokens", "request_new_tokens", "flip_longer_tokens", "flip_horizon_tokens"):
         assert field in choice, field
+    for row in choice["rows"]:
+        assert {"decode_ms", "prefill_short_ms", "prefill_long_ms", "request_ms", "timed_layers"} <= set(row)
     assert {"value", "p10", "p90", "noisy"} <= set(r["metrics"]["memory_bandwidth_gbps"])
     assert "_samples_ms" not in FIXTURE.read_text(encoding="utf-8")
 
@@ -139,6 +162,9 @@ def test_the_dtype_sentence_follows_the_decision_both_ways(lang):
     none = prose.render(CHAPTER, "dtype", _no_16bit(), lang=lang)
     assert "RuntimeError: not implemented" in none and say[decide.SAME] not in none
     assert "`float32`" in prose.render(CHAPTER, "dtype", _dtype_parameter(), lang=lang)
+    flip = prose.render(CHAPTER, "dtype", _float16_until_a_longer_prompt(), lang=lang)
+    assert "**float16**" in flip and "797" in flip and "**bfloat16**" in flip
+    assert "797" not in slower and f"{backend.FLIP_HORIZON_TOKENS:,}" in slower
     assert "**float16**" in prose.render(CHAPTER, "dtype", _npu(), lang=lang)
 
 
