@@ -197,12 +197,89 @@ def timing_row(t: Timing, nbytes: Optional[float] = None, bandwidth_gbps: Option
     return row
 
 
+# --- correctness: one tolerance rule for every check ----------------------------------------------
+
+# ULPs allowed per kind of operation (see ``tolerance_for``): how many roundings of the working dtype
+# stand between a correct kernel and the float32 reference.
+TOLERANCE_ULPS = {
+    "elementwise": 2,  # one or two roundings of each output (silu, then the multiply)
+    "norm": 4,         # the normalised value and the weight multiply rounded, a float32 reduction inside
+    "matmul": 8,       # one matmul: the output rounded, float32 accumulation over the reduction
+    "ffn": 16,         # three matmuls with rounded intermediates (gate, up, silu * up, down)
+    "model": 16,       # a whole forward against the same model in the same dtype (fused modules)
+}
+# Kinds whose error comes from a reduction: a sum of rounded terms can cancel to a small output,
+# so the absolute part of the bound follows the output's largest value, not each element.
+REDUCTION_KINDS = ("matmul", "ffn", "model")
+
+
+def _eps(dtype: torch.dtype) -> float:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype!r} is not valid; give a floating torch dtype such as torch.float16")
+    return torch.finfo(dtype).eps
+
+
+def tolerance_for(dtype, op="norm", reference: Optional[torch.Tensor] = None) -> dict:
+    """``torch.testing.assert_close`` keywords for an output computed in ``dtype`` (or a tensor:
+    its dtype) compared with a float32 reference computed from the same inputs. The one rule:
+
+    * ``rtol = k * eps(dtype)``: k units in the last place (ULPs) of each element;
+    * ``atol = k * eps(dtype) * scale``, where ``scale`` is ``max |reference|`` for the reduction
+      kinds (``REDUCTION_KINDS``: terms rounded in the working dtype can cancel, so the error
+      follows the largest output) and the dtype's smallest normal number for elementwise and norm
+      kinds (their error is relative to each element; the atol only covers values near zero);
+    * ``k`` per kind of operation (``op``, a key of ``TOLERANCE_ULPS``: elementwise 2, norm 4,
+      matmul 8, ffn 16, model 16) or given directly as an integer number of ULPs.
+
+    ``eps`` is 2**-10 for float16, 2**-7 for bfloat16 and 2**-23 for float32, so a bfloat16 norm may
+    differ by 3 % and a float16 one by 0.4 %; a wrong kernel (a dropped eps, a weight off by more
+    than a few ULPs, swapped or transposed weights) is off by far more. A reduction kind needs
+    ``reference``.
+    """
+    dtype = dtype.dtype if isinstance(dtype, torch.Tensor) else dtype
+    eps = _eps(dtype)
+    if isinstance(op, bool) or not (isinstance(op, int) and op > 0 or isinstance(op, str) and op in TOLERANCE_ULPS):
+        raise ValueError(f"op={op!r} is not valid; choose one of {', '.join(TOLERANCE_ULPS)} or a "
+                         "positive integer number of ULPs")
+    k = op if isinstance(op, int) else TOLERANCE_ULPS[op]
+    if op in REDUCTION_KINDS or isinstance(op, int):
+        if reference is None:
+            raise ValueError(f"op={op!r} needs reference=: its atol follows the largest |reference|")
+        scale = reference.detach().abs().max().float().item() if reference.numel() else 0.0
+    else:
+        scale = torch.finfo(dtype).tiny
+    return dict(rtol=k * eps, atol=k * eps * scale)
+
+
+def working_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The least precise floating dtype among ``tensors``: the one a comparison's tolerance uses."""
+    floats = [t.dtype for t in tensors if t.is_floating_point()]
+    if not floats:
+        raise ValueError("no floating tensor to take a tolerance from")
+    return max(floats, key=_eps)
+
+
+def assert_within(got: torch.Tensor, reference: torch.Tensor, op="norm", what: str = "output") -> None:
+    """``assert_close`` of ``got`` against ``reference`` (both compared in float32) with
+    ``tolerance_for`` the less precise of their dtypes; the error names ``what`` and the rule."""
+    dtype = working_dtype(got, reference)
+    tol = tolerance_for(dtype, op, reference)
+    k = op if isinstance(op, int) else TOLERANCE_ULPS[op]
+    try:
+        torch.testing.assert_close(got.float(), reference.float(), **tol)
+    except AssertionError as exc:
+        raise AssertionError(f"{what} in {dtype_name(dtype)} is not within {k} ULPs ({op}: rtol "
+                             f"{tol['rtol']:.3g}, atol {tol['atol']:.3g}) of its float32 reference: "
+                             f"{exc}") from None
+
+
 def check_and_time(variants: list, device, *, expected=None, measure: Optional[Callable] = None,
                    nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
                    tolerance=None, baseline: Optional[str] = None, count: Optional[Callable] = None):
     """Run each variant once (its first call, compilation included, timed apart), check its output
-    against ``expected`` (``tolerance``: ``assert_close`` keywords, or a function of ``expected``
-    returning them; default: the dtype's), then time it with ``measure(fn, name)`` (default:
+    against ``expected`` (best a float32 reference from the same inputs; ``tolerance``: an
+    operation kind or a number of ULPs for ``tolerance_for``, default ``"norm"``, or
+    ``assert_close`` keywords, or a function of ``expected`` returning them), then time it with ``measure(fn, name)`` (default:
     ``measure`` with its defaults) and, with ``count(fn)`` (for example ``profiling.count_ops``),
     count its operators.
 
@@ -210,14 +287,14 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
     such as ``{"impl": "torch", "layout": "contiguous"}`` (a variant's own ``nbytes`` overrides the
     common one). With ``baseline``, the first variant is the baseline and its labels' last value
     must be ``baseline``, which names the columns ``max_abs_diff_vs_<baseline>`` (largest difference
-    from ``expected``) and ``speedup_vs_<baseline>`` with its spread ``..._low`` / ``..._high``.
+    from the baseline's output) and ``speedup_vs_<baseline>`` with its spread ``..._low`` / ``..._high``.
     Returns the rows (``timing_row``) and the timings keyed by the labels' values (the value itself
     for one label).
     """
     from . import profiling
 
     measure = measure or (lambda fn, name: globals()["measure"](fn, device, name=name))
-    rows, timings = [], {}
+    rows, timings, base = [], {}, None
     for labels, fn, *own_bytes in variants:
         key = tuple(labels.values())
         if baseline is not None and not rows and key[-1] != baseline:
@@ -227,8 +304,12 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
         want = expected if isinstance(expected, (tuple, list)) else (expected,)
         if expected is not None:
             for g, w in zip(got, want):
-                tol = tolerance(w) if callable(tolerance) else (tolerance or {})
-                torch.testing.assert_close(g, w, **tol)  # a wrong kernel fails the chapter, not just its figure
+                # a wrong kernel fails the chapter, not just its figure
+                if callable(tolerance) or isinstance(tolerance, dict):
+                    tol = tolerance(w) if callable(tolerance) else tolerance
+                    torch.testing.assert_close(g.float(), w.float(), **tol)
+                else:
+                    assert_within(g, w, tolerance or "norm", what=" / ".join(map(str, key)))
         timing = timings[key if len(key) > 1 else key[0]] = measure(fn, " / ".join(map(str, key)))
         row = timing_row(timing, own_bytes[0] if own_bytes else nbytes, bandwidth_gbps, **labels)
         row["first_call_s"] = first
@@ -236,8 +317,9 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
             counts = count(fn)
             row.update(ops_per_call=counts["ops"], ops=profiling.op_list(counts))
         if baseline is not None:
-            row[f"max_abs_diff_vs_{baseline}"] = max((g.float() - w.float()).abs().max().item()
-                                                     for g, w in zip(got, want))
+            base = base if rows else got
+            row[f"max_abs_diff_vs_{baseline}"] = max((g.float() - b.float()).abs().max().item()
+                                                     for g, b in zip(got, base))
             sp = speedup(timings[next(iter(timings))], timing)
             row.update({f"speedup_vs_{baseline}": sp.ratio, f"speedup_vs_{baseline}_low": sp.low,
                         f"speedup_vs_{baseline}_high": sp.high})
@@ -248,6 +330,6 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
 def check_time_count(variants: list, device, *, expected, baseline: str, measure: Callable,
                      count: Optional[Callable] = None, tolerance=None):
     """``check_and_time`` against a baseline, for a block whose variants round differently
-    (chapter 02's FFN: ``tolerance=ops.ffn_chain_tolerance``, ``count=profiling.count_ops``)."""
+    (chapter 02's FFN: ``tolerance="ffn"``, ``count=profiling.count_ops``)."""
     return check_and_time(variants, device, expected=expected, measure=measure, tolerance=tolerance,
                           baseline=baseline, count=count)

@@ -19,6 +19,9 @@ from . import bench, generation, models, quality, quant
 ANSWER_PROMPTS = ["What is the capital of France? Answer in one sentence.",
                   "Give two reasons why lighthouses flash in patterns.",
                   "Write one sentence about the sea at night."]
+# Library paths: when one of these overflows here (quality.NonFiniteQuality), the variant is listed
+# as skipped with that reason; the workbook's own kernels must stay finite, so theirs raises.
+LIBRARY_VARIANTS = ("torchao", "quantize_dynamic")
 QUALITY_KEYS = ("perplexity", "tokens", "top1_agreement", "max_abs_logit_diff", "mean_abs_logit_diff")
 
 
@@ -37,8 +40,9 @@ def measure_variants(names: Iterable[str], model_name: str, device, dtype, eval_
                      repeats: int) -> tuple[dict, list]:
     """Each variant loaded and quantized, one model in memory at a time: its quality on the held-out
     text, its timings per batch size (none for an emulated kernel, whose speed means nothing) and
-    its greedy answers. A variant that cannot run here (``quant.VariantUnavailable``) is returned
-    in ``skipped`` with its reason: ``(rows, skipped)``."""
+    its greedy answers. A variant that cannot run here (``quant.VariantUnavailable``), or a library
+    variant whose logits are not finite here, is returned in ``skipped`` with its reason:
+    ``(rows, skipped)``."""
     rows, skipped = {}, []
     for name in names:
         try:
@@ -46,7 +50,17 @@ def measure_variants(names: Iterable[str], model_name: str, device, dtype, eval_
         except quant.VariantUnavailable as exc:
             skipped.append({"variant": name, "reason": str(exc)})
             continue
-        row = rows[name] = {**info, **quality.evaluate(lm, eval_ids, ref_logits), "timings": {}}
+        try:
+            quality_figures = quality.evaluate(lm, eval_ids, ref_logits,
+                                               label=f"variant {name} ({info['dtype']}, {info['impl']})")
+        except quality.NonFiniteQuality as exc:
+            if name not in LIBRARY_VARIANTS:
+                raise
+            skipped.append({"variant": name, "reason": str(exc)})
+            del lm
+            gc.collect()
+            continue
+        row = rows[name] = {**info, **quality_figures, "timings": {}}
         for b in batch_sizes if info["speed_is_meaningful"] else []:
             row["timings"][b] = generation.measure_generation(lm, tok, [prompt] * b, new_tokens,
                                                               device, repeats=repeats)
@@ -185,7 +199,8 @@ def calibration_sweep(model_name: str, device, dtype, tokenizer, pool: list, cou
         scales = quant.calibrate(calib_model, tokenizer, pool[:n], max_tokens=max_tokens)
         lm, _, info = quant.build_variant("w8a8_static", model_name, device, dtype, act_scales=scales)
         rows.append({"calibration_samples": n, "kernel": info["impl"],
-                     **quality.evaluate(lm, eval_ids, ref_logits)})
+                     **quality.evaluate(lm, eval_ids, ref_logits,
+                                        label=f"w8a8_static from {n} calibration samples")})
         del lm
     del calib_model
     gc.collect()

@@ -81,6 +81,22 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32)
     return (q.float() * scale.float()[:, None]).to(dtype)
 
 
+def dequant_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x @ (q * scale[:, None]).T`` with the int8 weight cast to ``x``'s dtype in the call (the
+    ``dequant`` kernel; ``scale`` in ``x``'s dtype).
+
+    The cheap order, ``linear(x, q) * scale``, skips a pass over the weight but its product is up to
+    127 / max|w| times the real output before the scale brings it back: float16 stops at 65504, so
+    an activation in the thousands (SmolLM2-135M's down_proj inputs reach that on ordinary text)
+    times a few int8 weights near 127 is already inf, and the logits turn NaN. float16 therefore scales the weight
+    first, which keeps every intermediate within the dense model's own range; bfloat16 and float32
+    have float32's range and keep the cheap order.
+    """
+    if x.dtype == torch.float16:
+        return F.linear(x, q.to(x.dtype) * scale[:, None])
+    return F.linear(x, q.to(x.dtype)) * scale
+
+
 def quantize_activations(x: torch.Tensor, scale: Optional[float] = None):
     """Rows of ``x`` (M, K) -> (int8 (M, K), float32 scale (M,)): per token (dynamic) without
     ``scale``; with one calibrated ``scale``, values beyond the calibrated range are clipped."""
@@ -296,7 +312,8 @@ class Int8Linear(_QuantizedLinear):
             scale = self.scale_act if self.scale_act.dtype == work.dtype else self.scale.to(work.dtype)
             y = torch._weight_int8pack_mm(work, self.qweight, scale)
         else:
-            y = F.linear(work, self.qweight.to(work.dtype)) * self.scale.to(work.dtype)
+            scale = self.scale_act if self.scale_act.dtype == work.dtype else self.scale.to(work.dtype)
+            y = dequant_matmul(work, self.qweight, scale)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def _npu(self, x: torch.Tensor) -> torch.Tensor:
@@ -561,6 +578,13 @@ def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8
     if act != model_dtype:
         problems["torchao"] = ("torchao's weight-only path keeps the model's float32 activations "
                                "(W8A32), not W8A16")
+    elif act == torch.float16:
+        # torchao's per-channel weight-only path (int8_tensor.py) computes mm(x, int8 weight) in
+        # float16 and applies the scale after: the order dequant_matmul avoids, since its product
+        # overflows float16 on large activations (and the timed step would hide that)
+        problems["torchao"] = ("torchao's weight-only path multiplies by the unscaled int8 weight in "
+                               "float16 before the scale, which overflows float16 (65504) on large "
+                               "activations")
     elif "torchao" in kernels:
         try:
             mods = [(s, _torchao_linear(q, sc, act)) for s, q, _, sc in quantized]
@@ -570,7 +594,7 @@ def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8
     steps = {
         "int8pack": lambda: [torch._weight_int8pack_mm(x_act[s], q, sc)
                              for s, q, sc, _ in quantized],
-        "dequant": lambda: [F.linear(x_act[s], q.to(act)) * sc for s, q, sc, _ in quantized],
+        "dequant": lambda: [dequant_matmul(x_act[s], q, sc) for s, q, sc, _ in quantized],
         "torchao": lambda: [m(x_act[s]) for s, m in mods],
     }
     candidates = [(f"dense {dense_name}", lambda: [F.linear(x_model[s], w) for s, w in sampled],

@@ -66,8 +66,8 @@ def test_check_time_count_checks_times_counts_and_keeps_spreads():
     variants = ops.ffn_variants(x, weights, ["unfused", "merged"], "cpu", "s, T=4")
     measure = _fake_measure({"s, T=4 / unfused": (2.0, 2.0, 2.1), "s, T=4 / merged": (1.0, 1.0, 1.05)})
     rows, timings = bench.check_time_count(
-        variants, "cpu", expected=ops.ffn_reference(x, *weights), baseline="unfused",
-        tolerance=ops.ffn_chain_tolerance, measure=measure, count=lambda fn: {
+        variants, "cpu", expected=ops.float32_reference(ops.ffn_reference, x, *weights),
+        baseline="unfused", tolerance="ffn", measure=measure, count=lambda fn: {
             "ops": 3, "by_op": {"aten::linear": 3}})
     assert [r["variant"] for r in rows] == ["unfused", "merged"] and rows[0]["case"] == "s, T=4"
     assert rows[0]["speedup_vs_unfused"] == 1.0 and rows[0]["max_abs_diff_vs_unfused"] == 0.0
@@ -87,16 +87,16 @@ def test_check_time_count_fails_a_wrong_variant_and_a_missing_baseline():
     measure = _fake_measure({"unfused": (1.0,), "bad": (1.0,)})
     with pytest.raises(AssertionError):
         bench.check_time_count(wrong, "cpu", expected=expected, baseline="unfused", measure=measure,
-                               tolerance=ops.ffn_chain_tolerance)
+                               tolerance="ffn")
     with pytest.raises(ValueError, match="baseline='eager'"):
         bench.check_time_count(wrong[:1], "cpu", expected=expected, baseline="eager", measure=measure)
 
 
-def test_chain_tolerance_scales_with_the_dtype_and_the_output():
+def test_ffn_tolerance_scales_with_the_dtype_and_the_output():
     ref = torch.tensor([4.0, -2.0], dtype=torch.bfloat16)
-    tol = ops.ffn_chain_tolerance(ref)
-    assert tol["rtol"] == pytest.approx(8 * 2 ** -7) and tol["atol"] == pytest.approx(4 * 8 * 2 ** -7)
-    assert ops.ffn_chain_tolerance(ref.float())["rtol"] == pytest.approx(8 * 2 ** -23)
+    tol = bench.tolerance_for(ref, "ffn", ref)
+    assert tol["rtol"] == pytest.approx(16 * 2 ** -7) and tol["atol"] == pytest.approx(4 * 16 * 2 ** -7)
+    assert bench.tolerance_for(ref.float(), "ffn", ref)["rtol"] == pytest.approx(16 * 2 ** -23)
 
 
 def test_elementwise_share_names_the_best_only_beyond_the_noise():

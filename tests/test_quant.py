@@ -406,3 +406,104 @@ def test_the_npu_kernels_width_limit_does_not_apply_to_the_cpu_kernels():
     assert info["kept_dense"] == [] and info["layers"] == 2 and not quant.linear_names(model)
     torch.testing.assert_close(model(x), ref, atol=5e-2, rtol=5e-2)
     assert quant.npu_shape_problem(16, 65536) == "N=65536 > 65535, the limit of npu_weight_quant_batchmatmul"
+
+
+# --- float16 INT8 stays finite, and a non-finite quality figure is an error --------------------
+
+def _large_activation_case():
+    """A float16 linear whose input has one activation in the thousands, as SmolLM2-135M's
+    down_proj inputs do: the int8 product before the scale (up to 127 per weight) passes 65504."""
+    lin = _linear(n=16, k=64, dtype=torch.float16)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)).to(torch.float16)
+    x[1, 5] = 2870.0
+    return lin, x
+
+
+def test_dequant_matmul_in_float16_scales_the_weight_before_the_product():
+    from helpers import bench
+
+    lin, x = _large_activation_case()
+    q, scale = quant.quantize_weight(lin.weight)
+    s16 = scale.to(torch.float16)
+    unscaled_first = F.linear(x, q.to(torch.float16)) * s16
+    assert not torch.isfinite(unscaled_first).all()  # the order the fix avoids does overflow
+    y = quant.dequant_matmul(x, q, s16)
+    exact = F.linear(x.float(), quant.dequantize_weight(q, scale))
+    bench.assert_within(y, exact, "matmul", what="float16 dequant_matmul")
+    module = quant.Int8Linear(lin, impl="dequant")
+    assert torch.isfinite(module(x)).all()
+    # bfloat16 has float32's range: the cheaper order stays, and stays finite
+    yb = quant.dequant_matmul(x.to(torch.bfloat16), q, scale.to(torch.bfloat16))
+    bench.assert_within(yb, exact, "matmul", what="bfloat16 dequant_matmul")
+
+
+def test_a_float16_model_gets_no_torchao_candidate(tiny_model):
+    import copy
+
+    model = copy.deepcopy(tiny_model[0]).to(torch.float16)
+    rows = quant.time_w8a16_kernels(model, kernels=("dequant", "torchao"), min_iters=2, min_seconds=0.0)
+    torchao = next(r for r in rows if r["kernel"] == "torchao")
+    assert "overflows float16" in torchao["problem"]
+    assert quant.pick_w8a16_kernel(rows)["kernel"] == "dequant"
+
+
+class _Logits(nn.Module):
+    """A stand-in model returning fixed logits, some of them inf or NaN."""
+
+    def __init__(self, logits, dtype=torch.float16):
+        super().__init__()
+        self.config = type("Config", (), {"max_position_embeddings": 64})()
+        self.anchor = nn.Parameter(torch.zeros(1, dtype=dtype))
+        self.logits = logits
+
+    def forward(self, input_ids, use_cache=False):
+        return type("Out", (), {"logits": self.logits[None, :input_ids.shape[1]]})()
+
+
+def test_inf_or_nan_logits_raise_with_the_figure_the_model_and_the_reason():
+    logits = torch.randn(8, 11)
+    logits[2, :4] = float("inf")
+    ids = torch.randint(0, 11, (1, 8))
+    with pytest.raises(quality.NonFiniteQuality,
+                       match=r"perplexity of w8a16 \(float16\): logits contain 4 inf values .*"
+                             r"the float16 forward overflowed"):
+        quality.evaluate(_Logits(logits.half()), ids, label="w8a16 (float16)")
+    nan = logits.clone()
+    nan[2, :4] = float("nan")
+    with pytest.raises(quality.NonFiniteQuality, match="4 NaN values .*bfloat16 forward"):
+        quality.evaluate(_Logits(nan, torch.bfloat16), ids, label="x")
+    with pytest.raises(quality.NonFiniteQuality, match="agreement .* of cand"):
+        quality.agreement(torch.randn(8, 11), nan, "cand")
+    finite = quality.evaluate(_Logits(torch.randn(8, 11)), ids, torch.randn(8, 11), label="ok")
+    assert math.isfinite(finite["perplexity"]) and math.isfinite(finite["max_abs_logit_diff"])
+
+
+def test_a_library_variant_that_overflows_is_listed_as_skipped_with_the_reason(monkeypatch):
+    from helpers import int8_study
+
+    bad = torch.randn(8, 11)
+    bad[0, 0] = float("inf")
+    info = {"dtype": "float16", "impl": "lib", "speed_is_meaningful": False}
+    monkeypatch.setattr(quant, "build_variant", lambda name, *a, **k: (_Logits(bad.half()), None, info))
+    ids = torch.randint(0, 11, (1, 8))
+    rows, skipped = int8_study.measure_variants(["torchao"], "m", "cpu", torch.float16, ids, None,
+                                                prompt="p", new_tokens=2, batch_sizes=[1], repeats=1)
+    assert rows == {} and "inf values" in skipped[0]["reason"]
+    with pytest.raises(quality.NonFiniteQuality, match="variant w8a16"):  # the workbook's own kernel
+        int8_study.measure_variants(["w8a16"], "m", "cpu", torch.float16, ids, None, prompt="p",
+                                    new_tokens=2, batch_sizes=[1], repeats=1)
+
+
+def test_the_embedded_model_in_float16_int8_has_a_finite_perplexity():
+    # SmolLM2-135M's down_proj inputs reach the thousands on the held-out text: before the fix
+    # the dequant kernel's float16 product overflowed and the perplexity was nan
+    from helpers import int8_study
+
+    lm, tok = models.load_model("smollm2-135m", dtype=torch.float16, device="cpu")
+    ids, _ = int8_study.heldout_split(tok, quality.load_heldout_text(), 64)
+    dense = quality.evaluate(lm, ids, return_logits=True)
+    quant.quantize_model_int8(lm, impl="dequant")
+    int8 = quality.evaluate(lm, ids, dense["logits"], label="w8a16 dequant, float16")
+    assert math.isfinite(int8["perplexity"])
+    assert int8["perplexity"] == pytest.approx(dense["perplexity"], rel=0.1)
+    assert int8["top1_agreement"] > 0.8
