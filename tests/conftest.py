@@ -37,7 +37,16 @@ PHASE_TIMES = _load_fakes_module("phase_times", Path(__file__).parent).PhaseTime
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    PHASE_TIMES.current = item.nodeid  # a session fixture started now is timed apart from this test
+    PHASE_TIMES.current = (item.nodeid, "setup")  # a session fixture started now is timed apart from this test
+    try:
+        yield
+    finally:
+        PHASE_TIMES.current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    PHASE_TIMES.current = (item.nodeid, "call")  # ... also one a test asks for in its body
     try:
         yield
     finally:

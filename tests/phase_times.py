@@ -4,7 +4,8 @@
 teardown as pytest reports them) counts for its phase: the unit tests by file, the vLLM tests, the
 browser tests and the checks of the notebook runs. The session fixtures that run notebooks through
 the real runner (the quick run, the Chinese run, the dtype runs) are timed on their own: their time
-is taken out of the setup of the test that happened to start them, so it is not counted twice.
+is taken out of the setup or call of the test that happened to start them (a test may ask for one
+in its body, with ``request.getfixturevalue``), so it is not counted twice.
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ class PhaseTimes:
         self.by_phase = defaultdict(float)
         self.by_file = defaultdict(float)  # unit tests only
         self.fixtures = {}  # label -> seconds
-        self.current = None  # the node id of the test being set up
-        self._inside = defaultdict(float)  # node id -> fixture seconds spent in its setup
+        self.current = None  # (node id, "setup" or "call") of the test step under way
+        self._inside = defaultdict(float)  # (node id, step) -> fixture seconds spent in that step
 
     @contextmanager
     def fixture(self, label: str):
@@ -56,8 +57,7 @@ class PhaseTimes:
 
     def add(self, nodeid: str, when: str, duration: float, keywords=()) -> None:
         """One report of pytest_runtest_logreport (setup, call or teardown of one test)."""
-        if when == "setup":
-            duration = max(0.0, duration - self._inside.pop(nodeid, 0.0))
+        duration = max(0.0, duration - self._inside.pop((nodeid, when), 0.0))
         phase = phase_of(nodeid, keywords)
         self.by_phase[phase] += duration
         if phase == UNIT:

@@ -22,7 +22,7 @@ def test_tests_are_grouped_into_their_phase():
 def test_a_fixture_run_is_its_own_phase_and_not_counted_in_the_test_that_started_it():
     now = [0.0]
     times = phase_times.PhaseTimes(clock=lambda: now[0])
-    times.current = "tests/test_notebooks.py::test_runner_wrote_index"
+    times.current = ("tests/test_notebooks.py::test_runner_wrote_index", "setup")
     with times.fixture("quick run"):
         now[0] += 600.0
     times.current = None
@@ -40,3 +40,18 @@ def test_a_fixture_run_is_its_own_phase_and_not_counted_in_the_test_that_started
     assert lines[0].split() == ["600.0", "s", "quick", "run"]
     assert "604.2 s  in all" in [line.strip() for line in lines]
     assert lines[-2].endswith("tests/test_ops.py") and lines[-1].endswith("tests/test_hygiene.py")
+
+
+def test_a_fixture_a_test_asks_for_in_its_body_is_not_counted_in_that_test():
+    """test_browser.py asks for the quick run with request.getfixturevalue inside the test: the
+    run's time falls in the test's call, and is taken out of it (it was counted twice before)."""
+    now = [0.0]
+    times = phase_times.PhaseTimes(clock=lambda: now[0])
+    times.current = ("tests/test_browser.py::test_pages[quick_run]", "call")
+    with times.fixture("quick run"):
+        now[0] += 1989.0
+    times.current = None
+    times.add("tests/test_browser.py::test_pages[quick_run]", "setup", 0.5)
+    times.add("tests/test_browser.py::test_pages[quick_run]", "call", 1995.0)
+    assert times.fixtures == {"quick run": 1989.0}
+    assert times.by_phase[phase_times.BROWSER] == 6.5
