@@ -387,8 +387,17 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
         raise ModelLoadError(f"model={model!r} is empty; choose {' or '.join(MODEL_CHOICES)}, a "
                              "local folder, or a hub id like 'NousResearch/Llama-2-7b-hf'")
     target = as_device(pick_device(device) if isinstance(device, str) else device)
-    torch_dtype = parse_dtype(dtype, target)
     name = model.strip()
+    # a name that can never load fails before dtype=auto times anything (its probe takes seconds)
+    if not (name in (TINY_MODEL, EMBEDDED_MODEL) or Path(name).expanduser().exists() or _HUB_ID.match(name)):
+        looks_like_path = name.startswith((".", "/", "~")) or os.sep in name
+        what = "no such local folder" if looks_like_path else "not a known name or hub id"
+        raise ModelLoadError(
+            f"model={name!r}: {what}. Choose {EMBEDDED_MODEL!r} (embedded, offline), "
+            f"{TINY_MODEL!r} (random weights, for tests), an existing local folder, or a hub id "
+            "of the form 'org/name' such as 'NousResearch/Llama-2-7b-hf'."
+        )
+    torch_dtype = parse_dtype(dtype, target)
 
     with _quiet_loading():
         if name == TINY_MODEL:
@@ -407,17 +416,9 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
                                           attn_implementation, local_files_only=True)
             except (OSError, ValueError) as exc:
                 raise ModelLoadError(f"model={name!r}: the folder could not be loaded: {exc}") from exc
-        elif _HUB_ID.match(name):
+        else:  # a hub id (anything else was refused above)
             lm, tokenizer = _load_from_hub(name, torch_dtype, trust_remote_code,
                                            attn_implementation, source)
-        else:
-            looks_like_path = name.startswith((".", "/", "~")) or os.sep in name
-            what = "no such local folder" if looks_like_path else "not a known name or hub id"
-            raise ModelLoadError(
-                f"model={name!r}: {what}. Choose {EMBEDDED_MODEL!r} (embedded, offline), "
-                f"{TINY_MODEL!r} (random weights, for tests), an existing local folder, or a hub id "
-                "of the form 'org/name' such as 'NousResearch/Llama-2-7b-hf'."
-            )
     lm.eval()
     lm.requires_grad_(False)  # inference only: no op anywhere records an autograd graph
     lm.to(target)

@@ -97,7 +97,8 @@ def test_hub_id_offline_fails_in_seconds(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     start = time.perf_counter()
     with pytest.raises(ModelLoadError, match=r"not in the local Hugging Face cache and HF_HUB_OFFLINE"):
-        load_model("nobody-here/not-a-model", device="cpu")
+        # dtype given: this times the hub path; dtype=auto's probe (seconds, once per process) is timed elsewhere
+        load_model("nobody-here/not-a-model", device="cpu", dtype="float32")
     assert time.perf_counter() - start < 30
 
 
@@ -107,7 +108,7 @@ def test_hub_id_with_unreachable_endpoint_fails_in_seconds(monkeypatch, tmp_path
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
     start = time.perf_counter()
     with pytest.raises(ModelLoadError) as err:
-        load_model("nobody-here/not-a-model", device="cpu")
+        load_model("nobody-here/not-a-model", device="cpu", dtype="float32")  # the hub path alone
     assert "cannot be reached" in str(err.value) and "HF_ENDPOINT" in str(err.value)
     assert "smollm2-135m" in str(err.value)
     assert time.perf_counter() - start < 30
