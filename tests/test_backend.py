@@ -1,6 +1,9 @@
 """Device selection, torch_npu import failure modes, memory helpers and dtype parsing."""
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import sys
 import types
 
@@ -230,15 +233,12 @@ def test_bf16_where_the_device_lacks_it(fake_torch_npu, monkeypatch):
 
 # --- the CPU working dtype, chosen by timing -------------------------------------------------
 
-def _row(dtype, decode, short, long, spread=0.5, pspread=5.0, problem=None):
-    """A probe row: a decode step of ``decode`` ms, prefills of ``short`` and ``long`` ms at 32 and
-    128 tokens, each with a p10-p90 of +- its spread; the request times for the standard request."""
-    row = {"dtype": dtype, "problem": problem, "decode_ms": decode, "decode_p10_ms": decode - spread,
-           "decode_p90_ms": decode + spread, "prefill_short_tokens": 32, "prefill_long_tokens": 128,
-           "decode_context_tokens": 128, "layers": 30, "timed_layers": 30}
-    for part, ms in (("prefill_short", short), ("prefill_long", long)):
-        row.update({f"{part}_ms": ms, f"{part}_p10_ms": ms - pspread, f"{part}_p90_ms": ms + pspread})
-    return {**row, **backend.request_times(row)}
+# the one builder of synthetic probe rows lives with the fixtures it also makes
+_spec = importlib.util.spec_from_file_location(
+    "_make_fixture_runs", Path(__file__).parent / "fixtures" / "make_fixture_runs.py")
+_fixture_runs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_fixture_runs)
+_row = _fixture_runs.probe_row
 
 
 # float32 50 ms a step; bfloat16 45 ms with a cheap prefill; float16 30 ms with an expensive one

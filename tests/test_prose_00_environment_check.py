@@ -11,6 +11,8 @@ is marked with its source; the checks hold for every block of every variant, in 
 """
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import re
 from pathlib import Path
@@ -31,15 +33,12 @@ def _fixture() -> dict:
     return json.loads(FIXTURE.read_text(encoding="utf-8"))
 
 
-def _row(dtype, decode, short, long, spread=0.5, pspread=5.0, problem=None):
-    """A probe row: a decode step of ``decode`` ms, prefills of ``short`` / ``long`` ms at 32 / 128
-    tokens, each with a p10-p90 of +- its spread, and its standard request's time."""
-    row = {"dtype": dtype, "problem": problem, "decode_ms": decode, "decode_p10_ms": decode - spread,
-           "decode_p90_ms": decode + spread, "prefill_short_tokens": 32, "prefill_long_tokens": 128,
-           "decode_context_tokens": 128, "layers": 30, "timed_layers": 30}
-    for part, ms in (("prefill_short", short), ("prefill_long", long)):
-        row.update({f"{part}_ms": ms, f"{part}_p10_ms": ms - pspread, f"{part}_p90_ms": ms + pspread})
-    return {**row, **backend.request_times(row)}
+# the one builder of synthetic probe rows lives with the fixtures it also makes
+_spec = importlib.util.spec_from_file_location(
+    "_make_fixture_runs", Path(__file__).parent / "fixtures" / "make_fixture_runs.py")
+_fixture_runs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_fixture_runs)
+_row = _fixture_runs.probe_row
 
 
 def _with_rows(rows) -> dict:
