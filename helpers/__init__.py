@@ -11,6 +11,30 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
+
+# The repository's root: notebooks/, profiles/, data/ and reports/ are found from here.
+REPO = Path(__file__).resolve().parent.parent
+
+# Where a module sits. Each layer imports only from the layers below it, and a module imports only
+# from modules listed before it (in its own layer or a lower one), at module level or inside a
+# function alike (tests/test_layers.py reads every import with ast). A new function goes in the
+# lowest module whose imports it needs; a function that names one chapter's table, figure or claim
+# goes in that chapter's study module. CONTRIBUTING.md draws the same table.
+LAYERS = (
+    ("foundations: parameters, results files, decisions, words, pages, plots, the roofline, "
+     "library lines", ("params", "results", "decide", "pages", "prose", "plots", "roofline",
+                       "versions", "guide_api")),
+    ("the guides' claims", ("claims",)),
+    ("the device", ("backend",)),
+    ("measurement", ("profiling", "bench", "quality")),
+    ("model and kernels", ("models", "dtype_choice", "ops", "quant", "graph_modes", "static_decode",
+                           "generation", "llamacpp")),
+    ("chapter studies, one module per chapter",
+     ("environment_study", "operator_study", "end_to_end_study", "batching_study", "int8_study",
+      "ladder", "rungs", "serving", "report")),
+    ("entry points", ("workshop", "compare", "run", "chapter")),
+)
 
 MIN_PYTHON = (3, 9)  # the torch floor is versions.MIN_TORCH, checked once torch is imported
 

@@ -144,6 +144,22 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def cpu_contention(device) -> Optional[str]:
+    """A warning when CPU timings are unreliable because the cores are oversubscribed, else None.
+
+    With more runnable processes than cores, torch's OpenMP threads wait for each other at every
+    barrier and a decode step can be tens of times slower; one thread per free core avoids that.
+    """
+    if as_device(device).type != "cpu" or not hasattr(os, "getloadavg"):
+        return None
+    load = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return None
+    return (f"CPU load average {load:.1f} on {cores} cores with {torch.get_num_threads()} torch threads: "
+            "timings are inflated by other processes; run alone or set OMP_NUM_THREADS to the free cores")
+
+
 def device_module(device) -> Any:
     """``torch.npu`` / ``torch.cuda`` for accelerators, None for the CPU."""
     kind = as_device(device).type

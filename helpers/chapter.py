@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import backend, params
+from . import REPO, backend, params
 from .results import Results
 
 # Parameters every chapter declares; they go to the runner, not to results.json's parameters.
@@ -87,7 +87,6 @@ class Chapter:
         return Markdown(self.render(block, **words))
 
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def parameter_names(name: str) -> list[str]:
@@ -151,9 +150,8 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     results.set("device_choice", {"device": str(choice.device), "reason": choice.reason,
                                   "dtype": backend.dtype_name(dtype), "dtype_reason": dtype_reason,
                                   "dtype_source": dtype_source})
-    from .generation import cpu_contention
 
-    contention = cpu_contention(choice.device)
+    contention = backend.cpu_contention(choice.device)
     if contention:
         results.note(contention)
     chapter = Chapter(name, choice.device, choice.reason, dtype, dtype_reason, results, dict(parameters), lang,

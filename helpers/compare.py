@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import pages
+from . import REPO, pages
 from .results import FINISHED, REPORT_CHAPTER, RunFolder, device_class, most_common, read_run
 
-REPO = Path(__file__).resolve().parent.parent
 # Headline figures: (chapter, metric) pairs the plots and the guide table read.
 DECODE_B1 = ("03_end_to_end", "decode_tok_s_batch1")
 TTFT = ("03_end_to_end", "ttft_ms")

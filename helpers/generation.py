@@ -313,22 +313,6 @@ def prompt_of_length(tokenizer, n_tokens: int, text: Optional[str] = None) -> tu
     return prompt, count
 
 
-def cpu_contention(device) -> Optional[str]:
-    """A warning when CPU timings are unreliable because the cores are oversubscribed, else None.
-
-    With more runnable processes than cores, torch's OpenMP threads wait for each other at every
-    barrier and a decode step can be tens of times slower; one thread per free core avoids that.
-    """
-    if as_device(device).type != "cpu" or not hasattr(os, "getloadavg"):
-        return None
-    load = os.getloadavg()[0]
-    cores = os.cpu_count() or 1
-    if load <= cores:
-        return None
-    return (f"CPU load average {load:.1f} on {cores} cores with {torch.get_num_threads()} torch threads: "
-            "timings are inflated by other processes; run alone or set OMP_NUM_THREADS to the free cores")
-
-
 # --- the decode gap: each path's step split by its own kernels (chapter 03) ---------------------
 
 def eager_matmul_times(model, batch_size: int = 1, device=None, *, min_iters: int = 5,

@@ -117,14 +117,6 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
     return table[list(COLUMNS) + [c for c in table.columns if c not in COLUMNS]]
 
 
-def total_speedup(table) -> Optional[float]:
-    """Speedup of the last successful rung over the first (None with fewer than two). It mixes kinds
-    when the last rung changes the batch: chapter 06's headline figures are ``best_batch1_speedup``
-    and ``batch_throughput_ratio``."""
-    ok = table[table["status"] == "ok"]
-    return float(ok["speedup"].iloc[-1]) if len(ok) >= 2 else None
-
-
 def _ok_rows(table):
     """The ok rungs and the baseline's batch size (None without an ok rung)."""
     ok = table[table["status"] == "ok"]

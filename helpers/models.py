@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from .backend import as_device, dtype_name, parse_dtype, pick_device
+from .results import current_umask
 from .versions import converted_model_folder, drop_quantization_config
 
 EMBEDDED_MODEL = "smollm2-135m"
@@ -215,12 +216,6 @@ def rebuild_command(cache_dir=None) -> str:
     repo = Path(__file__).resolve().parent.parent
     return (f"cd {shlex.quote(str(repo))} && {shlex.quote(sys.executable)} -m helpers.workshop "
             f"cache --rebuild --cache-dir {shlex.quote(str(cache_location(cache_dir)))}")
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def share_readable(folder: "str | Path") -> None:

@@ -32,9 +32,9 @@ from typing import Optional
 
 import yaml
 
+from . import REPO
 from .results import REPORT_CHAPTER, RESULTS_NAME, load_results, read_run, write_json_atomic
 
-REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 PROFILES = REPO / "profiles"
 SOLUTIONS = REPO / "solutions"

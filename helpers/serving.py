@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 from urllib.parse import urlparse
 
-REPO = Path(__file__).resolve().parent.parent
+from . import REPO
+
 VLLM_VENV = REPO / os.environ.get("VLLM_VENV", ".venv-vllm")  # a relative path is the repo's
 UNAVAILABLE_FILE = ".vllm-unavailable"  # written by scripts/setup_vllm.sh when it cannot build
 PYTHON_FILE = ".vllm-python"            # an interpreter with vllm that setup recorded (image, VLLM_PYTHON)
@@ -894,7 +895,7 @@ def _num(value) -> Optional[float]:
 
 
 def contention(results: dict) -> str:
-    """The CPU-contention note a chapter recorded (``generation.cpu_contention``), or ''."""
+    """The CPU-contention note a chapter recorded (``backend.cpu_contention``), or ''."""
     return next((n for n in results.get("notes", []) if str(n).startswith("CPU load average")), "")
 
 
@@ -1268,8 +1269,6 @@ def connect(ch, launch: Launch, start_timeout_s: float) -> None:
     shares this machine's cores)."""
     from transformers import AutoTokenizer
 
-    from .generation import cpu_contention
-
     if launch.server is not None:
         start_s = launch.server.wait_healthy(start_timeout_s)
         ch.results.artifact(launch.server.log_path, "vLLM server log")
@@ -1282,7 +1281,9 @@ def connect(ch, launch: Launch, start_timeout_s: float) -> None:
     dtype_known = not launch.endpoint or ch.parameters.get("dtype", "auto") != "auto"
     launch.served = {"model": ch.parameters.get("model"), "dtype": ch.DT if dtype_known else "",
                      "device": launch.device_kind, "tensor_parallel_size": launch.tensor_parallel_size}
-    busy = cpu_contention(ch.device)
+    from . import backend
+
+    busy = backend.cpu_contention(ch.device)
     if busy:
         ch.results.note(busy)
     ch.record("served_model_id", launch.model_id, code_path=f"GET {launch.url}/v1/models",

@@ -296,13 +296,6 @@ def cache_of(output):
     return None
 
 
-def dynamic_cache(config):
-    """An empty ``DynamicCache`` laid out for ``config`` (4.56+ and 5.x take ``config=``)."""
-    from transformers import DynamicCache
-
-    return DynamicCache(config=config)
-
-
 def converted_model_folder(name: str, version: Optional[str] = None) -> str:
     """The cache folder name for a model converted (saved) by this transformers line.
 

@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from . import models
+from . import REPO, models, results
 
-REPO = Path(__file__).resolve().parent.parent
 ENV_FILE = "workshop.env"
 REFERENCE_RUN = "reference"
 
@@ -94,7 +93,7 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
     models.share_readable(env_file)
     private = unreadable_by_others(workshop_dir)
     if private:
-        mask = models.current_umask()
+        mask = results.current_umask()
         shown = ", ".join(str(p) for p in private[:5]) + (" ..." if len(private) > 5 else "")
         print(f"warning: other users cannot read {shown}. Your umask is {mask:03o}; prepare with "
               f"'umask 022' for a class, or give a shared group access with "

@@ -197,11 +197,11 @@ def test_compile_model_dispatches_by_device(tiny_model, monkeypatch):
 
 
 def test_cpu_contention_warning(monkeypatch):
-    monkeypatch.setattr(generation.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
-    monkeypatch.setattr(generation.os, "cpu_count", lambda: 2)
-    assert "load average 8.0 on 2 cores" in generation.cpu_contention("cpu")
-    monkeypatch.setattr(generation.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
-    assert generation.cpu_contention("cpu") is None
+    monkeypatch.setattr(backend.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    monkeypatch.setattr(backend.os, "cpu_count", lambda: 2)
+    assert "load average 8.0 on 2 cores" in backend.cpu_contention("cpu")
+    monkeypatch.setattr(backend.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    assert backend.cpu_contention("cpu") is None
 
 
 def test_eager_matmul_times_cover_every_linear_kind_at_its_shape(tiny_model):

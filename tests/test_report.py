@@ -45,7 +45,6 @@ def make_partial_run(run_dir: Path) -> Path:
         lambda v: {"latency_ms": v, "tokens_per_s": 1e3 / v, "peak_memory_bytes": 1000 * v})
     res = Results("06_optimization_ladder", run_dir, environment={"device": "cpu"})
     res.table("ladder", table.drop(columns=["traceback"], errors="ignore"))
-    _record(res, "ladder_speedup_total", ladder.total_speedup(table))
     res.finish()
     write_json_atomic(run_dir / "run.json", {"run_id": run_dir.name, "notebooks": [
         {"notebook": "02_ffn_fusion", "status": "failed", "error": "RuntimeError: fixture failure"}]})

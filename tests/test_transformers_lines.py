@@ -72,7 +72,9 @@ def test_a_cached_decode_step_works_on_this_transformers(tiny_model):
     model, tokenizer = tiny_model
     ids = tokenizer("hello there", return_tensors="pt")["input_ids"]
     keyword = versions.cache_argument(model)
-    cache = versions.dynamic_cache(model.config)
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         out = model(input_ids=ids, use_cache=True, **{keyword: cache})
         returned = versions.cache_of(out)

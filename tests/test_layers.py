@@ -1,0 +1,141 @@
+"""The package's layers (``helpers.LAYERS``): every import of a helpers module, at module level or
+inside a function, points to a module listed before the importing one; no circle, counting the
+imports inside functions; a lazy import of a helpers module only where the allowlist says why."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import helpers
+
+PACKAGE = Path(helpers.__file__).resolve().parent
+
+# (module, module it imports inside a function): why that import cannot sit at the top.
+LAZY_ALLOWED = {
+    ("llamacpp", "params"): "the measuring child runs llamacpp.py as a script, without its package",
+    ("llamacpp", "bench"): "the measuring child runs llamacpp.py as a script, without its package",
+}
+
+
+def order() -> dict:
+    names = [name for _, layer in helpers.LAYERS for name in layer]
+    assert len(names) == len(set(names)), "a module is listed twice in helpers.LAYERS"
+    return {name: i for i, name in enumerate(names)}
+
+
+def module_of(path: Path) -> str:
+    """The LAYERS name of a file: helpers/ops.py -> ops, helpers/serving/client.py -> serving."""
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def helper_imports(path: Path, package: Path = PACKAGE):
+    """(imported helpers module, line, inside a function?) for every import in one file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package_parts = path.relative_to(package).parts[:-1]  # () for helpers/x.py, ("serving",) below
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.ImportFrom):
+                if child.level:  # relative: resolve against this file's package
+                    base = list(package_parts[:len(package_parts) - (child.level - 1)])
+                    parts = base + (child.module.split(".") if child.module else [])
+                    if parts:
+                        found.append((parts[0], child.lineno, in_function))
+                    else:  # "from . import a, b": each name is a module (or a name of __init__)
+                        found.extend((alias.name, child.lineno, in_function) for alias in child.names)
+                elif child.module and child.module.split(".")[0] == "helpers":
+                    parts = child.module.split(".")[1:]
+                    if parts:
+                        found.append((parts[0], child.lineno, in_function))
+                    else:
+                        found.extend((alias.name, child.lineno, in_function) for alias in child.names)
+            elif isinstance(child, ast.Import):
+                for alias in child.names:
+                    parts = alias.name.split(".")
+                    if parts[0] == "helpers" and len(parts) > 1:
+                        found.append((parts[1], child.lineno, in_function))
+            visit(child, inside)
+
+    visit(tree, False)
+    return found
+
+
+def files():
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
+
+
+def arrows():
+    """(importer, imported, where, inside a function?) between helpers modules."""
+    rank = order()
+    out = []
+    for path in files():
+        me = module_of(path)
+        for target, line, lazy in helper_imports(path):
+            if target in rank and target != me:
+                out.append((me, target, f"{path.relative_to(PACKAGE.parent)}:{line}", lazy))
+    return out
+
+
+def upward(found, rank):
+    return [f"{where}: {me} imports {target}{' inside a function' if lazy else ''}, which is not below it"
+            for me, target, where, lazy in found if rank[target] >= rank[me]]
+
+
+def test_every_module_has_a_place_in_the_layers():
+    rank = order()
+    here = {module_of(p) for p in files()}
+    assert not here - set(rank), f"modules missing from helpers.LAYERS: {sorted(here - set(rank))}"
+    assert not set(rank) - here, f"helpers.LAYERS lists modules that do not exist: {sorted(set(rank) - here)}"
+
+
+def test_no_import_runs_up_a_layer():
+    problems = upward(arrows(), order())
+    assert not problems, "\n".join(problems)
+
+
+def test_lazy_imports_only_with_a_reason():
+    lazy = [f"{where}: {me} imports {target} inside a function" for me, target, where, is_lazy in arrows()
+            if is_lazy and (me, target) not in LAZY_ALLOWED]
+    assert not lazy, "\n".join(lazy) + "\nmove it to the top of the file (or say why in LAZY_ALLOWED)"
+
+
+def test_no_circle_counting_imports_inside_functions():
+    graph = {}
+    for me, target, _, _ in arrows():
+        graph.setdefault(me, set()).add(target)
+    state, stack = {}, []
+
+    def walk(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == "open":
+                raise AssertionError("circle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+            if nxt not in state:
+                walk(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in list(graph):
+        if node not in state:
+            walk(node)
+
+
+def test_the_check_fails_on_an_upward_import(tmp_path):
+    """The rule can fail: a low module that imports a chapter study is reported, lazily or not."""
+    rank = order()
+    found = [("results", "ladder", "helpers/results.py:1", False),
+             ("bench", "serving", "helpers/bench.py:9", True)]
+    problems = upward(found, rank)
+    assert len(problems) == 2 and "results imports ladder" in problems[0]
+    assert "inside a function" in problems[1]
+
+
+def test_the_reader_finds_imports_inside_functions(tmp_path):
+    path = tmp_path / "ops.py"
+    path.write_text("from . import backend\n\ndef f():\n    from .serving import x\n    from helpers import ladder\n")
+    assert helper_imports(path, tmp_path) == [("backend", 1, False), ("serving", 4, True), ("ladder", 5, True)]
