@@ -22,17 +22,15 @@ REPO = Path(__file__).resolve().parent.parent
 # lowest module whose imports it needs; a function that names one chapter's table, figure or claim
 # goes in that chapter's study module. CONTRIBUTING.md draws the same table.
 LAYERS = (
-    ("foundations: parameters, results files, decisions, words, pages, plots, the roofline, "
-     "library lines", ("params", "results", "decide", "pages", "prose", "plots", "roofline",
-                       "versions", "guide_api")),
+    ("foundations", ("params", "results", "decide", "pages", "prose", "plots", "roofline", "versions",
+                     "guide_api")),
     ("the guides' claims", ("claims",)),
     ("the device", ("backend",)),
     ("measurement", ("profiling", "bench", "quality")),
     ("model and kernels", ("models", "dtype_choice", "ops", "quant", "graph_modes", "static_decode",
                            "generation", "llamacpp")),
-    ("chapter studies, one module per chapter",
-     ("environment_study", "operator_study", "end_to_end_study", "batching_study", "int8_study",
-      "ladder", "rungs", "serving", "report")),
+    ("chapter studies", ("environment_study", "operator_study", "end_to_end_study", "batching_study",
+                         "int8_study", "ladder", "rungs", "serving", "report")),
     ("entry points", ("workshop", "compare", "run", "chapter")),
 )
 

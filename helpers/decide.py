@@ -1,6 +1,6 @@
 """The decisions behind every direction word the workbook prints: faster, best, met, same effect.
 
-Taught in ``03_end_to_end.ipynb`` (first used there) and used by every chapter's summary and by the
+Layer: foundations. Taught in ``03_end_to_end.ipynb`` (first used there) and used by every chapter's summary and by the
 claims audit of the report chapter. A sentence may say "faster", "slower", "best" or "same effect"
 only when one of these functions says so from the measured spreads; otherwise it says that the
 difference is within the noise. Each function is small and tested both ways

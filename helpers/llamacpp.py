@@ -1,6 +1,7 @@
 """llama.cpp as the CPU reference of the ladder: the embedded GGUF, measured in the same run.
 
-Taught in ``06_optimization_ladder.ipynb``. ``scripts/setup_llamacpp.sh`` (called by
+Layer: model and kernels. Taught in ``06_optimization_ladder.ipynb``.
+``scripts/setup_llamacpp.sh`` (called by
 ``scripts/setup.sh``) builds ``llama-cpp-python`` into the venv where a C++ compiler is present and
 writes what happened to ``<venv>/llamacpp-status.json``; ``availability()`` reads it, so a build that
 failed (or was skipped) gives the reason instead of a figure, and the rest of the workbook runs.

@@ -1,4 +1,8 @@
-"""Checks for notebook parameters: fail before heavy work, naming the parameter and valid values."""
+"""Checks for notebook parameters: fail before heavy work, naming the parameter and valid values.
+
+Layer: foundations. Every chapter's parameters cell is checked here, first in
+``00_environment_check`` (``chapter.open_chapter``).
+"""
 from __future__ import annotations
 
 from pathlib import Path

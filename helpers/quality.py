@@ -1,6 +1,6 @@
 """Quality of a changed model: perplexity on held-out text, top-1 agreement, logit differences.
 
-Taught in ``05_int8_quantization.ipynb``. A quantized model can still answer "The capital of
+Layer: measurement. Taught in ``05_int8_quantization.ipynb``. A quantized model can still answer "The capital of
 France is Paris." while its next-token distribution is badly damaged; these numbers see that.
 
 Every figure is computed in float32 from the model's logits, and none of them can be NaN or

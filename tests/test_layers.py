@@ -4,6 +4,7 @@ imports inside functions; a lazy import of a helpers module only where the allow
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,18 @@ def test_the_reader_finds_imports_inside_functions(tmp_path):
     path = tmp_path / "ops.py"
     path.write_text("from . import backend\n\ndef f():\n    from .serving import x\n    from helpers import ladder\n")
     assert helper_imports(path, tmp_path) == [("backend", 1, False), ("serving", 4, True), ("ladder", 5, True)]
+
+
+def test_every_module_docstring_names_its_layer_and_its_chapter():
+    """README's layout and CONTRIBUTING's table point here: a reader opening any file learns where it
+    sits (``layer: <name>``, a name of helpers.LAYERS) and which notebook teaches it."""
+    layer_of = {name: layer for layer, names in helpers.LAYERS for name in names}
+    missing = []
+    for path in files():
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        layer = layer_of.get(module_of(path))
+        if layer and f"layer: {layer}" not in doc.lower():
+            missing.append(f"{path.relative_to(PACKAGE.parent)}: no 'layer: {layer}'")
+        if not re.search(r"\b0\d_[a-z]+", doc):
+            missing.append(f"{path.relative_to(PACKAGE.parent)}: names no chapter (NN_name)")
+    assert not missing, "\n".join(missing)
