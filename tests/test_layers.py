@@ -4,6 +4,7 @@ imports inside functions; a lazy import of a helpers module only where the allow
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -155,3 +156,57 @@ def test_every_module_docstring_names_its_layer_and_its_chapter():
         if not re.search(r"\b0\d_[a-z]+", doc):
             missing.append(f"{path.relative_to(PACKAGE.parent)}: names no chapter (NN_name)")
     assert not missing, "\n".join(missing)
+
+
+# The chapters each study module serves; a function whose only users are one of these groups (its
+# notebooks in both editions, their worked answers, their templates, its study module) is that
+# chapter's own code and lives in the study module.
+STUDY_CHAPTERS = {
+    "environment_study": ("00",), "operator_study": ("01", "02"), "end_to_end_study": ("03",),
+    "batching_study": ("04",), "int8_study": ("05",), "ladder": ("06",), "rungs": ("06",),
+    "serving": ("07",), "report": ("08",),
+}
+
+
+def _code_of_notebooks(chapter: str) -> str:
+    text = []
+    for folder in ("notebooks", "notebooks/zh", "solutions", "solutions/zh"):
+        for path in sorted((PACKAGE.parent / folder).glob(f"{chapter}_*.ipynb")):
+            cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+            text += ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    for path in sorted((PACKAGE / "templates").glob(f"{chapter}_*.j2")):
+        text.append(path.read_text(encoding="utf-8"))
+    return "\n".join(text)
+
+
+def test_no_module_below_the_studies_holds_one_chapters_function():
+    rank = order()
+    first_study = rank["environment_study"]
+    chapters = sorted({c for group in STUDY_CHAPTERS.values() for c in group})
+    notebook_code = {c: _code_of_notebooks(c) for c in chapters}
+    sources = {path: path.read_text(encoding="utf-8") for path in files()}
+    misplaced = []
+    for path, text in sources.items():
+        me = module_of(path)
+        if rank.get(me, first_study) >= first_study:
+            continue
+        for node in ast.parse(text).body:
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or node.name.startswith("_"):
+                continue
+            name = node.name
+            used_by = set()
+            rest = text.replace(ast.get_source_segment(text, node), "")
+            if re.search(rf"\b{name}\b", rest):
+                continue  # its own module uses it: part of that module's job
+            for other, other_text in sources.items():
+                if other == path or not re.search(rf"\b{name}\b", other_text):
+                    continue
+                group = STUDY_CHAPTERS.get(module_of(other))
+                used_by.add(group if group else ("shared",))
+            for c in chapters:
+                if re.search(rf"\b{me}\.{name}\b", notebook_code[c]):
+                    used_by.add(next((g for g in STUDY_CHAPTERS.values() if c in g)))
+            if len(used_by) == 1 and ("shared",) not in used_by:
+                misplaced.append(f"{path.relative_to(PACKAGE.parent)}: {name} serves only chapter(s) "
+                                 f"{'/'.join(next(iter(used_by)))}")
+    assert not misplaced, "\n".join(misplaced) + "\nmove each into its chapter's study module"
