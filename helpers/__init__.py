@@ -13,6 +13,17 @@ import sys
 import warnings
 from pathlib import Path
 
+MIN_PYTHON = (3, 9)  # the torch floor is versions.MIN_TORCH, checked once torch is imported
+
+if sys.version_info < MIN_PYTHON:
+    raise ImportError(
+        "ascend-llama-workbook needs Python >= %d.%d, this is %s. On ModelArts pick an image with "
+        "Python 3.9+ and torch >= 2.1, for example pytorch_2.1.0-cann_8.0.rc2-py_3.9-euler_2.10.7-"
+        "aarch64-snt9b (legacy pinned set) or pytorch_2.7.1-cann_8.3.rc1-py_3.11-hce_2.0.2509-aarch64-"
+        "snt9b (current set), not the guide's euler2.9-py38-torch2.1.0 image."
+        % (MIN_PYTHON + (sys.version.split()[0],))
+    )
+
 # The repository's root: notebooks/, profiles/, data/ and reports/ are found from here.
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,17 +44,6 @@ LAYERS = (
                          "int8_study", "ladder", "rungs", "serving", "report")),
     ("entry points", ("workshop", "compare", "run", "chapter")),
 )
-
-MIN_PYTHON = (3, 9)  # the torch floor is versions.MIN_TORCH, checked once torch is imported
-
-if sys.version_info < MIN_PYTHON:
-    raise ImportError(
-        "ascend-llama-workbook needs Python >= %d.%d, this is %s. On ModelArts pick an image with "
-        "Python 3.9+ and torch >= 2.1, for example pytorch_2.1.0-cann_8.0.rc2-py_3.9-euler_2.10.7-"
-        "aarch64-snt9b (legacy pinned set) or pytorch_2.7.1-cann_8.3.rc1-py_3.11-hce_2.0.2509-aarch64-"
-        "snt9b (current set), not the guide's euler2.9-py38-torch2.1.0 image."
-        % (MIN_PYTHON + (sys.version.split()[0],))
-    )
 
 # Before transformers / torchao are imported anywhere in the process.
 for _name, _value in (
