@@ -1,6 +1,6 @@
 """Which torch_npu ops can sit inside a GE graph on this torchair, and the fallbacks for those that
-cannot (layer: model and kernels; taught in 02_ffn_fusion, used by the graph-mode rungs of
-03_end_to_end and 06_optimization_ladder and by chapter 00's line report).
+cannot (layer: model and kernels; taught in 00_environment_check, whose line report probes each op,
+and 06_optimization_ladder, whose graph rung follows the fused and INT8 rungs).
 
 An op needs a GE converter in torchair to be inside a GE graph, and which ops have one depends on
 the torchair version; ``ge_probe`` compiles each op alone to find out, and ``ge_fallbacks`` switches
