@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from .versions import installed_version
+from .versions import installed_version, npu_op_missing
 
 DEVICE_CHOICES = ("auto", "npu", "cuda", "cpu")
 
@@ -137,6 +137,35 @@ def as_device(device: "torch.device | str | DeviceChoice") -> torch.device:
     if isinstance(device, DeviceChoice):
         return device.device
     return torch.device(device)
+
+
+def device_kind(device) -> str:
+    """``"npu"`` / ``"cuda"`` / ``"cpu"`` from a tensor, device or string (``torch.device("npu")``
+    only parses once torch_npu is imported, so strings are read as text)."""
+    if isinstance(device, (torch.Tensor, DeviceChoice)):
+        return device.device.type
+    if isinstance(device, torch.device):
+        return device.type
+    return str(device).split(":")[0].strip().lower()
+
+
+def torch_npu_module():
+    """The imported torch_npu module, or a clear error for a caller that asked for the npu path."""
+    found = import_torch_npu()
+    if not found.ok:
+        raise RuntimeError(f"impl='npu' needs torch_npu, which could not be imported: {found.error}. "
+                           f"{found.hint or ''} Use impl='auto' to pick an implementation for this device.")
+    return found.module
+
+
+def npu_op(name: str):
+    """``torch_npu.<name>``, or a clear error naming this torch_npu and the line that has the op."""
+    fn = getattr(torch_npu_module(), name, None)
+    if fn is None:
+        raise RuntimeError(f"impl='npu' needs torch_npu.{name}, but "
+                           f"{npu_op_missing(name, import_torch_npu().module)}. "
+                           "Use impl='auto' to fall back to an implementation this line has.")
+    return fn
 
 
 def model_device(model) -> torch.device:

@@ -347,11 +347,3 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
                         f"speedup_vs_{baseline}_high": sp.high})
         rows.append(row)
     return rows, timings
-
-
-def check_time_count(variants: list, device, *, expected, baseline: str, measure: Callable,
-                     count: Optional[Callable] = None, tolerance=None):
-    """``check_and_time`` against a baseline, for a block whose variants round differently
-    (chapter 02's FFN: ``tolerance="ffn"``, ``count=profiling.count_ops``)."""
-    return check_and_time(variants, device, expected=expected, measure=measure, tolerance=tolerance,
-                          baseline=baseline, count=count)

@@ -1,10 +1,15 @@
-"""The guides' API names against the real ones (torch_npu, op-plugin, MindSpeed-LLM, bitsandbytes).
+"""The guides' API names against the real ones (torch_npu, op-plugin, MindSpeed-LLM, bitsandbytes)
+(layer: foundations; taught in 00_environment_check).
 
-Taught in ``00_environment_check.ipynb``, which records ``api_check`` (live ``hasattr`` where
+``00_environment_check.ipynb`` records ``api_check`` (live ``hasattr`` where
 torch_npu imports); the claims audit of the report chapter reads that table, or the documented rows
 here when chapter 00 did not run. Importing this module imports neither torch nor torch_npu.
 """
 from __future__ import annotations
+
+import sys
+
+from .versions import has_attribute
 
 # "documented" is what Ascend/pytorch and op-plugin sources say (shared reference npu_api.md);
 # "here" is checked live with hasattr when torch_npu imports on this machine.
@@ -40,10 +45,6 @@ _REAL_NPU_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_ffn",
 
 def api_check(torch_npu_module=None) -> list[dict]:
     """Each guide API name: documented verdict, and a live hasattr check when torch_npu is here."""
-    import sys
-
-    from .versions import has_attribute
-
     # torch is loaded whenever a torch_npu module is passed in
     roots = {"torch_npu": torch_npu_module, "torch": sys.modules.get("torch")}
     rows = []

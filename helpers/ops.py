@@ -1,7 +1,8 @@
-"""Llama's small operators, each with one plain reference and a fused path per backend.
+"""Llama's small operators, each with one plain reference and a fused path per backend (layer:
+model and kernels; taught in 01_operator_verification and 02_ffn_fusion).
 
-Taught in ``01_operator_verification.ipynb`` (RMSNorm, residual add + RMSNorm) and
-``02_ffn_fusion.ipynb`` (SwiGLU FFN, graph mode); later chapters call ``apply_fused_modules`` to
+``01_operator_verification.ipynb`` teaches RMSNorm and residual add + RMSNorm,
+``02_ffn_fusion.ipynb`` the SwiGLU FFN and graph mode; later chapters call ``apply_fused_modules`` to
 measure "fused" end to end.
 
 Every operator takes ``impl``:
@@ -21,8 +22,10 @@ Every operator takes ``impl``:
 ``resolve_impl`` says which of these really runs and ``explain_impl`` why, so notebooks can label
 each figure's code path. Graph mode on an NPU goes through torchair; ``npu_graph_plan`` reads what
 this torchair offers from its own ``CompilerConfig`` (``mode`` exists only from torchair 7.0.0,
-``npugraph_ex`` from 26.0.0) and ``ge_fallbacks`` keeps a fused op out of a GE graph where this
-torchair has no GE converter for it.
+``npugraph_ex`` from 26.0.0) and ``graph_modes.ge_fallbacks`` keeps a fused op out of a GE graph
+where this torchair has no GE converter for it. ``graph_mode`` stays here because ``impl="compiled"``
+and the FFN's ``graph`` variant compile through it. Chapters 01 and 02's own tables and checks are
+in ``operator_study``.
 """
 from __future__ import annotations
 
@@ -42,16 +45,6 @@ FFN_VARIANTS = ("unfused", "merged", "fused_act", "graph")
 
 # --- argument checks: fail before any work, naming the parameter -----------------------------
 
-def _device_kind(device) -> str:
-    """``"npu"`` / ``"cuda"`` / ``"cpu"`` from a tensor, device or string (``torch.device("npu")``
-    only parses once torch_npu is imported, so strings are read as text)."""
-    if isinstance(device, (torch.Tensor, backend.DeviceChoice)):
-        return device.device.type
-    if isinstance(device, torch.device):
-        return device.type
-    return str(device).split(":")[0].strip().lower()
-
-
 def _check_impl(impl: str, choices, parameter: str = "impl") -> None:
     if impl not in choices:
         raise ValueError(f"{parameter}={impl!r} is not valid; choose one of {', '.join(map(repr, choices))}")
@@ -68,35 +61,13 @@ def _check_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
         raise ValueError(f"eps={eps!r} is not valid; it must be a number > 0 such as 1e-6")
 
 
-# The torch_npu op behind each fused operator, and the first torch_npu line that has it (op-plugin's
-# op_plugin_functions.yaml of each release branch; Ascend/pytorch COMPATIBILITY.en.md). The table only
-# words messages: whether an op is there is always checked with hasattr on the installed torch_npu.
+# The torch_npu op behind each fused operator (versions.TORCH_NPU_OPS says which line has each).
 NPU_OPS = {"rms_norm": "npu_rms_norm", "add_rms_norm": "npu_add_rms_norm", "swiglu": "npu_swiglu"}
-NPU_OP_SINCE = {
-    "npu_rms_norm": "torch_npu 2.1.0 (CANN 7.0.0)",
-    "npu_add_rms_norm": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
-    "npu_swiglu": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
-    "npu_weight_quant_batchmatmul": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
-    "npu_quant_matmul": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
-    "npu_trans_quant_param": "torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
-    "npu_dynamic_quant": "torch_npu 2.1.0.post6 (CANN 8.0.RC2)",
-}
 
 
-def _torch_npu_version(module=None) -> str:
-    module = module if module is not None else backend.import_torch_npu().module
-    return str(getattr(module, "__version__", "unknown")) if module is not None else "not loaded"
-
-
-def npu_op_missing(name: str) -> Optional[str]:
-    """None when the installed torch_npu has op ``name``; otherwise why not, for messages."""
-    module = backend.import_torch_npu().module
-    if module is not None and hasattr(module, name):
-        return None
-    since = NPU_OP_SINCE.get(name, "a newer torch_npu")
-    if module is None:
-        return f"torch_npu is not loaded, so torch_npu.{name} is not there"
-    return f"torch_npu {_torch_npu_version(module)} has no torch_npu.{name} (it arrived with {since})"
+def _loaded_torch_npu():
+    """The torch_npu module this process imported, or None (for messages and ``hasattr`` checks)."""
+    return backend.import_torch_npu().module
 
 
 def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
@@ -104,11 +75,12 @@ def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
     resolved); ``op`` is ``"rms_norm"``, ``"add_rms_norm"`` or ``"swiglu"``."""
     _check_impl(impl, SWIGLU_IMPLS if op == "swiglu" else RMS_IMPLS)
     if impl == "auto":
-        if _device_kind(device) == "npu" and npu_op_missing(NPU_OPS[op]) is None:
+        on_npu = backend.device_kind(device) == "npu"
+        if on_npu and versions.npu_op_missing(NPU_OPS[op], _loaded_torch_npu()) is None:
             return "npu"
         impl = "reference" if op == "swiglu" else "torch"
     if impl == "npu":
-        _npu_op(NPU_OPS[op])  # an explicit request fails here, naming the op this line lacks
+        backend.npu_op(NPU_OPS[op])  # an explicit request fails here, naming the op this line lacks
     if impl == "torch" and not versions.has_feature("F.rms_norm"):
         return "reference"  # torch < 2.4 (the 2.1 of older Ascend images) has no F.rms_norm
     return impl
@@ -116,11 +88,13 @@ def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
 
 def explain_impl(impl: str, device, op: str = "rms_norm") -> tuple:
     """``(resolve_impl(...), why)``: the implementation that runs and the reason, for a chapter to print."""
-    chosen, kind, npu_name = resolve_impl(impl, device, op), _device_kind(device), NPU_OPS[op]
+    chosen, kind, npu_name = resolve_impl(impl, device, op), backend.device_kind(device), NPU_OPS[op]
     if impl == "auto" and kind == "npu":
         if chosen == "npu":
-            return chosen, f"auto on an NPU: torch_npu.{npu_name} exists in torch_npu {_torch_npu_version()}"
-        return chosen, f"auto on an NPU: {npu_op_missing(npu_name)}; the {chosen} implementation runs instead"
+            version = versions.torch_npu_version(_loaded_torch_npu())
+            return chosen, f"auto on an NPU: torch_npu.{npu_name} exists in torch_npu {version}"
+        missing = versions.npu_op_missing(npu_name, _loaded_torch_npu())
+        return chosen, f"auto on an NPU: {missing}; the {chosen} implementation runs instead"
     if impl == "npu":
         return chosen, f"impl='npu' requested: torch_npu.{npu_name}"
     if impl == "auto":
@@ -129,23 +103,6 @@ def explain_impl(impl: str, device, op: str = "rms_norm") -> tuple:
     if chosen != impl:
         return chosen, f"impl={impl!r} requested; this torch has no F.rms_norm (torch >= 2.4), so the reference runs"
     return chosen, f"impl={impl!r} requested"
-
-
-def _torch_npu():
-    found = backend.import_torch_npu()
-    if not found.ok:
-        raise RuntimeError(f"impl='npu' needs torch_npu, which could not be imported: {found.error}. "
-                           f"{found.hint or ''} Use impl='auto' to pick an implementation for this device.")
-    return found.module
-
-
-def _npu_op(name: str):
-    """``torch_npu.<name>``, or a clear error naming this torch_npu and the line that has the op."""
-    fn = getattr(_torch_npu(), name, None)
-    if fn is None:
-        raise RuntimeError(f"impl='npu' needs torch_npu.{name}, but {npu_op_missing(name)}. "
-                           "Use impl='auto' to fall back to an implementation this line has.")
-    return fn
 
 
 # --- graph mode ---------------------------------------------------------------------------------
@@ -204,7 +161,7 @@ def npu_graph_plan(mode: Optional[str] = None) -> dict:
     torchair = _import_torchair()
     config = torchair.CompilerConfig()
     modes = torchair_modes(config)
-    version = _torch_npu_version()
+    version = versions.torch_npu_version(_loaded_torch_npu())
     plan = {"requested": mode, "mode_set": None, "graph": "GE", "torch_npu": version, "config": config,
             "modes": modes}
     if mode is None:
@@ -251,113 +208,6 @@ def backend_takes_options(backend_fn) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in parameters)
 
 
-# What each GE probe puts into a graph: the fused ops alone, the INT8 ops as an ``Int8Linear`` of
-# helpers.quant calls them (W8A16; dynamic W8A8 = npu_dynamic_quant + npu_quant_matmul with a per-token
-# scale; static W8A8 = npu_quant_matmul with the scale npu_trans_quant_param made at quantization time,
-# outside the graph). The key is the op a missing converter is reported for; the value lists every
-# torch_npu op the probe needs to exist.
-GE_PROBE_OPS = {
-    "npu_rms_norm": ("npu_rms_norm",),
-    "npu_add_rms_norm": ("npu_add_rms_norm",),
-    "npu_swiglu": ("npu_swiglu",),
-    "npu_weight_quant_batchmatmul": ("npu_weight_quant_batchmatmul",),
-    "npu_dynamic_quant": ("npu_dynamic_quant", "npu_quant_matmul"),
-    "npu_quant_matmul": ("npu_quant_matmul", "npu_trans_quant_param"),
-}
-# The INT8 probes: (scheme, static activation scale) of the Int8Linear they compile
-_GE_INT8_PROBES = {"npu_weight_quant_batchmatmul": ("w8a16", None), "npu_dynamic_quant": ("w8a8", None),
-                   "npu_quant_matmul": ("w8a8", 4.0 / 127)}
-
-
-def _ge_probe_case(name: str, npu, device, dtype):
-    """``(fn, inputs)``: the small graph that probes ``name`` (a key of ``GE_PROBE_OPS``)."""
-    x = torch.randn(2, 8, device=device, dtype=dtype)
-    if name == "npu_rms_norm":
-        return (lambda t: npu.npu_rms_norm(t, torch.ones_like(t[0]), 1e-6)[0]), (x,)
-    if name == "npu_add_rms_norm":
-        return (lambda t: npu.npu_add_rms_norm(t, t, torch.ones_like(t[0]), 1e-6)[0]), (x,)
-    if name == "npu_swiglu":
-        return (lambda t: npu.npu_swiglu(t, dim=-1)), (x,)
-    from . import quant  # quant imports this module
-
-    scheme, act_scale = _GE_INT8_PROBES[name]
-    linear = nn.Linear(8, 8, bias=False).to(device=device, dtype=dtype)
-    return quant.Int8Linear(linear, impl="npu", scheme=scheme, act_scale=act_scale), (x,)
-
-
-def ge_probe(name: str, backend_fn, device, dtype) -> Optional[str]:
-    """None when ``torch_npu.<name>`` compiles into a GE graph with ``backend_fn``; else the error.
-
-    An op needs a GE converter in torchair to be inside a GE graph (``Unsupported torch op ... by
-    ge`` otherwise), and which ops have one depends on the torchair version. A two-row graph with
-    only that op (the INT8 ops: an ``Int8Linear`` calling them as the INT8 rungs do, see
-    ``GE_PROBE_OPS``) answers the question for this torchair, whatever its version.
-    """
-    if name not in GE_PROBE_OPS:
-        raise ValueError(f"name={name!r} is not valid; choose one of {', '.join(map(repr, GE_PROBE_OPS))}")
-    fn, inputs = _ge_probe_case(name, backend.import_torch_npu().module, device, dtype)
-    try:
-        torch.compile(fn, backend=backend_fn, dynamic=False, fullgraph=True)(*inputs)
-    except Exception as exc:  # torchair raises inside dynamo's compile step
-        inner = getattr(exc, "inner_exception", None) or exc
-        return next((line for line in str(inner).splitlines() if line.strip()), type(inner).__name__)
-    return None
-
-
-def _ge_probe_name(module) -> Optional[str]:
-    """The ``GE_PROBE_OPS`` key a module's NPU path puts into a graph, or None (not an NPU op user)."""
-    if type(module) is FusedRMSNorm and module.impl == "npu":
-        return "npu_rms_norm"
-    if type(module) is FusedLlamaMLP and module.impl == "npu":
-        return "npu_swiglu"
-    if getattr(module, "impl", None) == "npu" and hasattr(module, "use_fallback_kernel"):  # quant.Int8Linear
-        if module.scheme == "w8a16":
-            return "npu_weight_quant_batchmatmul"
-        return "npu_dynamic_quant" if module.act_scale is None else "npu_quant_matmul"
-    return None
-
-
-def ge_fallbacks(model: nn.Module, backend_fn) -> list:
-    """Keep npu ops without a GE converter in this torchair out of the GE graph of ``model``.
-
-    Each torch_npu op the fused modules and INT8 linears of ``model`` use is probed (``ge_probe``);
-    the modules whose op cannot be in a GE graph switch to a portable implementation (fused modules:
-    the reference formula; ``Int8Linear``: ``dequant`` for W8A16, ``emulate`` for W8A8), and the rest
-    of the graph keeps its npu ops. Returns one row per op that fell back, with the reason, for the
-    chapter to print.
-    """
-    users: dict = {}
-    for module in model.modules():
-        name = _ge_probe_name(module)
-        if name is not None:
-            users.setdefault(name, []).append(module)
-    rows = []
-    for name, modules in users.items():
-        # an Int8Linear holds buffers only; its activations are in scale_act's dtype
-        first = modules[0]
-        if hasattr(first, "scale_act"):
-            device, dtype = first.scale_act.device, first.scale_act.dtype
-        else:
-            weight = next(first.parameters())
-            device, dtype = weight.device, weight.dtype
-        error = ge_probe(name, backend_fn, device, dtype)
-        if error is None:
-            continue
-        reason = (f"no GE converter for it in the torchair of torch_npu {_torch_npu_version()} ({error})")
-        now = set()
-        for module in modules:
-            if hasattr(module, "use_fallback_kernel"):
-                now.add(module.use_fallback_kernel(reason))
-            else:
-                module.impl = "reference"
-                now.add("reference")
-        now_text = ", ".join(sorted(now))
-        ops_text = " + ".join(f"torch_npu.{op}" for op in GE_PROBE_OPS[name] if op != "npu_trans_quant_param")
-        rows.append({"op": ops_text, "modules": len(modules), "now": now_text,
-                     "reason": f"{reason}; the {now_text} implementation runs inside the graph"})
-    return rows
-
-
 def graph_mode(module, device, compiler_backend=None, **options):
     """``(torch.compile(module, backend=...), backend_name)``: torchair on NPU, inductor elsewhere.
 
@@ -368,7 +218,7 @@ def graph_mode(module, device, compiler_backend=None, **options):
     none. ``compiler_backend`` (a name such as ``"eager"`` or a callable) replaces the device's
     backend, e.g. to count graphs cheaply in tests.
     """
-    kind = _device_kind(device)
+    kind = backend.device_kind(device)
     if kind not in ("npu", "cuda", "cpu"):
         raise ValueError(f"device={device!r} is not valid for graph_mode; use npu, cuda or cpu")
     if not versions.has_feature("torch.compile"):
@@ -401,7 +251,7 @@ _COMPILED: dict = {}
 
 def _compiled(fn: Callable, device) -> Callable:
     """One compiled wrapper per function and device kind, so repeated calls reuse its graphs."""
-    key = (fn, _device_kind(device))
+    key = (fn, backend.device_kind(device))
     if key not in _COMPILED:
         _COMPILED[key] = graph_mode(fn, device, dynamic=False)[0]
     return _COMPILED[key]
@@ -421,7 +271,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, impl: str
     _check_norm(x, weight, eps)
     impl = resolve_impl(impl, x, "rms_norm")
     if impl == "npu":
-        return _npu_op("npu_rms_norm")(x, weight, epsilon=eps)[0]  # returns (y, rstd)
+        return backend.npu_op("npu_rms_norm")(x, weight, epsilon=eps)[0]  # returns (y, rstd)
     if impl == "torch":
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     if impl == "compiled":
@@ -449,7 +299,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         raise ValueError(f"residual must have the shape of x {tuple(x.shape)}; got {shape}")
     impl = resolve_impl(impl, x, "add_rms_norm")
     if impl == "npu":
-        y, _rstd, new_residual = _npu_op("npu_add_rms_norm")(x, residual, weight, eps)
+        y, _rstd, new_residual = backend.npu_op("npu_add_rms_norm")(x, residual, weight, eps)
         return y, new_residual
     if impl == "torch":
         new_residual = x + residual
@@ -474,7 +324,7 @@ def swiglu(gate_up: torch.Tensor, dim: int = -1, impl: str = "auto") -> torch.Te
         raise ValueError(f"gate_up must have an even size along dim={dim} (gate and up halves); got {shape}")
     impl = resolve_impl(impl, gate_up, "swiglu")
     if impl == "npu":
-        return _npu_op("npu_swiglu")(gate_up, dim=dim)
+        return backend.npu_op("npu_swiglu")(gate_up, dim=dim)
     if impl == "compiled":
         return _compiled(swiglu_reference, gate_up)(gate_up, dim)
     return swiglu_reference(gate_up, dim)
@@ -517,9 +367,26 @@ def make_ffn(w_gate, w_up, w_down, variant: str, device=None) -> Callable[[torch
     * ``fused_act``- merged, plus one fused SwiGLU kernel (``npu_swiglu`` on NPU, a compiled
       silu*mul elsewhere);
     * ``graph``    - the unfused FFN under ``graph_mode`` (torchair / inductor).
+
+    The first call checks the weights' nn.Linear (out, in) layout against x, so the guide's (in, out)
+    weights fail with an error naming the weight instead of a matmul shape error.
     """
     _check_impl(variant, FFN_VARIANTS, "variant")
     device = device if device is not None else w_gate.device
+    ffn = _ffn_variant(w_gate, w_up, w_down, variant, device)
+    checked = []
+
+    def checked_ffn(x):
+        # The layout check needs x's hidden size; once is enough, since the weights are fixed, and it
+        # stays out of the timed calls that follow.
+        if not checked:
+            _check_ffn(x, w_gate, w_up, w_down)
+            checked.append(True)
+        return ffn(x)
+    return checked_ffn
+
+
+def _ffn_variant(w_gate, w_up, w_down, variant: str, device) -> Callable[[torch.Tensor], torch.Tensor]:
     if variant == "unfused":
         return lambda x: ffn_reference(x, w_gate, w_up, w_down)
     if variant == "graph":
@@ -529,7 +396,7 @@ def make_ffn(w_gate, w_up, w_down, variant: str, device=None) -> Callable[[torch
     if variant == "merged":
         return lambda x: ffn_merged(x, w_gate_up, w_down, impl="reference")
     # npu_swiglu where this torch_npu has it (not before torch_npu 2.1.0.post4), else the reference
-    act = resolve_impl("auto", device, "swiglu") if _device_kind(device) == "npu" else "compiled"
+    act = resolve_impl("auto", device, "swiglu") if backend.device_kind(device) == "npu" else "compiled"
     return lambda x: ffn_merged(x, w_gate_up, w_down, impl=act)
 
 
@@ -600,7 +467,7 @@ def apply_fused_modules(model: nn.Module, impl: str = "auto") -> dict:
     first = next(model.parameters(), None)
     if first is None:
         raise ValueError("model has no parameters; pass a loaded Llama-style model")
-    cpu_auto = impl == "auto" and _device_kind(first) == "cpu"
+    cpu_auto = impl == "auto" and backend.device_kind(first) == "cpu"
     if cpu_auto:
         impl = "reference"
     norm_impl, norm_reason = explain_impl(impl, first, "rms_norm")
@@ -628,55 +495,7 @@ def apply_fused_modules(model: nn.Module, impl: str = "auto") -> dict:
     return counts
 
 
-# --- bytes moved, for GB/s figures --------------------------------------------------------------
-
-def rms_norm_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
-    """Minimum traffic of one RMSNorm: read x and weight once, write y once."""
-    return 2 * x.numel() * x.element_size() + weight.numel() * weight.element_size()
-
-
-def add_rms_norm_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
-    """Minimum traffic of fused add + RMSNorm: read x and residual, write y and the new residual."""
-    return 4 * x.numel() * x.element_size() + weight.numel() * weight.element_size()
-
-
-def llama_rmsnorm_matches_formula(hidden: int = 64, eps: float = 1e-5) -> dict:
-    """Does transformers' ``LlamaRMSNorm`` compute the guide's ``x / sqrt(mean(x^2) + eps) * w``, with
-    no bias? Checked on a small float32 tensor with a random weight (chapter 01 records it)."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    from . import bench
-
-    g = torch.Generator().manual_seed(0)
-    norm = LlamaRMSNorm(hidden, eps=eps)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(hidden, generator=g) + 0.5)
-        x = torch.randn(3, hidden, generator=g)
-        formula = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps) * norm.weight
-        got = norm(x)
-        diff = (got - formula).abs().max().item()
-        close = torch.allclose(got, formula, **bench.tolerance_for(torch.float32, "norm", formula))
-    has_bias = any("bias" in name for name, _ in norm.named_parameters())
-    return {"matches": close and not has_bias, "max_abs_diff": diff, "has_bias": has_bias}
-
-
-# --- chapter 01: the implementations side by side, each checked before it is timed --------------
-
-def rms_norm_inputs(shape, device, dtype, seed: int = 0):
-    """``(x, weight, x_non_contiguous)`` for an RMSNorm check: random x, a random weight near 1 (a
-    kernel that ignores the weight fails the check; the guide's ``w = ones`` would hide that), and
-    the same values with the hidden dim strided, which is what a transpose upstream leaves."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(*shape, generator=g).to(device, dtype)
-    weight = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(device, dtype)
-    return x, weight, x.mT.contiguous().mT
-
-
-def rms_norm_variants(x, x_non_contiguous, weight, impls, eps: float = 1e-5) -> list:
-    """``bench.check_and_time`` variants: every ``impl`` on the contiguous and the strided input."""
-    return [({"impl": impl, "layout": layout}, (lambda inp=inp, impl=impl: rms_norm(inp, weight, eps, impl=impl)))
-            for impl in impls for layout, inp in (("contiguous", x), ("non-contiguous", x_non_contiguous))]
-
+# --- the reference a 16-bit kernel is checked against --------------------------------------------
 
 def float32_reference(fn: Callable, *args, **kwargs):
     """``fn`` on ``args`` with every floating tensor upcast to float32: the reference a 16-bit
@@ -685,237 +504,3 @@ def float32_reference(fn: Callable, *args, **kwargs):
     def up(a):
         return a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
     return fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
-
-
-def add_rms_norm_variants(x, weight, impls, eps: float = 1e-5, seed: int = 1):
-    """``(variants, expected)`` for residual add + RMSNorm on ``x``'s shape with a random residual;
-    ``expected`` is the float32 reference (``float32_reference``)."""
-    residual = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x.device, x.dtype)
-    variants = [({"impl": impl}, (lambda impl=impl: add_rms_norm(x, residual, weight, eps, impl=impl)))
-                for impl in impls]
-    return variants, float32_reference(add_rms_norm_reference, x, residual, weight, eps)
-
-
-def edge_op_variants(table: torch.Tensor, lm_head: torch.Tensor, prompt_tokens: int, seed: int = 2) -> list:
-    """The "odds and ends" of a step: one embedding row, a prompt's rows, and the logits GEMV, each
-    with the bytes it must move (a lookup reads a row and writes it; the GEMV reads all of lm_head)."""
-    g = torch.Generator().manual_seed(seed)
-    vocab, hidden = table.shape
-    one = torch.randint(0, vocab, (1, 1), generator=g).to(table.device)
-    many = torch.randint(0, vocab, (1, prompt_tokens), generator=g).to(table.device)
-    h = torch.randn(1, 1, hidden, generator=g).to(table.device, table.dtype)
-    size = table.element_size()
-    return [({"op": "embedding, 1 token", "shape": f"ids 1x1, table {vocab}x{hidden}"},
-             lambda: F.embedding(one, table), 2 * hidden * size),
-            ({"op": f"embedding, {prompt_tokens} tokens", "shape": f"ids 1x{prompt_tokens}, table {vocab}x{hidden}"},
-             lambda: F.embedding(many, table), 2 * prompt_tokens * hidden * size),
-            ({"op": "lm_head, 1 token", "shape": f"1x{hidden} @ {vocab}x{hidden}^T"},
-             lambda: F.linear(h, lm_head), vocab * hidden * size + vocab * size)]
-
-
-def rmsnorm_guide_bounds(specs, claim_id: str = "C06") -> dict:
-    """What the guide's RMSNorm time implies (its claim, not a measurement): the bandwidth its
-    0.05-0.1 ms needs on its fp16 (1, 4096, 4096) tensor, and the fastest a 910B1 could be at the
-    bandwidth in ``data/device_specs.csv`` (an unofficial figure there)."""
-    from .claims import claimed_range, load_claims
-
-    table = load_claims()
-    low_ms, high_ms = claimed_range(table[table["id"] == claim_id].iloc[0]["claimed_value"])
-    nbytes = 2 * 4096 * 4096 * 2 + 4096 * 2  # fp16: read x, write y, read gamma
-    npu = specs[specs["variant"].str.contains("910B1")].iloc[0]
-    return {"guide_dtype": "float16", "guide_low_ms": low_ms, "guide_high_ms": high_ms,
-            "guide_implied_gbps_low": nbytes / (high_ms / 1e3) / 1e9,
-            "guide_implied_gbps_high": nbytes / (low_ms / 1e3) / 1e9,
-            "npu_bandwidth_gbps": float(npu["bandwidth_gbps"]), "npu_spec_status": str(npu["status"]),
-            "npu_floor_ms": nbytes / (float(npu["bandwidth_gbps"]) * 1e9) * 1e3}
-
-
-# --- chapter 02: the guide's FFN line, the FFN variants side by side, the guide's precision claims --
-
-GUIDE_FFN_SHAPE = "x 1x4096x4096, w 4096x14336"
-
-
-def guide_ffn_line() -> dict:
-    """The guide's step-3 line ``F.linear(x, w_gate)`` with x (1, 4096, 4096) and its w_gate
-    (4096, 14336), run on ``meta`` tensors (shapes are checked as on a device; nothing is allocated),
-    beside the corrected (out, in) weight of Llama-2-7B's width, and the widths transformers' config
-    defaults give (``LlamaConfig()`` is Llama-2-7B, ``MistralConfig()`` Mistral-7B)."""
-    from transformers import LlamaConfig, MistralConfig
-
-    llama, mistral = LlamaConfig(), MistralConfig()
-    x = torch.empty(1, 4096, 4096, device="meta", dtype=torch.float16)
-    try:
-        F.linear(x, torch.empty(4096, 14336, device="meta", dtype=torch.float16))  # the guide's (in, out)
-        error = None
-    except RuntimeError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    fixed = torch.empty(llama.intermediate_size, llama.hidden_size, device="meta", dtype=torch.float16)
-    sizes = [{"config defaults": "LlamaConfig() - Llama-2-7B", "hidden": llama.hidden_size,
-              "intermediate": llama.intermediate_size},
-             {"config defaults": "MistralConfig() - Mistral-7B", "hidden": mistral.hidden_size,
-              "intermediate": mistral.intermediate_size}]
-    return {"error": error, "runs": error is None, "llama2_7b_intermediate": llama.intermediate_size,
-            "corrected_weight": "x".join(map(str, fixed.shape)),
-            "corrected_output": "x".join(map(str, F.linear(x, fixed).shape)), "sizes": sizes}
-
-
-def ffn_variant_names(device, compile_ops: bool) -> list:
-    """The ``FFN_VARIANTS`` a run times: ``unfused`` and ``merged`` everywhere; ``fused_act`` where
-    its fused SwiGLU needs no compiler (NPU: ``npu_swiglu``) or compiling is allowed; ``graph`` only
-    with ``compile_ops``."""
-    names = ["unfused", "merged"]
-    if compile_ops or _device_kind(device) == "npu":
-        names.append("fused_act")
-    if compile_ops:
-        names.append("graph")
-    return names
-
-
-def ffn_shapes(hidden: int, intermediate: int, model_info: dict) -> dict:
-    """``{name: (H, I)}``: the large FFN of the parameters (Llama-2-7B's 4096 x 11008 by default)
-    and the loaded model's own (``models.describe_model``)."""
-    own = (model_info["hidden_size"], model_info["intermediate_size"])
-    return {f"large H={hidden} I={intermediate}": (hidden, intermediate),
-            f"{model_info['name']} H={own[0]} I={own[1]}": own}
-
-
-def ffn_weights(hidden: int, intermediate: int, device, dtype, generator: torch.Generator) -> list:
-    """Random ``[w_gate, w_up, w_down]`` in nn.Linear layout with standard deviation 1/sqrt(fan-in),
-    so activations have the scale of a real layer."""
-    return [(torch.randn(o, n, generator=generator) / n ** 0.5).to(device, dtype)
-            for o, n in ((intermediate, hidden), (intermediate, hidden), (hidden, intermediate))]
-
-
-def ffn_cases(shapes: dict, tokens, device, dtype, seed: int = 0) -> dict:
-    """``{"<shape>, T=<t>": (x, weights)}`` for every FFN shape and token count (decode T=1 and the
-    prefill), one set of weights per shape."""
-    g = torch.Generator().manual_seed(seed)
-    cases = {}
-    for name, (hidden, intermediate) in shapes.items():
-        weights = ffn_weights(hidden, intermediate, device, dtype, g)
-        for t in tokens:
-            cases[f"{name}, T={t}"] = (torch.randn(1, t, hidden, generator=g).to(device, dtype), weights)
-    return cases
-
-
-def ffn_variants(x: torch.Tensor, weights, names, device, case: str = "") -> list:
-    """``bench.check_time_count`` variants: ``make_ffn`` of every name on input ``x``."""
-    fns = {name: make_ffn(*weights, name, device) for name in names}
-    return [({"case": case, "variant": name}, (lambda f=f: f(x))) for name, f in fns.items()]
-
-
-def elementwise_share_rows(cases: dict, timings: dict, names, measure: Callable) -> list:
-    """How much fusion can buy in each FFN case: the elementwise part alone (``swiglu_reference`` on
-    a (1, T, 2I) tensor, timed with ``measure(fn, name)``) as a share of the unfused FFN, the
-    variant with the lowest median and its speedup with spread (``clear``: apart from every other
-    variant beyond the p10-p90 noise, ``decide.rank``), and each variant's saving in % of the
-    unfused median (negative when its median is above the unfused one)."""
-    from . import bench, decide
-
-    rows = []
-    for case, (x, weights) in cases.items():
-        gate_up = torch.randn(1, x.shape[1], 2 * weights[0].shape[0],
-                              generator=torch.Generator().manual_seed(4)).to(x.device, x.dtype)
-        act = measure(lambda: swiglu_reference(gate_up), f"silu*mul / {case}")
-        total = timings[case, "unfused"]
-        found = decide.rank([(v, timings[case, v].median, timings[case, v].p10, timings[case, v].p90)
-                             for v in names], higher_is_better=False)
-        best = bench.speedup(total, timings[case, found.best])
-        rows.append({"case": case, "elementwise_ms": act.median_ms, "unfused_ffn_ms": total.median_ms,
-                     "elementwise_share_pct": 100 * act.median / total.median,
-                     "best_variant": found.best, "best_clear": found.clear, "best_speedup": best.ratio,
-                     "best_speedup_low": best.low, "best_speedup_high": best.high,
-                     **{f"saved_pct_{v}": 100 * (1 - timings[case, v].median / total.median)
-                        for v in names if v != "unfused"}})
-    return rows
-
-
-def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
-    """The guide's two precision claims at decode (T=1) in float16, the guide's dtype: ``(rows,
-    facts)``. Against a float64 reference computed on the CPU (NPUs have no fp64 matmul): the unfused
-    result, the ``variant`` one, and the ``variant`` one with every weight stored transposed (same
-    values, column-major, so not contiguous). ``facts`` has each difference, the output's largest
-    value, one float16 ulp there (``quant.ulp``: an absolute threshold means little without it),
-    and whether the down weight is still non-contiguous where ``F.linear`` reads it (gate and up are
-    copied into one contiguous tensor by ``merge_gate_up``)."""
-    from .quant import ulp
-
-    g = torch.Generator().manual_seed(seed)
-    w64 = [w.to("cpu", torch.float64) for w in weights]
-    x64 = torch.randn(1, 1, w64[0].shape[1], generator=g, dtype=torch.float64)
-    with torch.inference_mode():
-        exact = ffn_reference(x64, *w64)
-        w16 = [w.to(device, torch.float16) for w in w64]
-        w16_nc = [w.t().contiguous().t() for w in w16]  # same values, column-major storage
-        x16 = x64.to(device, torch.float16)
-        unfused = make_ffn(*w16, "unfused", device)(x16).cpu()
-        fused = make_ffn(*w16, variant, device)(x16).cpu()
-        fused_nc = make_ffn(*w16_nc, variant, device)(x16).cpu()
-
-    def diff(a, b):
-        return (a.double() - b.double()).abs().max().item()
-
-    out_max = exact.abs().max().item()
-    facts = {"fused_vs_unfused": diff(fused, unfused), "unfused_vs_float64": diff(unfused, exact),
-             "fused_vs_float64": diff(fused, exact), "noncontig_vs_contig": diff(fused_nc, fused),
-             "output_max_abs": out_max, "ulp_at_output": ulp(out_max, torch.float16),
-             "weight_contiguous_at_op": w16_nc[2].is_contiguous()}
-    facts["fused_vs_unfused_ulps"] = facts["fused_vs_unfused"] / facts["ulp_at_output"]
-    rows = [(f"{variant} vs unfused (the guide's comparison)", facts["fused_vs_unfused"], "< 1e-3"),
-            ("unfused float16 vs float64", facts["unfused_vs_float64"], ""),
-            (f"{variant} float16 vs float64", facts["fused_vs_float64"], ""),
-            (f"{variant}, non-contiguous weights vs contiguous", facts["noncontig_vs_contig"],
-             "> 1e-2 if misaligned")]
-    rows = [{"comparison": c, "max_abs_diff": d, "output max |y|": out_max, "guide threshold": t}
-            for c, d, t in rows]
-    return rows, facts
-
-
-def fused_model_check(model: nn.Module, tokens: int, measure: Callable, seed: int = 5) -> dict:
-    """``apply_fused_modules`` on a loaded Llama, checked and timed: one prefill forward of
-    ``tokens`` random ids before and after (``measure(fn, name)``), the logits compared within a few
-    ulps of the dtype (``bench.tolerance_for(dtype, "model")``: both forwards in the working dtype,
-    since the question is what fusing changed, and a float32 copy of a 7B model would not fit), the
-    next-token argmax agreement, and what was replaced. The model keeps its fused modules."""
-    from . import bench
-
-    first = next(model.parameters())
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
-    ids = ids.to(first.device)
-    with torch.inference_mode():
-        def forward():
-            return model(input_ids=ids, use_cache=False)
-
-        before = forward().logits
-        t_before = measure(forward, "model forward, original modules")
-        counts = apply_fused_modules(model, impl="auto")
-        after = forward().logits
-        t_after = measure(forward, "model forward, fused modules")
-    bench.assert_within(after, before, "model", what="logits with fused modules")
-    return {"counts": counts, "before": t_before, "after": t_after,
-            "max_abs_diff": (after.float() - before.float()).abs().max().item(),
-            "logits_max_abs": before.abs().max().item(),
-            "top1_agreement": (after.argmax(-1) == before.argmax(-1)).float().mean().item()}
-
-
-def residual_norm_cases(prefill_tokens: int, hidden: int, model_hidden: int, device, dtype,
-                        seed: int = 6) -> dict:
-    """``{case: (x, residual, weight)}`` for residual add + RMSNorm: a prefill of the large FFN's
-    width and one decode token of the loaded model's width."""
-    g = torch.Generator().manual_seed(seed)
-    cases = {}
-    for label, (t, h) in {"prefill, large": (prefill_tokens, hidden),
-                          "decode, model": (1, model_hidden)}.items():
-        x, residual = (torch.randn(1, t, h, generator=g).to(device, dtype) for _ in range(2))
-        weight = (1 + 0.1 * torch.randn(h, generator=g)).to(device, dtype)
-        cases[f"{label} 1x{t}x{h}"] = (x, residual, weight)
-    return cases
-
-
-def residual_norm_variants(inputs, compiled: Callable, backend_name: str, case: str,
-                           eps: float = 1e-5) -> list:
-    """``bench.check_time_count`` variants: ``add_rms_norm_reference`` eager, then the same function
-    compiled (``graph_mode(add_rms_norm_reference, ...)``), labelled ``graph (<backend>)``."""
-    return [({"case": case, "mode": "eager"}, lambda: add_rms_norm_reference(*inputs, eps)),
-            ({"case": case, "mode": f"graph ({backend_name})"}, lambda: compiled(*inputs, eps))]

@@ -1,6 +1,7 @@
-"""INT8 linears per backend, calibration and library baselines.
+"""INT8 linears per backend, calibration and library baselines (layer: model and kernels; taught in
+05_int8_quantization).
 
-Taught in ``05_int8_quantization.ipynb``. One module, ``Int8Linear``, holds a symmetric
+One module, ``Int8Linear``, holds a symmetric
 per-output-channel int8 weight and picks a kernel per backend:
 
 * ``npu``: ``torch_npu.npu_weight_quant_batchmatmul`` (W8A16; the (N, K) weight passed as its
@@ -37,8 +38,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backend, bench, ops, versions
-from .models import weight_bytes
+from . import backend, bench, versions
+from .models import load_model, weight_bytes
 from .quality import perplexity  # noqa: F401  (part of this module's public API)
 
 IMPLS = ("auto", "npu", "int8pack", "dequant", "emulate")
@@ -111,7 +112,7 @@ def quantize_activations(x: torch.Tensor, scale: Optional[float] = None):
 # --- which kernel runs -----------------------------------------------------------------------
 
 # The torch_npu ops each NPU scheme needs: checked with hasattr on the installed torch_npu (the INT8
-# ops arrive with torch_npu 2.1.0.post4, npu_dynamic_quant with 2.1.0.post6; ops.NPU_OP_SINCE).
+# ops arrive with torch_npu 2.1.0.post4, npu_dynamic_quant with 2.1.0.post6; versions.TORCH_NPU_OPS).
 NPU_INT8_OPS = {
     "w8a16": ("npu_weight_quant_batchmatmul",),
     "w8a8": ("npu_dynamic_quant", "npu_quant_matmul"),
@@ -179,7 +180,8 @@ def npu_int8_choice(impl: str, dtype: torch.dtype, scheme: str = "w8a16", static
                              "or bfloat16 activations only; load the model with dtype=float16 (or bfloat16)")
         return fallback, (f"{backend.dtype_name(dtype)} activations: {names} take float16 or bfloat16 only, so "
                           f"the {fallback} kernel runs; load the model with dtype=float16 to use them")
-    missing = [m for m in (ops.npu_op_missing(name) for name in ops_needed) if m]
+    torch_npu = backend.import_torch_npu().module
+    missing = [m for m in (versions.npu_op_missing(name, torch_npu) for name in ops_needed) if m]
     if missing:
         if impl == "npu":
             raise ValueError(f"impl='npu' for {scheme} needs {names}, but {'; '.join(missing)}; use impl='auto' "
@@ -276,7 +278,7 @@ class Int8Linear(_QuantizedLinear):
     def use_fallback_kernel(self, reason: str) -> str:
         """Leave the NPU kernel for the portable one of this scheme (``dequant`` for W8A16, ``emulate``
         for W8A8), e.g. where this torchair cannot put the npu op into a GE graph
-        (``ops.ge_fallbacks``); returns the kernel that runs now."""
+        (``graph_modes.ge_fallbacks``); returns the kernel that runs now."""
         if self.impl != "npu":
             return self.impl
         if self.scheme == "w8a8":
@@ -318,7 +320,7 @@ class Int8Linear(_QuantizedLinear):
 
     def _npu(self, x: torch.Tensor) -> torch.Tensor:
         """``output_dtype`` always given: ``npu_quant_matmul`` defaults to int8."""
-        npu = ops._torch_npu()
+        npu = backend.torch_npu_module()
         if self.scheme == "w8a16":
             # the (N, K) weight viewed as (K, N): the per-channel layout the docs recommend
             return npu.npu_weight_quant_batchmatmul(x, self.qweight.t(), antiquant_scale=self.scale_act)
@@ -352,7 +354,7 @@ def _npu_w8a8_scale(scale: torch.Tensor, dtype: torch.dtype, act_scale: Optional
         return scale.to(torch.bfloat16)
     if act_scale is None:
         return scale.float()
-    return ops._torch_npu().npu_trans_quant_param(scale.float().contiguous())
+    return backend.torch_npu_module().npu_trans_quant_param(scale.float().contiguous())
 
 
 # --- whole models --------------------------------------------------------------------------
@@ -806,8 +808,6 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
 
     Raises ``VariantUnavailable`` (with the reason) where a variant cannot run here.
     """
-    from .models import load_model
-
     check_variants([name], "variant")
     device = backend.as_device(device)
     if name == "quantize_dynamic" and device.type != "cpu":

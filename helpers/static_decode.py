@@ -1,6 +1,8 @@
-"""One static-shape decode path for every graph-mode measurement (chapters 03 and 06).
+"""One static-shape decode path for every graph-mode measurement (layer: model and kernels; taught
+in 03_end_to_end and 06_optimization_ladder).
 
-Taught in ``03_end_to_end.ipynb`` (why graph mode needs it) and ``06_optimization_ladder.ipynb``.
+``03_end_to_end.ipynb`` shows why graph mode needs it; ``06_optimization_ladder.ipynb`` compiles
+every graph rung through it.
 
 A graph compiled with ``dynamic=False`` is valid for one set of input shapes. A plain ``generate``
 uses a dynamic KV cache that grows by one position per token, so every decode step has new shapes:
@@ -42,6 +44,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import versions
+from .backend import device_kind
+from .graph_modes import ge_fallbacks
+from .ops import graph_mode, npu_graph_backend, npu_graph_plan
 from .params import check_positive_int
 
 
@@ -93,9 +98,7 @@ def decode_inductor_config(device, backend: str, quantized: bool = True) -> dict
     30.7 tok/s) and autotuning cost about 45 s of compile time; for int8 / int4 weights inductor's
     C++ GEMM template is what fuses the dequantization into the matmul.
     """
-    from .ops import _device_kind
-
-    if backend != "inductor" or _device_kind(device) != "cpu":
+    if backend != "inductor" or device_kind(device) != "cpu":
         return {}
     import torch._inductor.config as config
 
@@ -250,8 +253,6 @@ class CompiledForward:
     def __init__(self, model, device, *, backend_override=None, npu_mode: Optional[str] = None,
                  recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, inductor_config: Optional[dict] = None,
                  skip_module_guards: bool = True, autotune_prefill: bool = False):
-        from .ops import _device_kind, graph_mode
-
         if npu_mode is not None and npu_mode not in NPU_MODES:
             raise ValueError(f"npu_mode={npu_mode!r} is not valid; choose one of "
                              f"{', '.join(map(repr, NPU_MODES))} or None for torchair's default")
@@ -259,7 +260,7 @@ class CompiledForward:
         self.recompile_limit = recompile_limit
         torch._dynamo.reset()  # graphs of earlier measurements must not count or be reused
         self.eager = model.forward
-        extra = {"mode": npu_mode} if npu_mode is not None and _device_kind(device) == "npu" else {}
+        extra = {"mode": npu_mode} if npu_mode is not None and device_kind(device) == "npu" else {}
         self.npu_plan, self.ge_fallbacks = self._npu_settings(model, device, npu_mode, backend_override)
         if self.npu_plan is not None:
             extra["npu_plan"] = self.npu_plan
@@ -289,13 +290,11 @@ class CompiledForward:
     def _npu_settings(model, device, npu_mode, backend_override):
         """``(plan, fallbacks)`` on an NPU with torchair: what this torchair builds for ``npu_mode``
         (``ops.npu_graph_plan``) and, for a GE graph, the npu ops (fused, INT8) that fell back for want of a GE
-        converter (``ops.ge_fallbacks``). ``(None, [])`` elsewhere."""
-        from . import ops
-
-        if backend_override is not None or ops._device_kind(device) != "npu":
+        converter (``graph_modes.ge_fallbacks``). ``(None, [])`` elsewhere."""
+        if backend_override is not None or device_kind(device) != "npu":
             return None, []
-        plan = ops.npu_graph_plan(npu_mode)
-        fallbacks = ops.ge_fallbacks(model, ops.npu_graph_backend(plan=plan)) if plan["graph"] == "GE" else []
+        plan = npu_graph_plan(npu_mode)
+        fallbacks = ge_fallbacks(model, npu_graph_backend(plan=plan)) if plan["graph"] == "GE" else []
         return plan, fallbacks
 
     def describe(self) -> str:

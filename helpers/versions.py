@@ -1,11 +1,14 @@
-"""Versions: the support floor, torch / torch_npu / CANN pairing, feature detection and the
-shims for both transformers lines.
+"""Versions: the support floor, the known-good torch / torch_npu / CANN pairs, the torch_npu ops
+per release, feature detection and the shims for both transformers lines (layer: foundations;
+taught in 00_environment_check).
 
-Taught in ``00_environment_check.ipynb``. Helpers call ``has_feature`` instead of assuming a
-recent torch, so they also run on the torch 2.1 of older Ascend images, and the transformers shims
-at the end of this file instead of assuming one transformers line: setup installs transformers 5.x
-(current pinned set) or 4.57.x (legacy set, Python 3.9-3.10 or torch 2.1-2.5). Importing this module
-imports neither torch nor transformers (the claims audit reads ``KNOWN_GOOD`` without them).
+Chapter 00's pairing verdict and line report read the tables here (``environment_study``); quant
+and the fused operators word their messages from ``TORCH_NPU_OPS``. Helpers call ``has_feature``
+instead of assuming a recent torch, so they also run on the torch 2.1 of older Ascend images,
+and the transformers shims at the end of this file instead of assuming one transformers line: setup
+installs transformers 5.x (current pinned set) or 4.57.x (legacy set, Python 3.9-3.10 or torch
+2.1-2.5). Importing this module imports neither torch nor transformers (the claims audit reads
+``KNOWN_GOOD`` without them).
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ def version_tuple(version: str) -> tuple[int, int, int]:
     return tuple((numbers + [0, 0, 0])[:3])  # type: ignore[return-value]
 
 
-def _dotted(numbers) -> str:
+def dotted(numbers) -> str:
+    """(2, 1, 0) -> '2.1.0'."""
     return ".".join(map(str, numbers))
 
 
@@ -54,7 +58,7 @@ def check_support_floor(torch_version: Optional[str] = None) -> None:
         torch_version = torch.__version__
     if version_tuple(torch_version) < MIN_TORCH:
         raise ImportError(
-            f"ascend-llama-workbook needs torch >= {_dotted(MIN_TORCH)}, found {torch_version}. "
+            f"ascend-llama-workbook needs torch >= {dotted(MIN_TORCH)}, found {torch_version}. "
             "On Ascend, pick a CANN image with torch >= 2.1 and its paired torch_npu "
             "(e.g. torch 2.1.0 + torch_npu 2.1.0.post10 + CANN 8.0)."
         )
@@ -79,7 +83,7 @@ def check_transformers(version: Optional[str] = None) -> Optional[str]:
     low, high = TRANSFORMERS_RANGE
     if not (low <= version_tuple(version) < high):
         return (f"transformers {version} is outside the tested range "
-                f"[{_dotted(low)}, {_dotted(high)}); run make setup to install the pinned version")
+                f"[{dotted(low)}, {dotted(high)}); run make setup to install the pinned version")
     return None
 
 
@@ -94,46 +98,13 @@ def check_transformers_floor(version: Optional[str] = None) -> None:
     low, _ = TRANSFORMERS_RANGE
     if version_tuple(version) < low:
         raise ImportError(
-            f"ascend-llama-workbook needs transformers >= {_dotted(low)} (the notebooks "
+            f"ascend-llama-workbook needs transformers >= {dotted(low)} (the notebooks "
             f"pass dtype= and build caches from a config), found {version}. Run make setup, which "
             "picks requirements-common.txt (transformers 5.x) or requirements-legacy.txt (4.57.x)."
         )
     message = check_transformers(version)
     if message:
         warnings.warn(message, stacklevel=2)
-
-
-def pairing_check(torch_version: str, torch_npu_version: Optional[str],
-                  cann: Optional[str] = None) -> dict:
-    """Does this torch_npu pair with this torch (and CANN)? Returns verdict + advice."""
-    if not torch_npu_version:
-        return {"ok": None, "verdict": "torch_npu not installed: nothing to pair", "advice": ""}
-    t, n = version_tuple(torch_version), version_tuple(torch_npu_version)
-    if t != n:
-        want = _dotted(n)
-        known = [r["torch_npu"] for r in KNOWN_GOOD if version_tuple(r["torch"]) == t]
-        other = (f"torch_npu {known[-1]} (known-good for torch {_dotted(t)})" if known
-                 else f"a torch_npu {_dotted(t)}.x build")
-        return {
-            "ok": False,
-            "verdict": f"torch {torch_version} does not pair with torch_npu {torch_npu_version}",
-            "advice": f"torch_npu {torch_npu_version} needs torch {want}: "
-                      f"pip install torch=={want} (CPU wheel), or install {other} to match "
-                      f"torch {torch_version}",
-            "matching_torch": want,
-            "matching_torch_npu": known[-1] if known else None,
-        }
-    row = next((r for r in KNOWN_GOOD if r["torch_npu"] == torch_npu_version), None)
-    if row is None:
-        return {"ok": True, "verdict": f"torch and torch_npu versions pair ({torch_version})",
-                "advice": "this torch_npu build is not in the known-good table; check "
-                          "Ascend/pytorch COMPATIBILITY for its CANN version"}
-    if cann and version_tuple(cann)[:2] != version_tuple(row["cann"])[:2]:
-        return {"ok": True, "verdict": f"torch/torch_npu pair; CANN {cann} differs from the "
-                                       f"documented {row['cann']}",
-                "advice": f"torch_npu {torch_npu_version} is documented with CANN {row['cann']}"}
-    return {"ok": True, "verdict": f"known-good: torch {row['torch']} + torch_npu "
-                                   f"{row['torch_npu']} + CANN {row['cann']}", "advice": ""}
 
 
 # --- features that newer torch versions added; helpers check before using them --------------
@@ -167,100 +138,46 @@ def feature_table() -> dict[str, bool]:
     return {name: has_feature(name) for name in _FEATURES}
 
 
-# --- which torch_npu line is installed, and what it lacks (chapter 00) ------------------------
-# What each feature is for in the workbook and what runs without it. Presence is always checked on
-# the installed torch_npu / torchair (hasattr, CompilerConfig's own options), never from a version.
-_LINE_FEATURES = [
-    ("torch_npu.npu_rms_norm", "fused RMSNorm (chapters 01, 06)", "F.rms_norm or the reference formula"),
-    ("torch_npu.npu_add_rms_norm", "fused residual add + RMSNorm (chapter 01)", "add, then the RMSNorm above"),
-    ("torch_npu.npu_swiglu", "fused SwiGLU (chapters 02, 06)", "the reference silu(gate) * up"),
-    ("torch_npu.npu_weight_quant_batchmatmul", "W8A16 kernel (chapters 05, 06)",
-     "the dequantize-in-forward INT8 kernel"),
-    ("torch_npu.npu_dynamic_quant", "dynamic W8A8 activations (chapter 05)", "W8A8 emulated, quality only"),
-    ("torch_npu.npu_quant_matmul", "W8A8 kernel (chapter 05)", "W8A8 emulated, quality only"),
-    ("torch_npu.npu_trans_quant_param", "int64 scale for static W8A8 in graph mode (chapter 05)",
-     "W8A8 emulated, quality only"),
-]
-
-
-# Each GE probe's row (ops.GE_PROBE_OPS): what the op inside a GE graph is for, and what runs without it.
-_GE_ROWS = {
-    "npu_rms_norm": ("npu_rms_norm inside a GE graph (graph mode after the fused-operators rung)",
-                     "the reference RMSNorm runs"),
-    "npu_add_rms_norm": ("npu_add_rms_norm inside a GE graph", "the reference add + RMSNorm runs"),
-    "npu_swiglu": ("npu_swiglu inside a GE graph (graph mode after the fused-operators rung)",
-                   "the reference SwiGLU runs"),
-    "npu_weight_quant_batchmatmul": ("W8A16 Int8Linear inside a GE graph (the INT8 rung in graph mode)",
-                                     "the dequant INT8 kernel runs"),
-    "npu_dynamic_quant": ("dynamic W8A8 inside a GE graph: npu_dynamic_quant + npu_quant_matmul (chapter 05)",
-                          "W8A8 runs emulated"),
-    "npu_quant_matmul": ("static W8A8 inside a GE graph: npu_quant_matmul with the int64 scale of "
-                         "npu_trans_quant_param (chapter 05)", "W8A8 runs emulated"),
+# --- the torch_npu ops the workbook calls, per release ------------------------------------------
+# Each op: the first torch_npu line that has it (op-plugin's op_plugin_functions.yaml of each release
+# branch; Ascend/pytorch COMPATIBILITY.en.md), what it is for in the workbook, and what runs without
+# it. The table only words messages and chapter 00's rows: whether an op is there is always checked
+# on the installed torch_npu (hasattr), never from a version.
+TORCH_NPU_OPS = {
+    "npu_rms_norm": ("torch_npu 2.1.0 (CANN 7.0.0)", "fused RMSNorm (chapters 01, 06)",
+                     "F.rms_norm or the reference formula"),
+    "npu_add_rms_norm": ("torch_npu 2.1.0.post4 (CANN 8.0.RC1)", "fused residual add + RMSNorm (chapter 01)",
+                         "add, then the RMSNorm above"),
+    "npu_swiglu": ("torch_npu 2.1.0.post4 (CANN 8.0.RC1)", "fused SwiGLU (chapters 02, 06)",
+                   "the reference silu(gate) * up"),
+    "npu_weight_quant_batchmatmul": ("torch_npu 2.1.0.post4 (CANN 8.0.RC1)", "W8A16 kernel (chapters 05, 06)",
+                                     "the dequantize-in-forward INT8 kernel"),
+    "npu_dynamic_quant": ("torch_npu 2.1.0.post6 (CANN 8.0.RC2)", "dynamic W8A8 activations (chapter 05)",
+                          "W8A8 emulated, quality only"),
+    "npu_quant_matmul": ("torch_npu 2.1.0.post4 (CANN 8.0.RC1)", "W8A8 kernel (chapter 05)",
+                         "W8A8 emulated, quality only"),
+    "npu_trans_quant_param": ("torch_npu 2.1.0.post4 (CANN 8.0.RC1)",
+                              "int64 scale for static W8A8 in graph mode (chapter 05)",
+                              "W8A8 emulated, quality only"),
 }
 
 
-def _line_row(feature: str, present: Optional[bool], used_for: str, without: str) -> dict:
-    # a missing feature that nothing falls back from is "not used"
-    return {"feature": feature, "present": present, "used for": used_for,
-            "without it": without or ("not used" if present is False else "")}
-
-
-def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device=None) -> dict:
-    """The torch_npu line installed and what it lacks: ``torch_npu``, ``line`` (a sentence),
-    ``rows`` (``feature``, ``present``, ``used for``, ``without it``) and ``lacks`` (the features
-    that are missing). torchair is imported when ``torchair_module`` is not given. With
-    ``ge_probe_device`` (an NPU device) each fused op and each INT8 path is also compiled alone into a GE graph to see
-    whether this torchair has a GE converter for it (``ops.ge_probe``); otherwise those rows say
-    "not probed" (``present`` None) and are not counted as lacking."""
+def torch_npu_version(torch_npu_module) -> str:
+    """The version of a loaded torch_npu module, for messages; ``"not loaded"`` for None."""
     if torch_npu_module is None:
-        return {"torch_npu": None, "line": "torch_npu not loaded: no NPU line to detect", "rows": [], "lacks": []}
-    import torch
+        return "not loaded"
+    return str(getattr(torch_npu_module, "__version__", "unknown"))
 
-    from .ops import GE_PROBE_OPS, NPU_GRAPH_MODES, TORCHAIR_MODE_SINCE, backend_takes_options, ge_probe, torchair_modes
 
-    version = str(getattr(torch_npu_module, "__version__", "unknown"))
-    row = next((r for r in KNOWN_GOOD if r["torch_npu"] == version), None)
-    line = f"torch_npu {version}" + (f" (torch {row['torch']}, CANN {row['cann']} in the known-good table)" if row
-                                     else " (not in the known-good table)")
-    rows = [_line_row(name, hasattr(torch_npu_module, name.split(".", 1)[1]), used, fallback)
-            for name, used, fallback in _LINE_FEATURES]
-    torchair = torchair_module
-    if torchair is None:
-        try:
-            import torchair  # noqa: F811  (ships with torch_npu)
-        except Exception:  # a torch_npu built without torchair, or one that fails to load it
-            torchair = None
-    rows.append(_line_row(
-        "torchair", torchair is not None, "graph mode on the NPU",
-        "graph-mode rungs fail with the reason (backend='npu' would run eagerly)"))
-    modes, takes_options = None, False
-    if torchair is not None:
-        config = torchair.CompilerConfig()
-        modes = torchair_modes(config)
-        takes_options = backend_takes_options(torchair.get_npu_backend(compiler_config=config))
-    for mode in NPU_GRAPH_MODES:
-        present = torchair is not None and (mode in (modes or ()) or (mode == "max-autotune" and not modes))
-        scope = " (the whole graph to GE)" if mode == "max-autotune" else " (aclgraph)"
-        needs = f"an error naming what it needs: {TORCHAIR_MODE_SINCE.get(mode, 'torchair')}"
-        rows.append(_line_row(f"torchair mode {mode}", present, f"npu_graph_mode={mode}{scope}",
-                              "" if present else needs))
-    rows.append(_line_row(
-        "torchair backend options", takes_options,
-        "torch.compile(options=...) to torchair (from torchair 7.3.0)",
-        "none are passed; the workbook passes only guard_filter_fn, which torch takes"))
-    for name, needs in GE_PROBE_OPS.items():
-        if not all(hasattr(torch_npu_module, op) for op in needs) or torchair is None:
-            continue
-        present = None
-        if ge_probe_device is not None:
-            backend_fn = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
-            present = ge_probe(name, backend_fn, ge_probe_device, torch.float16) is None
-        used, fallback = _GE_ROWS[name]
-        without = ("not probed: needs an NPU" if present is None else
-                   "" if present else f"{fallback} inside GE graphs (ops.ge_fallbacks)")
-        rows.append(_line_row(f"GE converter for torch_npu.{name}", present, used, without))
-    return {"torch_npu": version, "line": line, "rows": rows,
-            "lacks": [r["feature"] for r in rows if r["present"] is False]}
+def npu_op_missing(name: str, torch_npu_module) -> Optional[str]:
+    """None when ``torch_npu_module`` (the loaded torch_npu, or None) has op ``name``; otherwise
+    why not, for messages."""
+    if torch_npu_module is not None and hasattr(torch_npu_module, name):
+        return None
+    since = TORCH_NPU_OPS[name][0] if name in TORCH_NPU_OPS else "a newer torch_npu"
+    if torch_npu_module is None:
+        return f"torch_npu is not loaded, so torch_npu.{name} is not there"
+    return f"torch_npu {torch_npu_version(torch_npu_module)} has no torch_npu.{name} (it arrived with {since})"
 
 
 # --- transformers 4.57.x (legacy set) and 5.x (current set): detect, never assume --------------

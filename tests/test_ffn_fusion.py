@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, ops, plots
+from helpers import bench, operator_study, ops, plots
 
 
 def _timing(name, *samples_ms):
@@ -22,7 +22,7 @@ def _fake_measure(times_ms):
 
 
 def test_the_guides_ffn_line_fails_and_the_corrected_one_runs():
-    line = ops.guide_ffn_line()
+    line = operator_study.guide_ffn_line()
     assert line["runs"] is False and line["error"].startswith("RuntimeError")
     assert "14336" in line["error"]
     assert line["llama2_7b_intermediate"] == 11008
@@ -38,34 +38,34 @@ def test_the_guides_ffn_line_fails_and_the_corrected_one_runs():
     ("npu:0", True, ["unfused", "merged", "fused_act", "graph"]),
 ])
 def test_variant_names_follow_the_device_and_compile_ops(device, compile_ops, names):
-    assert ops.ffn_variant_names(device, compile_ops) == names
+    assert operator_study.ffn_variant_names(device, compile_ops) == names
 
 
 def test_ffn_cases_share_weights_per_shape_and_scale_them_by_fan_in():
     info = {"name": "tiny", "hidden_size": 16, "intermediate_size": 40}
-    shapes = ops.ffn_shapes(32, 96, info)
+    shapes = operator_study.ffn_shapes(32, 96, info)
     assert shapes == {"large H=32 I=96": (32, 96), "tiny H=16 I=40": (16, 40)}
-    cases = ops.ffn_cases(shapes, (1, 8), "cpu", torch.float32)
+    cases = operator_study.ffn_cases(shapes, (1, 8), "cpu", torch.float32)
     assert list(cases) == ["large H=32 I=96, T=1", "large H=32 I=96, T=8", "tiny H=16 I=40, T=1",
                            "tiny H=16 I=40, T=8"]
     (x1, w1), (x8, w8) = cases["large H=32 I=96, T=1"], cases["large H=32 I=96, T=8"]
     assert x1.shape == (1, 1, 32) and x8.shape == (1, 8, 32) and w1 is w8
     assert [tuple(w.shape) for w in w1] == [(96, 32), (96, 32), (32, 96)]
-    big = ops.ffn_weights(256, 512, "cpu", torch.float32, torch.Generator().manual_seed(0))
+    big = operator_study.ffn_weights(256, 512, "cpu", torch.float32, torch.Generator().manual_seed(0))
     assert big[0].std().item() == pytest.approx(256 ** -0.5, rel=0.05)
     assert big[2].std().item() == pytest.approx(512 ** -0.5, rel=0.05)
 
 
 def _ffn_case():
-    cases = ops.ffn_cases({"s": (16, 40)}, (4,), "cpu", torch.float32)
+    cases = operator_study.ffn_cases({"s": (16, 40)}, (4,), "cpu", torch.float32)
     return cases["s, T=4"]
 
 
 def test_check_time_count_checks_times_counts_and_keeps_spreads():
     x, weights = _ffn_case()
-    variants = ops.ffn_variants(x, weights, ["unfused", "merged"], "cpu", "s, T=4")
+    variants = operator_study.ffn_variants(x, weights, ["unfused", "merged"], "cpu", "s, T=4")
     measure = _fake_measure({"s, T=4 / unfused": (2.0, 2.0, 2.1), "s, T=4 / merged": (1.0, 1.0, 1.05)})
-    rows, timings = bench.check_time_count(
+    rows, timings = operator_study.check_time_count(
         variants, "cpu", expected=ops.float32_reference(ops.ffn_reference, x, *weights),
         baseline="unfused", tolerance="ffn", measure=measure, count=lambda fn: {
             "ops": 3, "by_op": {"aten::linear": 3}})
@@ -86,10 +86,10 @@ def test_check_time_count_fails_a_wrong_variant_and_a_missing_baseline():
     wrong = [({"variant": "unfused"}, lambda: expected), ({"variant": "bad"}, lambda: expected * 1.1)]
     measure = _fake_measure({"unfused": (1.0,), "bad": (1.0,)})
     with pytest.raises(AssertionError):
-        bench.check_time_count(wrong, "cpu", expected=expected, baseline="unfused", measure=measure,
+        operator_study.check_time_count(wrong, "cpu", expected=expected, baseline="unfused", measure=measure,
                                tolerance="ffn")
     with pytest.raises(ValueError, match="baseline='eager'"):
-        bench.check_time_count(wrong[:1], "cpu", expected=expected, baseline="eager", measure=measure)
+        operator_study.check_time_count(wrong[:1], "cpu", expected=expected, baseline="eager", measure=measure)
 
 
 def test_ffn_tolerance_scales_with_the_dtype_and_the_output():
@@ -107,21 +107,21 @@ def test_elementwise_share_names_the_best_only_beyond_the_noise():
     timings = {(case, "unfused"): _timing("u", 10, 10, 10.5), (case, "merged"): _timing("m", 8, 8, 8.2),
                (case, "graph"): _timing("g", 12, 12, 13)}
     measure = _fake_measure({f"silu*mul / {case}": (1.0, 1.0)})
-    row = ops.elementwise_share_rows({case: (x, weights)}, timings, ["unfused", "merged", "graph"],
+    row = operator_study.elementwise_share_rows({case: (x, weights)}, timings, ["unfused", "merged", "graph"],
                                      measure)[0]
     assert row["elementwise_share_pct"] == pytest.approx(10.0)
     assert row["best_variant"] == "merged" and row["best_clear"] is True
     assert row["best_speedup"] == pytest.approx(10 / 8)
     assert row["saved_pct_merged"] == pytest.approx(20.0) and row["saved_pct_graph"] == pytest.approx(-20.0)
     timings[case, "merged"] = _timing("m", 8, 8, 11)  # now inside unfused's spread
-    row = ops.elementwise_share_rows({case: (x, weights)}, timings, ["unfused", "merged", "graph"],
+    row = operator_study.elementwise_share_rows({case: (x, weights)}, timings, ["unfused", "merged", "graph"],
                                      measure)[0]
     assert row["best_variant"] == "merged" and row["best_clear"] is False
 
 
 def test_precision_compares_float16_variants_against_float64():
-    weights = ops.ffn_weights(64, 160, "cpu", torch.float32, torch.Generator().manual_seed(0))
-    rows, facts = ops.ffn_precision(weights, "cpu", "merged")
+    weights = operator_study.ffn_weights(64, 160, "cpu", torch.float32, torch.Generator().manual_seed(0))
+    rows, facts = operator_study.ffn_precision(weights, "cpu", "merged")
     assert [r["guide threshold"] for r in rows] == ["< 1e-3", "", "", "> 1e-2 if misaligned"]
     assert facts["weight_contiguous_at_op"] is False
     assert facts["noncontig_vs_contig"] < 1e-2  # the strides are honoured
@@ -133,13 +133,13 @@ def test_precision_compares_float16_variants_against_float64():
 
 
 def test_residual_norm_variants_compare_eager_with_a_compiled_function():
-    cases = ops.residual_norm_cases(4, 32, 16, "cpu", torch.float32)
+    cases = operator_study.residual_norm_cases(4, 32, 16, "cpu", torch.float32)
     assert list(cases) == ["prefill, large 1x4x32", "decode, model 1x1x16"]
     case, inputs = next(iter(cases.items()))
-    variants = ops.residual_norm_variants(inputs, ops.add_rms_norm_reference, "stand-in", case)
+    variants = operator_study.residual_norm_variants(inputs, ops.add_rms_norm_reference, "stand-in", case)
     assert [labels["mode"] for labels, _ in variants] == ["eager", "graph (stand-in)"]
     measure = _fake_measure({f"{case} / eager": (2.0,), f"{case} / graph (stand-in)": (1.0,)})
-    rows, _ = bench.check_time_count(variants, "cpu", expected=ops.add_rms_norm_reference(*inputs, 1e-5),
+    rows, _ = operator_study.check_time_count(variants, "cpu", expected=ops.add_rms_norm_reference(*inputs, 1e-5),
                                      baseline="eager", measure=measure)
     assert rows[1]["speedup_vs_eager"] == pytest.approx(2.0)
 
@@ -155,7 +155,7 @@ def test_fused_model_check_keeps_the_logits(tiny_model):
         fn()
         return _timing(name, 1.0, 1.1)
 
-    result = ops.fused_model_check(model, 8, measure)
+    result = operator_study.fused_model_check(model, 8, measure)
     assert seen == ["model forward, original modules", "model forward, fused modules"]
     assert result["counts"]["mlp"] == model.config.num_hidden_layers
     assert result["top1_agreement"] == 1.0 and result["max_abs_diff"] < 1e-4

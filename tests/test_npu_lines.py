@@ -18,7 +18,7 @@ the code before per-op feature detection (run against it with the helpers unchan
 * chapter 03 read ``max-autotune`` in torchair's settings as inductor's GEMM autotuning.
 
 Tensors are CPU tensors standing for NPU ones; where a helper picks its path from the device, the
-device is given as ``"npu"`` (or ``ops._device_kind`` is patched). A graph that passes the fake GE
+device is given as ``"npu"`` (or ``backend.device_kind`` is patched). A graph that passes the fake GE
 backend is only known to have converters for its npu ops; it is not compiled by GE.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import backend, ops, prose, quant, static_decode, versions
+from helpers import backend, environment_study, graph_modes, ops, prose, quant, static_decode, versions
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_weight_quant_batchmatmul",
@@ -59,8 +59,12 @@ def _ge_line_lacks(fake):
 @pytest.fixture
 def as_npu(monkeypatch):
     """Make the helpers treat CPU tensors as NPU tensors (their code path is chosen from the device)."""
-    real_kind, real_device = ops._device_kind, backend.as_device
-    monkeypatch.setattr(ops, "_device_kind", lambda d: "npu" if real_kind(d) == "cpu" else real_kind(d))
+    real_kind, real_device = backend.device_kind, backend.as_device
+
+    def device_kind(d):
+        return "npu" if real_kind(d) == "cpu" else real_kind(d)
+    monkeypatch.setattr(backend, "device_kind", device_kind)
+    monkeypatch.setattr(static_decode, "device_kind", device_kind)  # imported by name there
 
     def as_device(d):
         device = real_device(d) if str(d) != "npu" else None
@@ -337,7 +341,7 @@ def test_chapter_03_reads_autotuning_only_from_inductor_settings():
 # --- what the helpers report about the line ------------------------------------------------------
 
 def test_npu_line_report_names_the_line_and_what_it_lacks(fake_torch_npu):
-    report = versions.npu_line_report(fake_torch_npu, fake_torch_npu.torchair, ge_probe_device="cpu")
+    report = environment_study.npu_line_report(fake_torch_npu, fake_torch_npu.torchair, ge_probe_device="cpu")
     torch._dynamo.reset()
     assert report["torch_npu"] == fake_torch_npu.__version__
     rows = {r["feature"]: r for r in report["rows"]}
@@ -354,13 +358,13 @@ def test_npu_line_report_names_the_line_and_what_it_lacks(fake_torch_npu):
     lacking = [r["feature"] for r in report["rows"] if not r["present"]]
     assert report["lacks"] == lacking
     assert all(r["without it"] for r in report["rows"] if not r["present"])
-    unprobed = versions.npu_line_report(fake_torch_npu, fake_torch_npu.torchair)
+    unprobed = environment_study.npu_line_report(fake_torch_npu, fake_torch_npu.torchair)
     assert all(r["present"] is None for r in unprobed["rows"] if r["feature"].startswith("GE converter"))
     assert not any(f.startswith("GE converter") for f in unprobed["lacks"])
 
 
 def test_npu_line_report_without_torch_npu():
-    report = versions.npu_line_report(None)
+    report = environment_study.npu_line_report(None)
     assert report["torch_npu"] is None and report["rows"] == [] and "not loaded" in report["line"]
 
 
@@ -514,12 +518,12 @@ def test_the_ge_probe_covers_the_int8_ops_as_the_int8_linears_call_them(fake_tor
         for dtype in (torch.float16, torch.bfloat16):
             torch._dynamo.reset()
             fake_torch_npu.CALLS.clear()
-            error = ops.ge_probe(name, torchair.get_npu_backend(), "cpu", dtype)
+            error = graph_modes.ge_probe(name, torchair.get_npu_backend(), "cpu", dtype)
             assert error is None, (name, dtype, error)
             # the probe really put the op into a GE graph (the fake backend checked it)
             assert "torchair:max-autotune" in fake_torch_npu.CALLS and name in fake_torch_npu.CALLS
     with pytest.raises(ValueError, match="name='npu_bogus'"):
-        ops.ge_probe("npu_bogus", torchair.get_npu_backend(), "cpu", torch.float16)
+        graph_modes.ge_probe("npu_bogus", torchair.get_npu_backend(), "cpu", torch.float16)
     torch._dynamo.reset()
 
 
@@ -531,7 +535,7 @@ def test_int8_linears_leave_a_ge_graph_where_torchair_has_no_converter(fake_torc
                                                                        scheme, act_scale, op, now):
     """A torchair without the INT8 op's GE converter (none of the known lines, so one is made by
     taking it away) must not break the graph: the INT8 linears fall back and say why."""
-    needs = ops.GE_PROBE_OPS[op]
+    needs = graph_modes.GE_PROBE_OPS[op]
     if not all(_has(fake_torch_npu, o) for o in needs):
         pytest.skip("this line lacks the op")
     monkeypatch.setattr(fake_torch_npu.LINE, "GE_CONVERTERS", fake_torch_npu.LINE.GE_CONVERTERS - {op})
@@ -539,7 +543,7 @@ def test_int8_linears_leave_a_ge_graph_where_torchair_has_no_converter(fake_torc
     model = torch.nn.Sequential(quant.Int8Linear(lin, impl="npu", scheme=scheme, act_scale=act_scale))
     x = torch.randn(2, 32, dtype=torch.float16)
     torch._dynamo.reset()
-    rows = ops.ge_fallbacks(model, fake_torch_npu.torchair.get_npu_backend())
+    rows = graph_modes.ge_fallbacks(model, fake_torch_npu.torchair.get_npu_backend())
     assert len(rows) == 1 and rows[0]["now"] == now and rows[0]["modules"] == 1
     assert "no GE converter" in rows[0]["reason"] and fake_torch_npu.__version__ in rows[0]["reason"]
     assert model[0].impl == now
@@ -552,10 +556,10 @@ def test_int8_linears_leave_a_ge_graph_where_torchair_has_no_converter(fake_torc
 
 
 def test_npu_line_report_probes_the_int8_ops_in_a_ge_graph(fake_torch_npu):
-    report = versions.npu_line_report(fake_torch_npu, fake_torch_npu.torchair, ge_probe_device="cpu")
+    report = environment_study.npu_line_report(fake_torch_npu, fake_torch_npu.torchair, ge_probe_device="cpu")
     torch._dynamo.reset()
     rows = {r["feature"]: r for r in report["rows"]}
-    for name, needs in ops.GE_PROBE_OPS.items():
+    for name, needs in graph_modes.GE_PROBE_OPS.items():
         feature = f"GE converter for torch_npu.{name}"
         if not all(_has(fake_torch_npu, o) for o in needs):
             assert feature not in rows

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import backend, ops, profiling
+from helpers import backend, operator_study, ops, profiling
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
        torch.float16: dict(atol=2e-3, rtol=2e-3)}
@@ -191,6 +191,10 @@ def test_ffn_bad_shapes_and_variant():
         ops._check_ffn(torch.randn(1, 16), wg.t(), wu.t(), wd)
     with pytest.raises(ValueError, match="w_down"):
         ops._check_ffn(torch.randn(1, 16), wg, wu, wd.t())
+    # make_ffn checks it on the first call: the guide's whole (in, out) set gets the same clear error
+    for variant in ("unfused", "merged"):
+        with pytest.raises(ValueError, match="w_gate"):
+            ops.make_ffn(wg.t(), wu.t(), wd.t(), variant)(torch.randn(1, 16))
     with pytest.raises(ValueError, match="even"):
         ops.swiglu(torch.randn(2, 5))
 
@@ -312,7 +316,7 @@ def test_apply_fused_modules_auto_on_cpu_is_bit_exact_in_bf16(tiny_model):
 def test_llama_rmsnorm_formula_check_can_fail(monkeypatch):
     from transformers.models.llama import modeling_llama
 
-    assert ops.llama_rmsnorm_matches_formula()["matches"] is True
+    assert operator_study.llama_rmsnorm_matches_formula()["matches"] is True
 
     class Biased(modeling_llama.LlamaRMSNorm):
         def __init__(self, *a, **k):
@@ -320,5 +324,5 @@ def test_llama_rmsnorm_formula_check_can_fail(monkeypatch):
             self.bias = torch.nn.Parameter(torch.zeros(a[0]))
 
     monkeypatch.setattr(modeling_llama, "LlamaRMSNorm", Biased)
-    out = ops.llama_rmsnorm_matches_formula()
+    out = operator_study.llama_rmsnorm_matches_formula()
     assert out["has_bias"] is True and out["matches"] is False

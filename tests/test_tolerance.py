@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import bench, ops
+from helpers import bench, operator_study, ops
 
 REPO = Path(__file__).resolve().parent.parent
 HALF = (torch.float16, torch.bfloat16)
@@ -42,7 +42,7 @@ def test_a_float32_norm_summed_in_another_order_passes_and_a_wrong_one_fails():
     """Chapter 01's compiled RMSNorm in float32 (quick shape 1x256x2048) differed from the eager
     reference by 8 float32 ULPs on 14 % of its outputs: another summation order, not a wrong
     kernel. The reduction term lets that pass; a weight 1e-4 off (840 ULPs) still fails."""
-    x, w, _ = ops.rms_norm_inputs([1, 256, 2048], "cpu", torch.float32)
+    x, w, _ = operator_study.rms_norm_inputs([1, 256, 2048], "cpu", torch.float32)
     expected = ops.rms_norm_reference(x, w, 1e-5)
     # the mean of squares summed in 64 chunks of 32, then the partial sums: another order
     parts = x.pow(2).reshape(1, 256, 64, 32).sum(-1)
@@ -69,7 +69,7 @@ def test_bad_tolerance_arguments_name_the_parameter(op, reference, match):
 def test_rms_norm_at_the_guide_shape_passes_in_16_bit(dtype):
     # one guide-shape case per dtype: 16,777,216 values, where assert_close's float16 defaults
     # (rtol 1e-3, atol 1e-5) failed on outputs one or two ulps off
-    x, w, x_strided = ops.rms_norm_inputs(GUIDE_RMS_SHAPE, "cpu", dtype)
+    x, w, x_strided = operator_study.rms_norm_inputs(GUIDE_RMS_SHAPE, "cpu", dtype)
     expected = ops.float32_reference(ops.rms_norm_reference, x, w, 1e-5)
     assert expected.dtype == torch.float32
     for impl in ("reference", "torch"):
@@ -80,8 +80,8 @@ def test_rms_norm_at_the_guide_shape_passes_in_16_bit(dtype):
 @pytest.mark.parametrize("dtype", HALF)
 def test_add_rms_norm_and_swiglu_at_the_default_profile_shapes_pass(dtype):
     for t, h in ((DEFAULT_PREFILL, DEFAULT_FFN[0]), (1, MODEL_HIDDEN)):
-        x, w, _ = ops.rms_norm_inputs([1, t, h], "cpu", dtype)
-        variants, expected = ops.add_rms_norm_variants(x, w, ["reference", "torch"])
+        x, w, _ = operator_study.rms_norm_inputs([1, t, h], "cpu", dtype)
+        variants, expected = operator_study.add_rms_norm_variants(x, w, ["reference", "torch"])
         for labels, fn in variants:
             for got, want in zip(fn(), expected):
                 bench.assert_within(got, want, "norm", what=labels["impl"])
@@ -94,7 +94,7 @@ def test_add_rms_norm_and_swiglu_at_the_default_profile_shapes_pass(dtype):
 @pytest.mark.parametrize("dtype", HALF)
 def test_ffn_variants_at_llama_7b_shape_pass(dtype):
     hidden, inter = DEFAULT_FFN
-    weights = ops.ffn_weights(hidden, inter, "cpu", dtype, torch.Generator().manual_seed(1))
+    weights = operator_study.ffn_weights(hidden, inter, "cpu", dtype, torch.Generator().manual_seed(1))
     x = torch.randn(1, 1, hidden, generator=torch.Generator().manual_seed(2)).to(dtype)
     expected = ops.float32_reference(ops.ffn_reference, x, *weights)
     for name in ("unfused", "merged"):
@@ -105,10 +105,10 @@ def test_ffn_variants_at_llama_7b_shape_pass(dtype):
 def test_compiled_variants_pass_at_a_small_shape(dtype):
     # compiled 16-bit kernels take a minute to build on a CPU: a small shape, and the compiled norm
     # and SwiGLU only (the graph variant compiles the same elementwise code around aten matmuls)
-    x, w, _ = ops.rms_norm_inputs([1, 8, 256], "cpu", dtype)
+    x, w, _ = operator_study.rms_norm_inputs([1, 8, 256], "cpu", dtype)
     bench.assert_within(ops.rms_norm(x, w, 1e-5, impl="compiled"),
                         ops.float32_reference(ops.rms_norm_reference, x, w, 1e-5), "norm")
-    weights = ops.ffn_weights(256, 512, "cpu", dtype, torch.Generator().manual_seed(3))
+    weights = operator_study.ffn_weights(256, 512, "cpu", dtype, torch.Generator().manual_seed(3))
     xf = torch.randn(1, 4, 256, generator=torch.Generator().manual_seed(4)).to(dtype)
     expected = ops.float32_reference(ops.ffn_reference, xf, *weights)
     bench.assert_within(ops.make_ffn(*weights, "fused_act", "cpu")(xf), expected, "ffn")
@@ -123,7 +123,7 @@ def _rms_no_eps(x, w, eps):
 
 @pytest.mark.parametrize("dtype", HALF + (torch.float32,))
 def test_wrong_norm_kernels_fail(dtype):
-    x, w, _ = ops.rms_norm_inputs([1, 64, 1024], "cpu", dtype)
+    x, w, _ = operator_study.rms_norm_inputs([1, 64, 1024], "cpu", dtype)
     # eps only matters where mean(x^2) is near it: quiet activations of 1e-3
     small = (x.float() * 1e-3).to(dtype)
     with pytest.raises(AssertionError, match="ULPs"):
@@ -143,7 +143,7 @@ def test_wrong_norm_kernels_fail(dtype):
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_wrong_ffn_kernels_fail(dtype):
-    w_gate, w_up, w_down = ops.ffn_weights(512, 512, "cpu", dtype, torch.Generator().manual_seed(5))
+    w_gate, w_up, w_down = operator_study.ffn_weights(512, 512, "cpu", dtype, torch.Generator().manual_seed(5))
     x = torch.randn(1, 4, 512, generator=torch.Generator().manual_seed(6)).to(dtype)
     expected = ops.float32_reference(ops.ffn_reference, x, w_gate, w_up, w_down)
     wrong = {"transposed down weight": ops.ffn_reference(x, w_gate, w_up, w_down.t()),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import guide_api, versions
+from helpers import environment_study, guide_api, versions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,27 +56,27 @@ def test_installed_transformers_is_in_range():
 
 
 def test_pairing_mismatch_names_both_versions_and_the_matching_one():
-    out = versions.pairing_check("2.13.0+cpu", "2.1.0.post10")
+    out = environment_study.pairing_check("2.13.0+cpu", "2.1.0.post10")
     assert out["ok"] is False
     assert "2.13.0+cpu" in out["verdict"] and "2.1.0.post10" in out["verdict"]
     assert "needs torch 2.1.0" in out["advice"] and out["matching_torch"] == "2.1.0"
 
 
 def test_pairing_mismatch_suggests_a_known_torch_npu_for_this_torch():
-    out = versions.pairing_check("2.6.0", "2.5.1")
+    out = environment_study.pairing_check("2.6.0", "2.5.1")
     assert out["matching_torch_npu"] == "2.6.0.post5" and "torch_npu 2.6.0.post5" in out["advice"]
 
 
 def test_pairing_ok_known_good_and_cann_drift():
-    good = versions.pairing_check("2.1.0", "2.1.0.post10", "8.0.0")
+    good = environment_study.pairing_check("2.1.0", "2.1.0.post10", "8.0.0")
     assert good["ok"] is True and good["verdict"].startswith("known-good")
-    drift = versions.pairing_check("2.1.0", "2.1.0.post10", "8.3.RC1")
+    drift = environment_study.pairing_check("2.1.0", "2.1.0.post10", "8.3.RC1")
     assert drift["ok"] is True and "8.3.RC1" in drift["verdict"] and "8.0.0" in drift["advice"]
-    unknown = versions.pairing_check("2.7.1", "2.7.1.post99")
+    unknown = environment_study.pairing_check("2.7.1", "2.7.1.post99")
     assert unknown["ok"] is True and "not in the known-good table" in unknown["advice"]
-    image = versions.pairing_check("2.7.1", "2.7.1", "8.3.RC1")  # the pytorch_2.7.1-cann_8.3.rc1 image
+    image = environment_study.pairing_check("2.7.1", "2.7.1", "8.3.RC1")  # the pytorch_2.7.1-cann_8.3.rc1 image
     assert image["verdict"].startswith("known-good")
-    assert versions.pairing_check("2.13.0", None)["ok"] is None
+    assert environment_study.pairing_check("2.13.0", None)["ok"] is None
 
 
 def test_known_good_rows_pair_with_themselves():

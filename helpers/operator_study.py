@@ -1,0 +1,296 @@
+"""Chapters 01 and 02's own studies (layer: chapter studies; taught in 01_operator_verification and
+02_ffn_fusion): each implementation of RMSNorm and residual add + RMSNorm side by side and checked
+before it is timed, the guide's RMSNorm figure against the bandwidth, the guide's FFN line, the FFN
+variants, their precision and the fused modules on a loaded model. The kernels are in ``ops``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import backend, bench, claims, decide, ops, quant
+
+# --- chapter 01: bytes moved, for GB/s figures --------------------------------------------------------------
+
+def rms_norm_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """Minimum traffic of one RMSNorm: read x and weight once, write y once."""
+    return 2 * x.numel() * x.element_size() + weight.numel() * weight.element_size()
+
+
+def add_rms_norm_bytes(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """Minimum traffic of fused add + RMSNorm: read x and residual, write y and the new residual."""
+    return 4 * x.numel() * x.element_size() + weight.numel() * weight.element_size()
+
+
+def llama_rmsnorm_matches_formula(hidden: int = 64, eps: float = 1e-5) -> dict:
+    """Does transformers' ``LlamaRMSNorm`` compute the guide's ``x / sqrt(mean(x^2) + eps) * w``, with
+    no bias? Checked on a small float32 tensor with a random weight (chapter 01 records it)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    norm = LlamaRMSNorm(hidden, eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(hidden, generator=g) + 0.5)
+        x = torch.randn(3, hidden, generator=g)
+        formula = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps) * norm.weight
+        got = norm(x)
+        diff = (got - formula).abs().max().item()
+        close = torch.allclose(got, formula, **bench.tolerance_for(torch.float32, "norm", formula))
+    has_bias = any("bias" in name for name, _ in norm.named_parameters())
+    return {"matches": close and not has_bias, "max_abs_diff": diff, "has_bias": has_bias}
+
+
+# --- chapter 01: the implementations side by side, each checked before it is timed --------------
+
+def rms_norm_inputs(shape, device, dtype, seed: int = 0):
+    """``(x, weight, x_non_contiguous)`` for an RMSNorm check: random x, a random weight near 1 (a
+    kernel that ignores the weight fails the check; the guide's ``w = ones`` would hide that), and
+    the same values with the hidden dim strided, which is what a transpose upstream leaves."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g).to(device, dtype)
+    weight = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(device, dtype)
+    return x, weight, x.mT.contiguous().mT
+
+
+def rms_norm_variants(x, x_non_contiguous, weight, impls, eps: float = 1e-5) -> list:
+    """``bench.check_and_time`` variants: every ``impl`` on the contiguous and the strided input."""
+    return [({"impl": impl, "layout": layout},
+             (lambda inp=inp, impl=impl: ops.rms_norm(inp, weight, eps, impl=impl)))
+            for impl in impls for layout, inp in (("contiguous", x), ("non-contiguous", x_non_contiguous))]
+
+
+def add_rms_norm_variants(x, weight, impls, eps: float = 1e-5, seed: int = 1):
+    """``(variants, expected)`` for residual add + RMSNorm on ``x``'s shape with a random residual;
+    ``expected`` is the float32 reference (``float32_reference``)."""
+    residual = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x.device, x.dtype)
+    variants = [({"impl": impl}, (lambda impl=impl: ops.add_rms_norm(x, residual, weight, eps, impl=impl)))
+                for impl in impls]
+    return variants, ops.float32_reference(ops.add_rms_norm_reference, x, residual, weight, eps)
+
+
+def edge_op_variants(table: torch.Tensor, lm_head: torch.Tensor, prompt_tokens: int, seed: int = 2) -> list:
+    """The "odds and ends" of a step: one embedding row, a prompt's rows, and the logits GEMV, each
+    with the bytes it must move (a lookup reads a row and writes it; the GEMV reads all of lm_head)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, hidden = table.shape
+    one = torch.randint(0, vocab, (1, 1), generator=g).to(table.device)
+    many = torch.randint(0, vocab, (1, prompt_tokens), generator=g).to(table.device)
+    h = torch.randn(1, 1, hidden, generator=g).to(table.device, table.dtype)
+    size = table.element_size()
+    return [({"op": "embedding, 1 token", "shape": f"ids 1x1, table {vocab}x{hidden}"},
+             lambda: F.embedding(one, table), 2 * hidden * size),
+            ({"op": f"embedding, {prompt_tokens} tokens", "shape": f"ids 1x{prompt_tokens}, table {vocab}x{hidden}"},
+             lambda: F.embedding(many, table), 2 * prompt_tokens * hidden * size),
+            ({"op": "lm_head, 1 token", "shape": f"1x{hidden} @ {vocab}x{hidden}^T"},
+             lambda: F.linear(h, lm_head), vocab * hidden * size + vocab * size)]
+
+
+def rmsnorm_guide_bounds(specs, claim_id: str = "C06") -> dict:
+    """What the guide's RMSNorm time implies (its claim, not a measurement): the bandwidth its
+    0.05-0.1 ms needs on its fp16 (1, 4096, 4096) tensor, and the fastest a 910B1 could be at the
+    bandwidth in ``data/device_specs.csv`` (an unofficial figure there)."""
+    table = claims.load_claims()
+    low_ms, high_ms = claims.claimed_range(table[table["id"] == claim_id].iloc[0]["claimed_value"])
+    nbytes = 2 * 4096 * 4096 * 2 + 4096 * 2  # fp16: read x, write y, read gamma
+    npu = specs[specs["variant"].str.contains("910B1")].iloc[0]
+    return {"guide_dtype": "float16", "guide_low_ms": low_ms, "guide_high_ms": high_ms,
+            "guide_implied_gbps_low": nbytes / (high_ms / 1e3) / 1e9,
+            "guide_implied_gbps_high": nbytes / (low_ms / 1e3) / 1e9,
+            "npu_bandwidth_gbps": float(npu["bandwidth_gbps"]), "npu_spec_status": str(npu["status"]),
+            "npu_floor_ms": nbytes / (float(npu["bandwidth_gbps"]) * 1e9) * 1e3}
+
+
+# --- chapter 02: the guide's FFN line, the FFN variants side by side, the guide's precision claims --
+
+GUIDE_FFN_SHAPE = "x 1x4096x4096, w 4096x14336"
+
+
+def guide_ffn_line() -> dict:
+    """The guide's step-3 line ``F.linear(x, w_gate)`` with x (1, 4096, 4096) and its w_gate
+    (4096, 14336), run on ``meta`` tensors (shapes are checked as on a device; nothing is allocated),
+    beside the corrected (out, in) weight of Llama-2-7B's width, and the widths transformers' config
+    defaults give (``LlamaConfig()`` is Llama-2-7B, ``MistralConfig()`` Mistral-7B)."""
+    from transformers import LlamaConfig, MistralConfig
+
+    llama, mistral = LlamaConfig(), MistralConfig()
+    x = torch.empty(1, 4096, 4096, device="meta", dtype=torch.float16)
+    try:
+        F.linear(x, torch.empty(4096, 14336, device="meta", dtype=torch.float16))  # the guide's (in, out)
+        error = None
+    except RuntimeError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    fixed = torch.empty(llama.intermediate_size, llama.hidden_size, device="meta", dtype=torch.float16)
+    sizes = [{"config defaults": "LlamaConfig() - Llama-2-7B", "hidden": llama.hidden_size,
+              "intermediate": llama.intermediate_size},
+             {"config defaults": "MistralConfig() - Mistral-7B", "hidden": mistral.hidden_size,
+              "intermediate": mistral.intermediate_size}]
+    return {"error": error, "runs": error is None, "llama2_7b_intermediate": llama.intermediate_size,
+            "corrected_weight": "x".join(map(str, fixed.shape)),
+            "corrected_output": "x".join(map(str, F.linear(x, fixed).shape)), "sizes": sizes}
+
+
+def ffn_variant_names(device, compile_ops: bool) -> list:
+    """The ``FFN_VARIANTS`` a run times: ``unfused`` and ``merged`` everywhere; ``fused_act`` where
+    its fused SwiGLU needs no compiler (NPU: ``npu_swiglu``) or compiling is allowed; ``graph`` only
+    with ``compile_ops``."""
+    names = ["unfused", "merged"]
+    if compile_ops or backend.device_kind(device) == "npu":
+        names.append("fused_act")
+    if compile_ops:
+        names.append("graph")
+    return names
+
+
+def ffn_shapes(hidden: int, intermediate: int, model_info: dict) -> dict:
+    """``{name: (H, I)}``: the large FFN of the parameters (Llama-2-7B's 4096 x 11008 by default)
+    and the loaded model's own (``models.describe_model``)."""
+    own = (model_info["hidden_size"], model_info["intermediate_size"])
+    return {f"large H={hidden} I={intermediate}": (hidden, intermediate),
+            f"{model_info['name']} H={own[0]} I={own[1]}": own}
+
+
+def ffn_weights(hidden: int, intermediate: int, device, dtype, generator: torch.Generator) -> list:
+    """Random ``[w_gate, w_up, w_down]`` in nn.Linear layout with standard deviation 1/sqrt(fan-in),
+    so activations have the scale of a real layer."""
+    return [(torch.randn(o, n, generator=generator) / n ** 0.5).to(device, dtype)
+            for o, n in ((intermediate, hidden), (intermediate, hidden), (hidden, intermediate))]
+
+
+def ffn_cases(shapes: dict, tokens, device, dtype, seed: int = 0) -> dict:
+    """``{"<shape>, T=<t>": (x, weights)}`` for every FFN shape and token count (decode T=1 and the
+    prefill), one set of weights per shape."""
+    g = torch.Generator().manual_seed(seed)
+    cases = {}
+    for name, (hidden, intermediate) in shapes.items():
+        weights = ffn_weights(hidden, intermediate, device, dtype, g)
+        for t in tokens:
+            cases[f"{name}, T={t}"] = (torch.randn(1, t, hidden, generator=g).to(device, dtype), weights)
+    return cases
+
+
+def ffn_variants(x: torch.Tensor, weights, names, device, case: str = "") -> list:
+    """``check_time_count`` variants: ``make_ffn`` of every name on input ``x``."""
+    fns = {name: ops.make_ffn(*weights, name, device) for name in names}
+    return [({"case": case, "variant": name}, (lambda f=f: f(x))) for name, f in fns.items()]
+
+
+def elementwise_share_rows(cases: dict, timings: dict, names, measure: Callable) -> list:
+    """How much fusion can buy in each FFN case: the elementwise part alone (``swiglu_reference`` on
+    a (1, T, 2I) tensor, timed with ``measure(fn, name)``) as a share of the unfused FFN, the
+    variant with the lowest median and its speedup with spread (``clear``: apart from every other
+    variant beyond the p10-p90 noise, ``decide.rank``), and each variant's saving in % of the
+    unfused median (negative when its median is above the unfused one)."""
+    rows = []
+    for case, (x, weights) in cases.items():
+        gate_up = torch.randn(1, x.shape[1], 2 * weights[0].shape[0],
+                              generator=torch.Generator().manual_seed(4)).to(x.device, x.dtype)
+        act = measure(lambda: ops.swiglu_reference(gate_up), f"silu*mul / {case}")
+        total = timings[case, "unfused"]
+        found = decide.rank([(v, timings[case, v].median, timings[case, v].p10, timings[case, v].p90)
+                             for v in names], higher_is_better=False)
+        best = bench.speedup(total, timings[case, found.best])
+        rows.append({"case": case, "elementwise_ms": act.median_ms, "unfused_ffn_ms": total.median_ms,
+                     "elementwise_share_pct": 100 * act.median / total.median,
+                     "best_variant": found.best, "best_clear": found.clear, "best_speedup": best.ratio,
+                     "best_speedup_low": best.low, "best_speedup_high": best.high,
+                     **{f"saved_pct_{v}": 100 * (1 - timings[case, v].median / total.median)
+                        for v in names if v != "unfused"}})
+    return rows
+
+
+def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
+    """The guide's two precision claims at decode (T=1) in float16, the guide's dtype: ``(rows,
+    facts)``. Against a float64 reference computed on the CPU (NPUs have no fp64 matmul): the unfused
+    result, the ``variant`` one, and the ``variant`` one with every weight stored transposed (same
+    values, column-major, so not contiguous). ``facts`` has each difference, the output's largest
+    value, one float16 ulp there (``quant.ulp``: an absolute threshold means little without it),
+    and whether the down weight is still non-contiguous where ``F.linear`` reads it (gate and up are
+    copied into one contiguous tensor by ``merge_gate_up``)."""
+    g = torch.Generator().manual_seed(seed)
+    w64 = [w.to("cpu", torch.float64) for w in weights]
+    x64 = torch.randn(1, 1, w64[0].shape[1], generator=g, dtype=torch.float64)
+    with torch.inference_mode():
+        exact = ops.ffn_reference(x64, *w64)
+        w16 = [w.to(device, torch.float16) for w in w64]
+        w16_nc = [w.t().contiguous().t() for w in w16]  # same values, column-major storage
+        x16 = x64.to(device, torch.float16)
+        unfused = ops.make_ffn(*w16, "unfused", device)(x16).cpu()
+        fused = ops.make_ffn(*w16, variant, device)(x16).cpu()
+        fused_nc = ops.make_ffn(*w16_nc, variant, device)(x16).cpu()
+
+    def diff(a, b):
+        return (a.double() - b.double()).abs().max().item()
+
+    out_max = exact.abs().max().item()
+    facts = {"fused_vs_unfused": diff(fused, unfused), "unfused_vs_float64": diff(unfused, exact),
+             "fused_vs_float64": diff(fused, exact), "noncontig_vs_contig": diff(fused_nc, fused),
+             "output_max_abs": out_max, "ulp_at_output": quant.ulp(out_max, torch.float16),
+             "weight_contiguous_at_op": w16_nc[2].is_contiguous()}
+    facts["fused_vs_unfused_ulps"] = facts["fused_vs_unfused"] / facts["ulp_at_output"]
+    rows = [(f"{variant} vs unfused (the guide's comparison)", facts["fused_vs_unfused"], "< 1e-3"),
+            ("unfused float16 vs float64", facts["unfused_vs_float64"], ""),
+            (f"{variant} float16 vs float64", facts["fused_vs_float64"], ""),
+            (f"{variant}, non-contiguous weights vs contiguous", facts["noncontig_vs_contig"],
+             "> 1e-2 if misaligned")]
+    rows = [{"comparison": c, "max_abs_diff": d, "output max |y|": out_max, "guide threshold": t}
+            for c, d, t in rows]
+    return rows, facts
+
+
+def fused_model_check(model: nn.Module, tokens: int, measure: Callable, seed: int = 5) -> dict:
+    """``apply_fused_modules`` on a loaded Llama, checked and timed: one prefill forward of
+    ``tokens`` random ids before and after (``measure(fn, name)``), the logits compared within a few
+    ulps of the dtype (``bench.tolerance_for(dtype, "model")``: both forwards in the working dtype,
+    since the question is what fusing changed, and a float32 copy of a 7B model would not fit), the
+    next-token argmax agreement, and what was replaced. The model keeps its fused modules."""
+    first = next(model.parameters())
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
+    ids = ids.to(first.device)
+    with torch.inference_mode():
+        def forward():
+            return model(input_ids=ids, use_cache=False)
+
+        before = forward().logits
+        t_before = measure(forward, "model forward, original modules")
+        counts = ops.apply_fused_modules(model, impl="auto")
+        after = forward().logits
+        t_after = measure(forward, "model forward, fused modules")
+    bench.assert_within(after, before, "model", what="logits with fused modules")
+    return {"counts": counts, "before": t_before, "after": t_after,
+            "max_abs_diff": (after.float() - before.float()).abs().max().item(),
+            "logits_max_abs": before.abs().max().item(),
+            "top1_agreement": (after.argmax(-1) == before.argmax(-1)).float().mean().item()}
+
+
+def residual_norm_cases(prefill_tokens: int, hidden: int, model_hidden: int, device, dtype,
+                        seed: int = 6) -> dict:
+    """``{case: (x, residual, weight)}`` for residual add + RMSNorm: a prefill of the large FFN's
+    width and one decode token of the loaded model's width."""
+    g = torch.Generator().manual_seed(seed)
+    cases = {}
+    for label, (t, h) in {"prefill, large": (prefill_tokens, hidden),
+                          "decode, model": (1, model_hidden)}.items():
+        x, residual = (torch.randn(1, t, h, generator=g).to(device, dtype) for _ in range(2))
+        weight = (1 + 0.1 * torch.randn(h, generator=g)).to(device, dtype)
+        cases[f"{label} 1x{t}x{h}"] = (x, residual, weight)
+    return cases
+
+
+def residual_norm_variants(inputs, compiled: Callable, backend_name: str, case: str,
+                           eps: float = 1e-5) -> list:
+    """``check_time_count`` variants: ``add_rms_norm_reference`` eager, then the same function
+    compiled (``ops.graph_mode(ops.add_rms_norm_reference, ...)``), labelled ``graph (<backend>)``."""
+    return [({"case": case, "mode": "eager"}, lambda: ops.add_rms_norm_reference(*inputs, eps)),
+            ({"case": case, "mode": f"graph ({backend_name})"}, lambda: compiled(*inputs, eps))]
+
+
+def check_time_count(variants: list, device, *, expected, baseline: str, measure: Callable,
+                     count: Optional[Callable] = None, tolerance=None):
+    """``bench.check_and_time`` against a baseline, for a block whose variants round differently
+    (chapter 02's FFN: ``tolerance="ffn"``, ``count=profiling.count_ops``)."""
+    return bench.check_and_time(variants, device, expected=expected, measure=measure, tolerance=tolerance,
+                                baseline=baseline, count=count)
