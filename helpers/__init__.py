@@ -38,7 +38,7 @@ LAYERS = (
     ("the guides' claims", ("claims",)),
     ("the device", ("backend",)),
     ("measurement", ("profiling", "bench", "quality")),
-    ("model and kernels", ("models", "dtype_choice", "ops", "quant", "graph_modes", "static_decode",
+    ("model and kernels", ("models", "dtype_choice", "ops", "quant", "ge_support", "static_decode",
                            "generation", "llamacpp")),
     ("chapter studies", ("environment_study", "operator_study", "end_to_end_study", "batching_study",
                          "int8_study", "ladder", "rungs", "serving", "report")),

@@ -6,12 +6,12 @@ from typing import Optional
 
 import torch
 
-from . import graph_modes, ops, versions
+from . import ge_support, ops, versions
 
 # --- the device and the dtype choice (from backend and dtype_choice) -----------------------------
 
 
-# --- the torch_npu line and its graph modes (from versions and graph_modes) ----------------------
+# --- the torch_npu line and its graph modes (from versions and ge_support) ----------------------
 
 def pairing_check(torch_version: str, torch_npu_version: Optional[str],
                   cann: Optional[str] = None) -> dict:
@@ -46,7 +46,7 @@ def pairing_check(torch_version: str, torch_npu_version: Optional[str],
                                    f"{row['torch_npu']} + CANN {row['cann']}", "advice": ""}
 
 
-# Each GE probe's row (graph_modes.GE_PROBE_OPS): what the op inside a GE graph is for, and what runs
+# Each GE probe's row (ge_support.GE_PROBE_OPS): what the op inside a GE graph is for, and what runs
 # without it.
 _GE_ROWS = {
     "npu_rms_norm": ("npu_rms_norm inside a GE graph (graph mode after the fused-operators rung)",
@@ -74,7 +74,7 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
     ``rows`` (``feature``, ``present``, ``used for``, ``without it``) and ``lacks`` (the features
     that are missing). torchair is imported when ``torchair_module`` is not given. With
     ``ge_probe_device`` (an NPU device) each fused op and each INT8 path is also compiled alone into a GE graph to see
-    whether this torchair has a GE converter for it (``graph_modes.ge_probe``); otherwise those rows say
+    whether this torchair has a GE converter for it (``ge_support.ge_probe``); otherwise those rows say
     "not probed" (``present`` None) and are not counted as lacking."""
     if torch_npu_module is None:
         return {"torch_npu": None, "line": "torch_npu not loaded: no NPU line to detect", "rows": [], "lacks": []}
@@ -108,16 +108,16 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
         "torchair backend options", takes_options,
         "torch.compile(options=...) to torchair (from torchair 7.3.0)",
         "none are passed; the workbook passes only guard_filter_fn, which torch takes"))
-    for name, needs in graph_modes.GE_PROBE_OPS.items():
+    for name, needs in ge_support.GE_PROBE_OPS.items():
         if not all(hasattr(torch_npu_module, op) for op in needs) or torchair is None:
             continue
         present = None
         if ge_probe_device is not None:
             backend_fn = torchair.get_npu_backend(compiler_config=torchair.CompilerConfig())
-            present = graph_modes.ge_probe(name, backend_fn, ge_probe_device, torch.float16) is None
+            present = ge_support.ge_probe(name, backend_fn, ge_probe_device, torch.float16) is None
         used, fallback = _GE_ROWS[name]
         without = ("not probed: needs an NPU" if present is None else
-                   "" if present else f"{fallback} inside GE graphs (graph_modes.ge_fallbacks)")
+                   "" if present else f"{fallback} inside GE graphs (ge_support.ge_fallbacks)")
         rows.append(_line_row(f"GE converter for torch_npu.{name}", present, used, without))
     return {"torch_npu": version, "line": line, "rows": rows,
             "lacks": [r["feature"] for r in rows if r["present"] is False]}

@@ -22,7 +22,7 @@ Every operator takes ``impl``:
 ``resolve_impl`` says which of these really runs and ``explain_impl`` why, so notebooks can label
 each figure's code path. Graph mode on an NPU goes through torchair; ``npu_graph_plan`` reads what
 this torchair offers from its own ``CompilerConfig`` (``mode`` exists only from torchair 7.0.0,
-``npugraph_ex`` from 26.0.0) and ``graph_modes.ge_fallbacks`` keeps a fused op out of a GE graph
+``npugraph_ex`` from 26.0.0) and ``ge_support.ge_fallbacks`` keeps a fused op out of a GE graph
 where this torchair has no GE converter for it. ``graph_mode`` stays here because ``impl="compiled"``
 and the FFN's ``graph`` variant compile through it. Chapters 01 and 02's own tables and checks are
 in ``operator_study``.

@@ -278,7 +278,7 @@ class Int8Linear(_QuantizedLinear):
     def use_fallback_kernel(self, reason: str) -> str:
         """Leave the NPU kernel for the portable one of this scheme (``dequant`` for W8A16, ``emulate``
         for W8A8), e.g. where this torchair cannot put the npu op into a GE graph
-        (``graph_modes.ge_fallbacks``); returns the kernel that runs now."""
+        (``ge_support.ge_fallbacks``); returns the kernel that runs now."""
         if self.impl != "npu":
             return self.impl
         if self.scheme == "w8a8":

@@ -45,7 +45,7 @@ import torch
 
 from . import versions
 from .backend import device_kind
-from .graph_modes import ge_fallbacks
+from .ge_support import ge_fallbacks
 from .ops import graph_mode, npu_graph_backend, npu_graph_plan
 from .params import check_positive_int
 
@@ -290,7 +290,7 @@ class CompiledForward:
     def _npu_settings(model, device, npu_mode, backend_override):
         """``(plan, fallbacks)`` on an NPU with torchair: what this torchair builds for ``npu_mode``
         (``ops.npu_graph_plan``) and, for a GE graph, the npu ops (fused, INT8) that fell back for want of a GE
-        converter (``graph_modes.ge_fallbacks``). ``(None, [])`` elsewhere."""
+        converter (``ge_support.ge_fallbacks``). ``(None, [])`` elsewhere."""
         if backend_override is not None or device_kind(device) != "npu":
             return None, []
         plan = npu_graph_plan(npu_mode)

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import backend, environment_study, graph_modes, ops, prose, quant, static_decode, versions
+from helpers import backend, environment_study, ge_support, ops, prose, quant, static_decode, versions
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_weight_quant_batchmatmul",
@@ -518,12 +518,12 @@ def test_the_ge_probe_covers_the_int8_ops_as_the_int8_linears_call_them(fake_tor
         for dtype in (torch.float16, torch.bfloat16):
             torch._dynamo.reset()
             fake_torch_npu.CALLS.clear()
-            error = graph_modes.ge_probe(name, torchair.get_npu_backend(), "cpu", dtype)
+            error = ge_support.ge_probe(name, torchair.get_npu_backend(), "cpu", dtype)
             assert error is None, (name, dtype, error)
             # the probe really put the op into a GE graph (the fake backend checked it)
             assert "torchair:max-autotune" in fake_torch_npu.CALLS and name in fake_torch_npu.CALLS
     with pytest.raises(ValueError, match="name='npu_bogus'"):
-        graph_modes.ge_probe("npu_bogus", torchair.get_npu_backend(), "cpu", torch.float16)
+        ge_support.ge_probe("npu_bogus", torchair.get_npu_backend(), "cpu", torch.float16)
     torch._dynamo.reset()
 
 
@@ -535,7 +535,7 @@ def test_int8_linears_leave_a_ge_graph_where_torchair_has_no_converter(fake_torc
                                                                        scheme, act_scale, op, now):
     """A torchair without the INT8 op's GE converter (none of the known lines, so one is made by
     taking it away) must not break the graph: the INT8 linears fall back and say why."""
-    needs = graph_modes.GE_PROBE_OPS[op]
+    needs = ge_support.GE_PROBE_OPS[op]
     if not all(_has(fake_torch_npu, o) for o in needs):
         pytest.skip("this line lacks the op")
     monkeypatch.setattr(fake_torch_npu.LINE, "GE_CONVERTERS", fake_torch_npu.LINE.GE_CONVERTERS - {op})
@@ -543,7 +543,7 @@ def test_int8_linears_leave_a_ge_graph_where_torchair_has_no_converter(fake_torc
     model = torch.nn.Sequential(quant.Int8Linear(lin, impl="npu", scheme=scheme, act_scale=act_scale))
     x = torch.randn(2, 32, dtype=torch.float16)
     torch._dynamo.reset()
-    rows = graph_modes.ge_fallbacks(model, fake_torch_npu.torchair.get_npu_backend())
+    rows = ge_support.ge_fallbacks(model, fake_torch_npu.torchair.get_npu_backend())
     assert len(rows) == 1 and rows[0]["now"] == now and rows[0]["modules"] == 1
     assert "no GE converter" in rows[0]["reason"] and fake_torch_npu.__version__ in rows[0]["reason"]
     assert model[0].impl == now
@@ -559,7 +559,7 @@ def test_npu_line_report_probes_the_int8_ops_in_a_ge_graph(fake_torch_npu):
     report = environment_study.npu_line_report(fake_torch_npu, fake_torch_npu.torchair, ge_probe_device="cpu")
     torch._dynamo.reset()
     rows = {r["feature"]: r for r in report["rows"]}
-    for name, needs in graph_modes.GE_PROBE_OPS.items():
+    for name, needs in ge_support.GE_PROBE_OPS.items():
         feature = f"GE converter for torch_npu.{name}"
         if not all(_has(fake_torch_npu, o) for o in needs):
             assert feature not in rows
