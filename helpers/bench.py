@@ -21,7 +21,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from . import profiling
 from .backend import as_device, dtype_name, synchronize
+from .results import load_results, metric
 
 NOISY_STDEV_PCT = 10.0
 
@@ -176,8 +178,6 @@ def reference_bandwidth(device, run_dir=None, size_mib: int = 128) -> tuple[floa
 
     The second value says where the number came from, so notebooks can print it beside the figure.
     """
-    from .results import load_results, metric
-
     if run_dir:
         value = metric(load_results(run_dir, "00_environment_check"), "memory_bandwidth_gbps")
         if value:
@@ -313,8 +313,6 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
     Returns the rows (``timing_row``) and the timings keyed by the labels' values (the value itself
     for one label).
     """
-    from . import profiling
-
     measure = measure or (lambda fn, name: globals()["measure"](fn, device, name=name))
     rows, timings, base = [], {}, None
     for labels, fn, *own_bytes in variants:

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import decide, roofline
+from .guide_api import api_check
 from .results import device_class, read_run
 from .roofline import LLAMA2_7B_CONFIG, llama2_weight_bytes, llama_parameter_count
+from .versions import KNOWN_GOOD
 
 CLAIMS_CSV = Path(__file__).resolve().parent.parent / "data" / "guide_claims.csv"
 COLUMNS = ("id", "seed", "section", "text_zh", "gloss_en", "kind", "claimed_value", "unit", "hardware", "model",
@@ -280,8 +282,6 @@ def gather_evidence(run_dir: "str | Path", specs_path=None) -> Evidence:
     if api_rows:
         api_source = "chapter 00 api_check table of this run"
     else:
-        from .guide_api import api_check
-
         api_rows = api_check(None)
         api_source = "helpers.guide_api.API_CLAIMS (documented; chapter 00 did not run)"
     return Evidence(results, specs, specs_source, list(api_rows), api_source, str(run_dir), run.device,
@@ -641,8 +641,6 @@ def rule_spec(claim: dict, args: dict, ev: Evidence) -> Verdict:
 
 def rule_pairing(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """A torch_npu / CANN pair against the documented compatibility table (helpers.versions)."""
-    from .versions import KNOWN_GOOD
-
     npu, cann = args["torch_npu"], args["cann"]
     rows = [r for r in KNOWN_GOOD if r["torch_npu"].startswith(npu)]
     pairs = "; ".join(f"torch_npu {r['torch_npu']} + CANN {r['cann']}" for r in rows) or "none listed"
