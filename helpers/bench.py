@@ -21,7 +21,6 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from . import profiling
 from .backend import as_device, dtype_name, synchronize
 from .results import load_results, metric
 
@@ -82,7 +81,7 @@ class Timing:
                 f"p90 {self.p90 * 1e3:.3f}, stdev {self.stdev_pct:.1f}%, n={len(self.samples)}{flag})")
 
 
-def _timed_calls(fn: Callable[[], object], device, calls: int = 1) -> tuple:
+def timed_calls(fn: Callable[[], object], device, calls: int = 1) -> tuple:
     """``(last output, seconds)`` of ``calls`` calls of ``fn`` fenced by device synchronisation."""
     out = None
     synchronize(device)
@@ -107,19 +106,19 @@ def measure(fn: Callable[[], object], device="cpu", *, name: str = "", warmup: i
     if warmup < 0:
         raise ValueError(f"warmup={warmup} must be >= 0")
     device = as_device(device)
-    first = _timed_calls(fn, device)[1]
-    _timed_calls(fn, device, max(warmup - 1, 0))  # the rest of the warm-up, untimed
+    first = timed_calls(fn, device)[1]
+    timed_calls(fn, device, max(warmup - 1, 0))  # the rest of the warm-up, untimed
 
     inner = 1
     if first < min_sample_seconds:
         # Estimate from a short probe (the first call may have included compilation).
-        per_call = max(_timed_calls(fn, device, 10)[1] / 10, 1e-9)
+        per_call = max(timed_calls(fn, device, 10)[1] / 10, 1e-9)
         inner = max(1, min(10_000, int(min_sample_seconds / per_call)))
 
     samples: list[float] = []
     spent = 0.0
     while len(samples) < max_iters and (len(samples) < min_iters or spent < min_seconds):
-        elapsed = _timed_calls(fn, device, inner)[1]
+        elapsed = timed_calls(fn, device, inner)[1]
         spent += elapsed
         samples.append(elapsed / inner)
     meta = {k: (dtype_name(v) if isinstance(v, torch.dtype) else v) for k, v in meta.items()}
@@ -295,53 +294,3 @@ def assert_within(got: torch.Tensor, reference: torch.Tensor, op="norm", what: s
                              f"{exc}") from None
 
 
-def check_and_time(variants: list, device, *, expected=None, measure: Optional[Callable] = None,
-                   nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
-                   tolerance=None, baseline: Optional[str] = None, count: Optional[Callable] = None):
-    """Run each variant once (its first call, compilation included, timed apart), check its output
-    against ``expected`` (best a float32 reference from the same inputs; ``tolerance``: an
-    operation kind or a number of ULPs for ``tolerance_for``, default ``"norm"``, or
-    ``assert_close`` keywords, or a function of ``expected`` returning them), then time it with ``measure(fn, name)`` (default:
-    ``measure`` with its defaults) and, with ``count(fn)`` (for example ``profiling.count_ops``),
-    count its operators.
-
-    ``variants`` is a list of ``(labels, fn)`` or ``(labels, fn, nbytes)`` with ``labels`` a dict
-    such as ``{"impl": "torch", "layout": "contiguous"}`` (a variant's own ``nbytes`` overrides the
-    common one). With ``baseline``, the first variant is the baseline and its labels' last value
-    must be ``baseline``, which names the columns ``max_abs_diff_vs_<baseline>`` (largest difference
-    from the baseline's output) and ``speedup_vs_<baseline>`` with its spread ``..._low`` / ``..._high``.
-    Returns the rows (``timing_row``) and the timings keyed by the labels' values (the value itself
-    for one label).
-    """
-    measure = measure or (lambda fn, name: globals()["measure"](fn, device, name=name))
-    rows, timings, base = [], {}, None
-    for labels, fn, *own_bytes in variants:
-        key = tuple(labels.values())
-        if baseline is not None and not rows and key[-1] != baseline:
-            raise ValueError(f"baseline={baseline!r}: the first variant must be the baseline, got {key}")
-        out, first = _timed_calls(fn, device)
-        got = out if isinstance(out, (tuple, list)) else (out,)
-        want = expected if isinstance(expected, (tuple, list)) else (expected,)
-        if expected is not None:
-            for g, w in zip(got, want):
-                # a wrong kernel fails the chapter, not just its figure
-                if callable(tolerance) or isinstance(tolerance, dict):
-                    tol = tolerance(w) if callable(tolerance) else tolerance
-                    torch.testing.assert_close(g.float(), w.float(), **tol)
-                else:
-                    assert_within(g, w, tolerance or "norm", what=" / ".join(map(str, key)))
-        timing = timings[key if len(key) > 1 else key[0]] = measure(fn, " / ".join(map(str, key)))
-        row = timing_row(timing, own_bytes[0] if own_bytes else nbytes, bandwidth_gbps, **labels)
-        row["first_call_s"] = first
-        if count is not None:
-            counts = count(fn)
-            row.update(ops_per_call=counts["ops"], ops=profiling.op_list(counts))
-        if baseline is not None:
-            base = base if rows else got
-            row[f"max_abs_diff_vs_{baseline}"] = max((g.float() - b.float()).abs().max().item()
-                                                     for g, b in zip(got, base))
-            sp = speedup(timings[next(iter(timings))], timing)
-            row.update({f"speedup_vs_{baseline}": sp.ratio, f"speedup_vs_{baseline}_low": sp.low,
-                        f"speedup_vs_{baseline}_high": sp.high})
-        rows.append(row)
-    return rows, timings

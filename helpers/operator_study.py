@@ -11,7 +11,137 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import backend, bench, claims, decide, ops, quant
+from . import backend, bench, claims, decide, ops, profiling
+from .params import check_choice
+
+# --- chapters 01 and 02: each variant checked against its reference, then timed ---------------------
+
+def check_and_time(variants: list, device, *, expected=None, measure: Optional[Callable] = None,
+                   nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
+                   tolerance=None, baseline: Optional[str] = None, count: Optional[Callable] = None):
+    """Run each variant once (its first call, compilation included, timed apart), check its output
+    against ``expected`` (best a float32 reference from the same inputs; ``tolerance``: an
+    operation kind or a number of ULPs for ``tolerance_for``, default ``"norm"``, or
+    ``assert_close`` keywords, or a function of ``expected`` returning them), then time it with ``measure(fn, name)`` (default:
+    ``measure`` with its defaults) and, with ``count(fn)`` (for example ``profiling.count_ops``),
+    count its operators.
+
+    ``variants`` is a list of ``(labels, fn)`` or ``(labels, fn, nbytes)`` with ``labels`` a dict
+    such as ``{"impl": "torch", "layout": "contiguous"}`` (a variant's own ``nbytes`` overrides the
+    common one). With ``baseline``, the first variant is the baseline and its labels' last value
+    must be ``baseline``, which names the columns ``max_abs_diff_vs_<baseline>`` (largest difference
+    from the baseline's output) and ``speedup_vs_<baseline>`` with its spread ``..._low`` / ``..._high``.
+    Returns the rows (``timing_row``) and the timings keyed by the labels' values (the value itself
+    for one label).
+    """
+    measure = measure or (lambda fn, name: bench.measure(fn, device, name=name))
+    rows, timings, base = [], {}, None
+    for labels, fn, *own_bytes in variants:
+        key = tuple(labels.values())
+        if baseline is not None and not rows and key[-1] != baseline:
+            raise ValueError(f"baseline={baseline!r}: the first variant must be the baseline, got {key}")
+        out, first = bench.timed_calls(fn, device)
+        got = out if isinstance(out, (tuple, list)) else (out,)
+        want = expected if isinstance(expected, (tuple, list)) else (expected,)
+        if expected is not None:
+            for g, w in zip(got, want):
+                # a wrong kernel fails the chapter, not just its figure
+                if callable(tolerance) or isinstance(tolerance, dict):
+                    tol = tolerance(w) if callable(tolerance) else tolerance
+                    torch.testing.assert_close(g.float(), w.float(), **tol)
+                else:
+                    bench.assert_within(g, w, tolerance or "norm", what=" / ".join(map(str, key)))
+        timing = timings[key if len(key) > 1 else key[0]] = measure(fn, " / ".join(map(str, key)))
+        row = bench.timing_row(timing, own_bytes[0] if own_bytes else nbytes, bandwidth_gbps, **labels)
+        row["first_call_s"] = first
+        if count is not None:
+            counts = count(fn)
+            row.update(ops_per_call=counts["ops"], ops=profiling.op_list(counts))
+        if baseline is not None:
+            base = base if rows else got
+            row[f"max_abs_diff_vs_{baseline}"] = max((g.float() - b.float()).abs().max().item()
+                                                     for g, b in zip(got, base))
+            sp = bench.speedup(timings[next(iter(timings))], timing)
+            row.update({f"speedup_vs_{baseline}": sp.ratio, f"speedup_vs_{baseline}_low": sp.low,
+                        f"speedup_vs_{baseline}_high": sp.high})
+        rows.append(row)
+    return rows, timings
+
+
+def ulp(value: float, dtype: torch.dtype = torch.float16) -> float:
+    """The spacing of ``dtype`` numbers at ``value``: one unit in the last place (ulp).
+
+    A precision threshold means little without it: in fp16 a difference of 9.77e-4 at an output
+    of magnitude 1-2 is a single rounding step of the last bit.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype!r} is not valid; use a floating torch dtype such as torch.float16")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        raise ValueError(f"value={value!r} is not valid; give a finite number")
+    x = torch.tensor(abs(float(value)), dtype=dtype)
+    up = torch.nextafter(x, torch.tensor(float("inf"), dtype=dtype))
+    return float(up.double() - x.double())
+
+
+# --- chapter 02: the FFN variants ------------------------------------------------------------------
+
+FFN_VARIANTS = ("unfused", "merged", "fused_act", "graph")
+
+
+def _check_ffn(x, w_gate, w_up, w_down) -> None:
+    """nn.Linear layout: w_gate / w_up are (I, H), w_down is (H, I)."""
+    for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D weight in nn.Linear layout (out, in)")
+    hidden = x.shape[-1]
+    if w_gate.shape != w_up.shape or w_gate.shape[1] != hidden:
+        raise ValueError(f"w_gate and w_up must both be (intermediate, hidden) = (I, {hidden}) in nn.Linear "
+                         f"(out, in) layout; got w_gate {tuple(w_gate.shape)}, w_up {tuple(w_up.shape)}")
+    if w_down.shape != (hidden, w_gate.shape[0]):
+        raise ValueError(f"w_down must be (hidden, intermediate) = ({hidden}, {w_gate.shape[0]}); "
+                         f"got {tuple(w_down.shape)}")
+
+
+def make_ffn(w_gate, w_up, w_down, variant: str, device=None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A callable ``f(x)`` for one FFN variant (see ``FFN_VARIANTS``), for timing and profiling.
+
+    * ``unfused``  - gate, up, silu, mul, down as separate ops (the reference);
+    * ``merged``   - gate and up weights concatenated: one matmul instead of two;
+    * ``fused_act``- merged, plus one fused SwiGLU kernel (``npu_swiglu`` on NPU, a compiled
+      silu*mul elsewhere);
+    * ``graph``    - the unfused FFN under ``graph_mode`` (torchair / inductor).
+
+    The first call checks the weights' nn.Linear (out, in) layout against x, so the guide's (in, out)
+    weights fail with an error naming the weight instead of a matmul shape error.
+    """
+    check_choice("variant", variant, FFN_VARIANTS)
+    device = device if device is not None else w_gate.device
+    ffn = _ffn_variant(w_gate, w_up, w_down, variant, device)
+    checked = []
+
+    def checked_ffn(x):
+        # The layout check needs x's hidden size; once is enough, since the weights are fixed, and it
+        # stays out of the timed calls that follow.
+        if not checked:
+            _check_ffn(x, w_gate, w_up, w_down)
+            checked.append(True)
+        return ffn(x)
+    return checked_ffn
+
+
+def _ffn_variant(w_gate, w_up, w_down, variant: str, device) -> Callable[[torch.Tensor], torch.Tensor]:
+    if variant == "unfused":
+        return lambda x: ops.ffn_reference(x, w_gate, w_up, w_down)
+    if variant == "graph":
+        compiled = ops.graph_mode(ops.ffn_reference, device, dynamic=False)[0]
+        return lambda x: compiled(x, w_gate, w_up, w_down)
+    w_gate_up = ops.merge_gate_up(w_gate, w_up)
+    if variant == "merged":
+        return lambda x: ops.ffn_merged(x, w_gate_up, w_down, impl="reference")
+    # npu_swiglu where this torch_npu has it (not before torch_npu 2.1.0.post4), else the reference
+    act = ops.resolve_impl("auto", device, "swiglu") if backend.device_kind(device) == "npu" else "compiled"
+    return lambda x: ops.ffn_merged(x, w_gate_up, w_down, impl=act)
+
 
 # --- chapter 01: bytes moved, for GB/s figures --------------------------------------------------------------
 
@@ -56,7 +186,7 @@ def rms_norm_inputs(shape, device, dtype, seed: int = 0):
 
 
 def rms_norm_variants(x, x_non_contiguous, weight, impls, eps: float = 1e-5) -> list:
-    """``bench.check_and_time`` variants: every ``impl`` on the contiguous and the strided input."""
+    """``check_and_time`` variants: every ``impl`` on the contiguous and the strided input."""
     return [({"impl": impl, "layout": layout},
              (lambda inp=inp, impl=impl: ops.rms_norm(inp, weight, eps, impl=impl)))
             for impl in impls for layout, inp in (("contiguous", x), ("non-contiguous", x_non_contiguous))]
@@ -173,7 +303,7 @@ def ffn_cases(shapes: dict, tokens, device, dtype, seed: int = 0) -> dict:
 
 def ffn_variants(x: torch.Tensor, weights, names, device, case: str = "") -> list:
     """``check_time_count`` variants: ``make_ffn`` of every name on input ``x``."""
-    fns = {name: ops.make_ffn(*weights, name, device) for name in names}
+    fns = {name: make_ffn(*weights, name, device) for name in names}
     return [({"case": case, "variant": name}, (lambda f=f: f(x))) for name, f in fns.items()]
 
 
@@ -206,7 +336,7 @@ def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
     facts)``. Against a float64 reference computed on the CPU (NPUs have no fp64 matmul): the unfused
     result, the ``variant`` one, and the ``variant`` one with every weight stored transposed (same
     values, column-major, so not contiguous). ``facts`` has each difference, the output's largest
-    value, one float16 ulp there (``quant.ulp``: an absolute threshold means little without it),
+    value, one float16 ulp there (``ulp``: an absolute threshold means little without it),
     and whether the down weight is still non-contiguous where ``F.linear`` reads it (gate and up are
     copied into one contiguous tensor by ``merge_gate_up``)."""
     g = torch.Generator().manual_seed(seed)
@@ -217,9 +347,9 @@ def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
         w16 = [w.to(device, torch.float16) for w in w64]
         w16_nc = [w.t().contiguous().t() for w in w16]  # same values, column-major storage
         x16 = x64.to(device, torch.float16)
-        unfused = ops.make_ffn(*w16, "unfused", device)(x16).cpu()
-        fused = ops.make_ffn(*w16, variant, device)(x16).cpu()
-        fused_nc = ops.make_ffn(*w16_nc, variant, device)(x16).cpu()
+        unfused = make_ffn(*w16, "unfused", device)(x16).cpu()
+        fused = make_ffn(*w16, variant, device)(x16).cpu()
+        fused_nc = make_ffn(*w16_nc, variant, device)(x16).cpu()
 
     def diff(a, b):
         return (a.double() - b.double()).abs().max().item()
@@ -227,7 +357,7 @@ def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
     out_max = exact.abs().max().item()
     facts = {"fused_vs_unfused": diff(fused, unfused), "unfused_vs_float64": diff(unfused, exact),
              "fused_vs_float64": diff(fused, exact), "noncontig_vs_contig": diff(fused_nc, fused),
-             "output_max_abs": out_max, "ulp_at_output": quant.ulp(out_max, torch.float16),
+             "output_max_abs": out_max, "ulp_at_output": ulp(out_max, torch.float16),
              "weight_contiguous_at_op": w16_nc[2].is_contiguous()}
     facts["fused_vs_unfused_ulps"] = facts["fused_vs_unfused"] / facts["ulp_at_output"]
     rows = [(f"{variant} vs unfused (the guide's comparison)", facts["fused_vs_unfused"], "< 1e-3"),
@@ -290,7 +420,7 @@ def residual_norm_variants(inputs, compiled: Callable, backend_name: str, case: 
 
 def check_time_count(variants: list, device, *, expected, baseline: str, measure: Callable,
                      count: Optional[Callable] = None, tolerance=None):
-    """``bench.check_and_time`` against a baseline, for a block whose variants round differently
+    """``check_and_time`` against a baseline, for a block whose variants round differently
     (chapter 02's FFN: ``tolerance="ffn"``, ``count=profiling.count_ops``)."""
-    return bench.check_and_time(variants, device, expected=expected, measure=measure, tolerance=tolerance,
+    return check_and_time(variants, device, expected=expected, measure=measure, tolerance=tolerance,
                                 baseline=baseline, count=count)

@@ -37,18 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backend, versions
+from .params import check_choice
 
 RMS_IMPLS = ("auto", "reference", "npu", "torch", "compiled")
 SWIGLU_IMPLS = ("auto", "reference", "npu", "compiled")
-FFN_VARIANTS = ("unfused", "merged", "fused_act", "graph")
-
-
 # --- argument checks: fail before any work, naming the parameter -----------------------------
-
-def _check_impl(impl: str, choices, parameter: str = "impl") -> None:
-    if impl not in choices:
-        raise ValueError(f"{parameter}={impl!r} is not valid; choose one of {', '.join(map(repr, choices))}")
-
 
 def _check_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
@@ -73,7 +66,7 @@ def _loaded_torch_npu():
 def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
     """The implementation that really runs for ``impl`` on ``device`` (``auto`` and fallbacks
     resolved); ``op`` is ``"rms_norm"``, ``"add_rms_norm"`` or ``"swiglu"``."""
-    _check_impl(impl, SWIGLU_IMPLS if op == "swiglu" else RMS_IMPLS)
+    check_choice("impl", impl, SWIGLU_IMPLS if op == "swiglu" else RMS_IMPLS)
     if impl == "auto":
         on_npu = backend.device_kind(device) == "npu"
         if on_npu and versions.npu_op_missing(NPU_OPS[op], _loaded_torch_npu()) is None:
@@ -330,20 +323,6 @@ def swiglu(gate_up: torch.Tensor, dim: int = -1, impl: str = "auto") -> torch.Te
     return swiglu_reference(gate_up, dim)
 
 
-def _check_ffn(x, w_gate, w_up, w_down) -> None:
-    """nn.Linear layout: w_gate / w_up are (I, H), w_down is (H, I)."""
-    for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
-        if not isinstance(w, torch.Tensor) or w.dim() != 2:
-            raise ValueError(f"{name} must be a 2-D weight in nn.Linear layout (out, in)")
-    hidden = x.shape[-1]
-    if w_gate.shape != w_up.shape or w_gate.shape[1] != hidden:
-        raise ValueError(f"w_gate and w_up must both be (intermediate, hidden) = (I, {hidden}) in nn.Linear "
-                         f"(out, in) layout; got w_gate {tuple(w_gate.shape)}, w_up {tuple(w_up.shape)}")
-    if w_down.shape != (hidden, w_gate.shape[0]):
-        raise ValueError(f"w_down must be (hidden, intermediate) = ({hidden}, {w_gate.shape[0]}); "
-                         f"got {tuple(w_down.shape)}")
-
-
 def ffn_reference(x, w_gate, w_up, w_down) -> torch.Tensor:
     """Llama's FFN as three separate matmuls: down(silu(gate(x)) * up(x)); weights are (out, in)."""
     return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
@@ -359,47 +338,6 @@ def ffn_merged(x, w_gate_up, w_down, impl: str = "reference") -> torch.Tensor:
     return F.linear(swiglu(F.linear(x, w_gate_up), impl=impl), w_down)
 
 
-def make_ffn(w_gate, w_up, w_down, variant: str, device=None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A callable ``f(x)`` for one FFN variant (see ``FFN_VARIANTS``), for timing and profiling.
-
-    * ``unfused``  - gate, up, silu, mul, down as separate ops (the reference);
-    * ``merged``   - gate and up weights concatenated: one matmul instead of two;
-    * ``fused_act``- merged, plus one fused SwiGLU kernel (``npu_swiglu`` on NPU, a compiled
-      silu*mul elsewhere);
-    * ``graph``    - the unfused FFN under ``graph_mode`` (torchair / inductor).
-
-    The first call checks the weights' nn.Linear (out, in) layout against x, so the guide's (in, out)
-    weights fail with an error naming the weight instead of a matmul shape error.
-    """
-    _check_impl(variant, FFN_VARIANTS, "variant")
-    device = device if device is not None else w_gate.device
-    ffn = _ffn_variant(w_gate, w_up, w_down, variant, device)
-    checked = []
-
-    def checked_ffn(x):
-        # The layout check needs x's hidden size; once is enough, since the weights are fixed, and it
-        # stays out of the timed calls that follow.
-        if not checked:
-            _check_ffn(x, w_gate, w_up, w_down)
-            checked.append(True)
-        return ffn(x)
-    return checked_ffn
-
-
-def _ffn_variant(w_gate, w_up, w_down, variant: str, device) -> Callable[[torch.Tensor], torch.Tensor]:
-    if variant == "unfused":
-        return lambda x: ffn_reference(x, w_gate, w_up, w_down)
-    if variant == "graph":
-        compiled = graph_mode(ffn_reference, device, dynamic=False)[0]
-        return lambda x: compiled(x, w_gate, w_up, w_down)
-    w_gate_up = merge_gate_up(w_gate, w_up)
-    if variant == "merged":
-        return lambda x: ffn_merged(x, w_gate_up, w_down, impl="reference")
-    # npu_swiglu where this torch_npu has it (not before torch_npu 2.1.0.post4), else the reference
-    act = resolve_impl("auto", device, "swiglu") if backend.device_kind(device) == "npu" else "compiled"
-    return lambda x: ffn_merged(x, w_gate_up, w_down, impl=act)
-
-
 # --- modules for a loaded Llama -----------------------------------------------------------------
 
 class FusedRMSNorm(nn.Module):
@@ -407,7 +345,7 @@ class FusedRMSNorm(nn.Module):
 
     def __init__(self, weight: torch.Tensor, eps: float, impl: str = "auto"):
         super().__init__()
-        _check_impl(impl, RMS_IMPLS)
+        check_choice("impl", impl, RMS_IMPLS)
         self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.variance_epsilon = eps
         self.impl = impl
@@ -424,7 +362,7 @@ class FusedLlamaMLP(nn.Module):
 
     def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, impl: str = "auto"):
         super().__init__()
-        _check_impl(impl, SWIGLU_IMPLS)
+        check_choice("impl", impl, SWIGLU_IMPLS)
         hidden, inter = gate_proj.in_features, gate_proj.out_features
         bias = gate_proj.bias is not None
         ref = gate_proj.weight
@@ -463,7 +401,7 @@ def apply_fused_modules(model: nn.Module, impl: str = "auto") -> dict:
     only where this torch_npu has it; ``impl_reason`` / ``swiglu_reason`` say what was chosen and why.
     Logits stay equal to the original model's within the dtype's tolerance (tests check this).
     """
-    _check_impl(impl, RMS_IMPLS)
+    check_choice("impl", impl, RMS_IMPLS)
     first = next(model.parameters(), None)
     if first is None:
         raise ValueError("model has no parameters; pass a loaded Llama-style model")

@@ -50,21 +50,6 @@ INT8PACK = "torch._weight_int8pack_mm"
 
 # --- the math: symmetric per-channel weights, per-token or static activations ---------------
 
-def ulp(value: float, dtype: torch.dtype = torch.float16) -> float:
-    """The spacing of ``dtype`` numbers at ``value``: one unit in the last place (ulp).
-
-    A precision threshold means little without it: in fp16 a difference of 9.77e-4 at an output
-    of magnitude 1-2 is a single rounding step of the last bit.
-    """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype={dtype!r} is not valid; use a floating torch dtype such as torch.float16")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
-        raise ValueError(f"value={value!r} is not valid; give a finite number")
-    x = torch.tensor(abs(float(value)), dtype=dtype)
-    up = torch.nextafter(x, torch.tensor(float("inf"), dtype=dtype))
-    return float(up.double() - x.double())
-
-
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K) float weight -> (int8 (N, K), float32 scale (N,)); w ≈ q * scale[:, None].
 

@@ -163,10 +163,10 @@ def _ffn_weights(h=16, i=24, dtype=torch.float32, noncontig=False):
     return [(w * 0.2).to(dtype) for w in (make(i, h), make(i, h), make(h, i))]
 
 
-@pytest.mark.parametrize("variant", ops.FFN_VARIANTS)
+@pytest.mark.parametrize("variant", operator_study.FFN_VARIANTS)
 def test_ffn_variants_match_reference(variant):
     wg, wu, wd = _ffn_weights()
-    f = ops.make_ffn(wg, wu, wd, variant)
+    f = operator_study.make_ffn(wg, wu, wd, variant)
     for t in (1, 7):
         x = _x((1, t, 16), torch.float32, seed=t)
         torch.testing.assert_close(f(x), ops.ffn_reference(x, wg, wu, wd), **TOL[torch.float32])
@@ -178,23 +178,23 @@ def test_ffn_noncontiguous_weights_give_the_same_result():
     x = _x((1, 3, 16), torch.bfloat16)
     wg_c, wu_c, wd_c = (w.contiguous().to(torch.bfloat16) for w in (wg, wu, wd))
     ref = ops.ffn_reference(x, wg_c, wu_c, wd_c)
-    out = ops.make_ffn(wg.to(torch.bfloat16), wu.to(torch.bfloat16), wd.to(torch.bfloat16), "merged")(x)
+    out = operator_study.make_ffn(wg.to(torch.bfloat16), wu.to(torch.bfloat16), wd.to(torch.bfloat16), "merged")(x)
     torch.testing.assert_close(out, ref, **TOL[torch.bfloat16])
 
 
 def test_ffn_bad_shapes_and_variant():
     wg, wu, wd = _ffn_weights()
     with pytest.raises(ValueError, match="variant"):
-        ops.make_ffn(wg, wu, wd, "fastest")
+        operator_study.make_ffn(wg, wu, wd, "fastest")
     # the guide's layout: (in, out) instead of nn.Linear's (out, in)
     with pytest.raises(ValueError, match="w_gate"):
-        ops._check_ffn(torch.randn(1, 16), wg.t(), wu.t(), wd)
+        operator_study._check_ffn(torch.randn(1, 16), wg.t(), wu.t(), wd)
     with pytest.raises(ValueError, match="w_down"):
-        ops._check_ffn(torch.randn(1, 16), wg, wu, wd.t())
+        operator_study._check_ffn(torch.randn(1, 16), wg, wu, wd.t())
     # make_ffn checks it on the first call: the guide's whole (in, out) set gets the same clear error
     for variant in ("unfused", "merged"):
         with pytest.raises(ValueError, match="w_gate"):
-            ops.make_ffn(wg.t(), wu.t(), wd.t(), variant)(torch.randn(1, 16))
+            operator_study.make_ffn(wg.t(), wu.t(), wd.t(), variant)(torch.randn(1, 16))
     with pytest.raises(ValueError, match="even"):
         ops.swiglu(torch.randn(2, 5))
 

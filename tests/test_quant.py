@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import models, quality, quant, versions
+from helpers import models, operator_study, quality, quant, versions
 
 
 def _linear(n=48, k=32, dtype=torch.float32, bias=False, seed=0):
@@ -261,18 +261,18 @@ def test_build_variant_on_tiny_model():
 
 
 def test_ulp_is_the_spacing_of_the_dtype_at_the_value():
-    assert quant.ulp(1.5, torch.float16) == 2 ** -10  # 9.77e-4: the guide's "< 1e-3" is one fp16 step here
-    assert quant.ulp(1.0, torch.float16) == 2 ** -10
-    assert quant.ulp(0.9, torch.float16) == 2 ** -11
-    assert quant.ulp(-3.0, torch.float16) == 2 ** -9
-    assert quant.ulp(1.0, torch.bfloat16) == 2 ** -7
-    assert quant.ulp(1.0, torch.float32) == 2 ** -23
+    assert operator_study.ulp(1.5, torch.float16) == 2 ** -10  # 9.77e-4: the guide's "< 1e-3" is one fp16 step here
+    assert operator_study.ulp(1.0, torch.float16) == 2 ** -10
+    assert operator_study.ulp(0.9, torch.float16) == 2 ** -11
+    assert operator_study.ulp(-3.0, torch.float16) == 2 ** -9
+    assert operator_study.ulp(1.0, torch.bfloat16) == 2 ** -7
+    assert operator_study.ulp(1.0, torch.float32) == 2 ** -23
 
 
 @pytest.mark.parametrize("value, dtype", [(float("nan"), torch.float16), (1.0, torch.int8), ("1", torch.float16)])
 def test_ulp_rejects_bad_input(value, dtype):
     with pytest.raises(ValueError, match="value|dtype"):
-        quant.ulp(value, dtype)
+        operator_study.ulp(value, dtype)
 
 
 def test_bitsandbytes_config_arguments_checked_both_ways():

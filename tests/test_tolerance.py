@@ -98,7 +98,7 @@ def test_ffn_variants_at_llama_7b_shape_pass(dtype):
     x = torch.randn(1, 1, hidden, generator=torch.Generator().manual_seed(2)).to(dtype)
     expected = ops.float32_reference(ops.ffn_reference, x, *weights)
     for name in ("unfused", "merged"):
-        bench.assert_within(ops.make_ffn(*weights, name, "cpu")(x), expected, "ffn", what=name)
+        bench.assert_within(operator_study.make_ffn(*weights, name, "cpu")(x), expected, "ffn", what=name)
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -111,7 +111,7 @@ def test_compiled_variants_pass_at_a_small_shape(dtype):
     weights = operator_study.ffn_weights(256, 512, "cpu", dtype, torch.Generator().manual_seed(3))
     xf = torch.randn(1, 4, 256, generator=torch.Generator().manual_seed(4)).to(dtype)
     expected = ops.float32_reference(ops.ffn_reference, xf, *weights)
-    bench.assert_within(ops.make_ffn(*weights, "fused_act", "cpu")(xf), expected, "ffn")
+    bench.assert_within(operator_study.make_ffn(*weights, "fused_act", "cpu")(xf), expected, "ffn")
 
 
 # --- wrong kernels fail --------------------------------------------------------------------------
@@ -162,11 +162,11 @@ def test_check_and_time_without_tolerance_uses_the_dtype_rule_on_float16():
     with pytest.raises(AssertionError):  # assert_close's float16 defaults would fail it
         torch.testing.assert_close(ulp_off, x.to(torch.float16))
     measure = lambda fn, name: bench.Timing(name, [1e-3] * 3)  # noqa: E731
-    rows, _ = bench.check_and_time([({"impl": "close"}, lambda: ulp_off)], "cpu", expected=x,
+    rows, _ = operator_study.check_and_time([({"impl": "close"}, lambda: ulp_off)], "cpu", expected=x,
                                    measure=measure)
     assert len(rows) == 1
     with pytest.raises(AssertionError, match="float16 is not within 4 ULPs"):
-        bench.check_and_time([({"impl": "1% off"}, lambda: (x * 1.01).to(torch.float16))], "cpu",
+        operator_study.check_and_time([({"impl": "1% off"}, lambda: (x * 1.01).to(torch.float16))], "cpu",
                              expected=x, measure=measure)
 
 
