@@ -1,12 +1,14 @@
-"""Device selection, synchronisation, memory growth of a region and the environment report
-(layer: the device; taught in 00_environment_check).
+"""Picking and using the device (layer: the device; taught in 00_environment_check).
 
-Every other chapter calls ``pick_device``, ``synchronize`` and the memory helpers from here so that
-NPU, CUDA and CPU share one code path. The dtype names are here too (``parse_dtype``,
-``dtype_name``); ``dtype=auto``, a measurement, is ``dtype_choice``'s.
+Device selection, synchronisation, memory growth of a region and the environment report. Every other
+chapter calls ``pick_device``, ``synchronize`` and the memory helpers from here so that NPU, CUDA
+and CPU share one code path. The dtype names are here too (``parse_dtype``, ``dtype_name``);
+``dtype=auto``, a measurement, is ``dtype_choice``'s.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import platform
 import re
@@ -203,9 +205,6 @@ def return_freed_heap() -> None:
     """Hand freed heap pages back to the OS (glibc ``malloc_trim``), so that the RSS at the start of
     a region is memory in use, and the region's allocations show up as growth instead of reusing
     pages an earlier, larger allocation left resident."""
-    import ctypes
-    import gc
-
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -294,8 +293,6 @@ class MemoryRegion:
 
 def free_memory(device) -> None:
     """Release cached blocks after an OOM so the next point of a sweep can run."""
-    import gc
-
     gc.collect()
     module = device_module(device)
     if module is not None:

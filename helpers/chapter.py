@@ -1,7 +1,7 @@
-"""One call opens a chapter: its parameters checked, device and dtype picked, ``Results`` opened
-(layer: entry points; taught in 00_environment_check).
+"""Opening a chapter (layer: entry points; taught in 00_environment_check).
 
-Used as the first code cell of every chapter::
+One call opens a chapter: its parameters checked, device and dtype picked, ``Results`` opened. Used
+as the first code cell of every chapter::
 
     ch = chapter.open_chapter("03_end_to_end", **parameters_of_this_notebook)
 

