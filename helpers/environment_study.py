@@ -31,12 +31,12 @@ def environment_table(report: dict):
 
 
 def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
-    """``dtype_choice.choose_dtype``'s timed rows with each dtype's request, decode-step and long-prefill times as
-    ratios of ``baseline``'s, with the conservative spread of ``bench.speedup``: ``(candidate p10 /
-    baseline p90, candidate p90 / baseline p10)``. The request's spread lies wholly below 1 exactly
-    when ``dtype_choice.faster_beyond_spread`` holds, so ``decide.time_ratio_direction`` on it says what the
-    choice saw. A row with a ``problem`` (a dtype that does not run correctly here) keeps it and no
-    times."""
+    """``dtype_choice.choose_dtype``'s timed rows with each dtype's request, decode-step and
+    long-prefill times as ratios of ``baseline``'s, with the conservative spread of
+    ``bench.speedup``: ``(candidate p10 / baseline p90, candidate p90 / baseline p10)``. The
+    request's spread lies wholly below 1 exactly when ``dtype_choice.faster_beyond_spread`` holds,
+    so ``decide.time_ratio_direction`` on it says what the choice saw. A row with a ``problem`` (a
+    dtype that does not run correctly here) keeps it and no times."""
     import pandas as pd
 
     columns = ["dtype", "request_ms", "request_p10_ms", "request_p90_ms", "request_prompt_tokens",
