@@ -1,11 +1,14 @@
-"""Device selection, synchronisation, memory growth of a region and the environment report.
+"""Picking and using the device (layer: the device; taught in 00_environment_check).
 
-Taught in ``00_environment_check.ipynb``; every other chapter calls ``pick_device``,
-``synchronize`` and the memory helpers from here so that NPU, CUDA and CPU share one code path.
+Device selection, synchronisation, memory growth of a region and the environment report. Every other
+chapter calls ``pick_device``, ``synchronize`` and the memory helpers from here so that NPU, CUDA
+and CPU share one code path. The dtype names are here too (``parse_dtype``, ``dtype_name``);
+``dtype=auto``, a measurement, is ``dtype_choice``'s.
 """
 from __future__ import annotations
 
-import math
+import ctypes
+import gc
 import os
 import platform
 import re
@@ -14,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -227,13 +230,10 @@ def _cpu_rss_bytes() -> int:
     return _proc_status_bytes("VmRSS") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _return_freed_heap() -> None:
+def return_freed_heap() -> None:
     """Hand freed heap pages back to the OS (glibc ``malloc_trim``), so that the RSS at the start of
     a region is memory in use, and the region's allocations show up as growth instead of reusing
     pages an earlier, larger allocation left resident."""
-    import ctypes
-    import gc
-
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -293,7 +293,7 @@ class MemoryRegion:
             self.start_bytes = int(self.module.memory_allocated())
             self.kind = "max_memory_allocated during the region, reset at its start"
             return self
-        _return_freed_heap()
+        return_freed_heap()
         self.start_bytes = self.peak_bytes = _cpu_rss_bytes()
         if _reset_cpu_high_water_mark():
             self.kind = "process RSS high-water mark (VmHWM), reset at the region's start"
@@ -322,8 +322,6 @@ class MemoryRegion:
 
 def free_memory(device) -> None:
     """Release cached blocks after an OOM so the next point of a sweep can run."""
-    import gc
-
     gc.collect()
     module = device_module(device)
     if module is not None:
@@ -340,493 +338,11 @@ def is_out_of_memory(exc: BaseException) -> bool:
             or "failed to allocate memory" in text or "defaultcpuallocator: can't allocate" in text)
 
 
-# --- the working dtype: fp16 on NPU/CUDA, measured on a CPU ---------------------------------
-
-# The embedded SmolLM2-135M's widths (its config.json), used to build the probe model when no model
-# is named and no config can be read without a download.
-EMBEDDED_WIDTHS = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
-                   "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
-                   "num_hidden_layers": 30, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
-                   "max_position_embeddings": 8192}
-CPU_CANDIDATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Bytes of float32 weights one probe model may hold: a larger model is built with the decoder layers
-# that fit (at least one; the embedding, final norm and lm_head always whole) and its per-layer time
-# scaled to all layers. The embedded model (about 540 MB in float32) fits whole.
-PROBE_BYTES = 768 * 2**20
-# Prefill is timed at two prompt lengths, so its time is a line in the prompt length; the decode step
-# is timed after a KV cache of the longer one.
-PROBE_PROMPT_TOKENS = (32, 128)
-# The request dtype=auto picks for: its time is TTFT(prompt) + new tokens x one decode step.
-REQUEST_PROMPT_TOKENS = 128
-REQUEST_NEW_TOKENS = 64
-FLIP_HORIZON_TOKENS = 8192  # the longest prompt for which a change of the pick is looked for
-RUN_DIR_ENV = "WORKBOOK_RUN_DIR"  # set by the runner for every chapter of a run
-DTYPE_CHOICE_KEY = "dtype_choice"  # chapter 00's recorded figure
-DTYPE_DECISIONS = ("16bit_faster", "float32_not_slower", "no_16bit_usable")
-LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def linear_shapes(config) -> dict:
-    """``{kind: (out_features, in_features)}`` of one decoder layer of a Llama-style config, plus
-    ``lm_head``, and ``layers``. ``config`` is a transformers config, a model or a dict of widths."""
-    if hasattr(config, "config") and not isinstance(config, dict):
-        config = config.config
-    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
-    try:
-        hidden, inter = int(get("hidden_size")), int(get("intermediate_size"))
-        heads = int(get("num_attention_heads"))
-        kv = int(get("num_key_value_heads") or heads)
-        head_dim = int(get("head_dim") or hidden // heads)
-        vocab, layers = int(get("vocab_size")), int(get("num_hidden_layers"))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"config {config!r} lacks a Llama-style width ({exc}); give hidden_size, "
-                         "intermediate_size, num_attention_heads, vocab_size and num_hidden_layers") from exc
-    return {"q_proj": (heads * head_dim, hidden), "k_proj": (kv * head_dim, hidden),
-            "v_proj": (kv * head_dim, hidden), "o_proj": (hidden, heads * head_dim),
-            "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter),
-            "lm_head": (vocab, hidden), "layers": layers}
-
-
-def widths_of(model=None):
-    """The widths to time for ``model`` without loading its weights: a config / model / dict as it
-    is; ``tiny-random``'s config; a local folder's or the embedded cache's ``config.json``; a hub
-    id's config only if it is in the local cache (no download just to pick a dtype); else the
-    embedded model's widths. Returns ``(widths, source)``."""
-    import json
-
-    if model is not None and not isinstance(model, str):
-        return model, "the model's config"
-    from . import models
-
-    name = (model or "").strip()
-    if name == models.TINY_MODEL:
-        return models.tiny_llama()[0].config, "tiny-random's config"
-    folder = Path(name).expanduser() if name and name != models.EMBEDDED_MODEL else models.embedded_cache_path()
-    try:
-        return json.loads((folder / "config.json").read_text()), f"{folder.name}/config.json"
-    except (OSError, ValueError):
-        pass
-    if "/" in name and not folder.exists():
-        try:
-            from transformers import AutoConfig
-
-            return AutoConfig.from_pretrained(name, local_files_only=True), f"{name} (cached config)"
-        except Exception:  # noqa: BLE001  (not cached: fall back, never download here)
-            pass
-    return dict(EMBEDDED_WIDTHS), "the embedded SmolLM2-135M's widths"
-
-
-def dtype_problem(dtype: torch.dtype) -> Optional[str]:
-    """None when a small linear + RMSNorm in ``dtype`` runs here and matches float32; else why not."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(4, 256, generator=gen)
-    w = torch.randn(128, 256, generator=gen) / 16
-    try:
-        y = torch.nn.functional.linear(x.to(dtype), w.to(dtype))
-        y = y * torch.rsqrt(y.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(dtype)
-    except Exception as exc:  # noqa: BLE001  (an unimplemented kernel is an answer, not a crash)
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
-    from .bench import assert_within
-
-    # the float32 reference from the same rounded inputs; the tolerance is the workbook's one rule
-    ref = torch.nn.functional.linear(x.to(dtype).float(), w.to(dtype).float())
-    ref = ref * torch.rsqrt(ref.pow(2).mean(-1, keepdim=True) + 1e-5)
-    try:
-        assert_within(y, ref, "ffn", what="a linear + RMSNorm")  # NaN fails too
-    except AssertionError as exc:
-        return str(exc).splitlines()[0][:300]
-    return None
-
-
-def probe_config(widths, layers: Optional[int] = None):
-    """A transformers config for the probe model from ``widths_of``'s answer (a config, a model or a
-    dict such as a ``config.json``), with ``layers`` decoder layers when given."""
-    import copy
-
-    from transformers import AutoConfig, LlamaConfig
-
-    if hasattr(widths, "config") and not isinstance(widths, dict):
-        widths = widths.config
-    if isinstance(widths, dict):
-        values = dict(widths)
-        kind = values.pop("model_type", None) or "llama"
-        try:
-            config = AutoConfig.for_model(kind, **values)
-        except ValueError:  # a model type this transformers does not know: its widths as a Llama
-            config = LlamaConfig(**values)
-    else:
-        config = copy.deepcopy(widths)
-    if layers is not None:
-        config.num_hidden_layers = layers
-    config.use_cache = True
-    return config
-
-
-def probe_layers(widths, budget: int = PROBE_BYTES) -> tuple[int, int]:
-    """``(layers built, layers of the model)``: the decoder layers whose float32 weights fit ``budget``
-    beside the embedding, lm_head and final norm (always built whole), at least one."""
-    shapes = linear_shapes(widths)
-    config = probe_config(widths)
-    hidden = shapes["o_proj"][0]
-    per_layer = 4 * (sum(shapes[k][0] * shapes[k][1] for k in LAYER_LINEARS) + 2 * hidden)
-    vocab_rows = shapes["lm_head"][0] * (1 if getattr(config, "tie_word_embeddings", False) else 2)
-    fixed = 4 * (vocab_rows * hidden + hidden)
-    fit = (budget - fixed) // max(per_layer, 1)
-    return max(1, min(shapes["layers"], fit)), shapes["layers"]
-
-
-def _quantiles(samples: list) -> dict:
-    from .bench import Timing
-
-    t = Timing("probe", samples)
-    return {"ms": 1e3 * t.median, "p10_ms": 1e3 * t.p10, "p90_ms": 1e3 * t.p90}
-
-
-class _ForwardProbe:
-    """The real forward of a randomly initialised model built from the model's config, in one dtype.
-
-    ``decode``: one batch-1 decode step (one token through the whole model, attention over a KV
-    cache of the longer probe prompt; the cache is cropped back after each step, so every step sees
-    the same context). ``prefill_short`` / ``prefill_long``: the forward of a prompt of each length
-    with a fresh cache, logits of the last token only (what ``generate`` computes at prefill).
-    Samples from several calls of ``sample`` are pooled, so dtypes timed in turn share the machine's
-    drift.
-
-    A model built with fewer decoder layers than the real one (``probe_layers``) also times its
-    embedding + final norm + lm_head alone on the same inputs; each sample's rest (the layers and
-    what runs between them) is scaled by ``layers / built`` and the fixed part counted once."""
-
-    PARTS = ("decode", "prefill_short", "prefill_long")
-
-    def __init__(self, model, dtype: torch.dtype, prompt_tokens: tuple, layers: int):
-        from . import versions
-
-        self.model, self.dtype, self.layers = model, dtype, layers
-        self.built = model.config.num_hidden_layers
-        self.short, self.long = prompt_tokens
-        gen = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(0, model.config.vocab_size, (1, self.long + 1), generator=gen)
-        with torch.inference_mode():  # both prefill shapes once, untimed: every later call is warm
-            model(input_ids=self.ids[:, :self.short], use_cache=True, logits_to_keep=1)
-            out = model(input_ids=self.ids[:, :self.long], use_cache=True, logits_to_keep=1)
-        # the decode step's keyword arguments: its token, the mask over cache + token, the cache
-        self.step = {"input_ids": self.ids[:, self.long:], "attention_mask": torch.ones(1, self.long + 1,
-                     dtype=torch.long), versions.cache_argument(model): versions.cache_of(out)}
-        self.cache = versions.cache_of(out)
-        self.samples: dict = {part: [] for part in self.PARTS}
-        self.fixed: dict = {part: [] for part in self.PARTS}
-
-    def _decode(self):
-        self.model(**self.step, use_cache=True, logits_to_keep=1)
-        self.cache.crop(-1)  # drop this step's entry: every call is the same step at the same context
-
-    def _prefill(self, tokens: int):
-        return lambda: self.model(input_ids=self.ids[:, :tokens], use_cache=True, logits_to_keep=1)
-
-    def _fixed_part(self, tokens: int):
-        embed, head = self.model.get_input_embeddings(), self.model.get_output_embeddings()
-        norm = getattr(getattr(self.model, "model", None), "norm", None) or torch.nn.Identity()
-        ids = self.ids[:, self.long:] if tokens == 1 else self.ids[:, :tokens]
-        return lambda: head(norm(embed(ids))[:, -1:])
-
-    def sample(self, decode_iters: int, prefill_iters: int) -> None:
-        """One round: each part through ``bench.measure``. The call ``measure`` makes first to warm
-        up is a sample like the others where the part is already warm: the prefills always (both
-        shapes ran in ``__init__``), the decode step from the second round on. Prefill calls are the
-        probe's cost, and this halves it."""
-        from .bench import measure
-
-        calls = {"decode": self._decode, "prefill_short": self._prefill(self.short),
-                 "prefill_long": self._prefill(self.long)}
-        tokens = {"decode": 1, "prefill_short": self.short, "prefill_long": self.long}
-        with torch.inference_mode():
-            for part, fn in calls.items():
-                iters = decode_iters if part == "decode" else prefill_iters
-                t = measure(fn, "cpu", name=part, warmup=1, min_iters=iters, min_seconds=0.0)
-                warm = part != "decode" or bool(self.samples["decode"])
-                self.samples[part] += ([t.first_call_s] if warm else []) + t.samples
-                if self.built < self.layers:
-                    self.fixed[part] += measure(self._fixed_part(tokens[part]), "cpu", warmup=1,
-                                                min_iters=iters, min_seconds=0.0).samples
-
-    def scaled(self, part: str) -> list:
-        """The samples of ``part`` for the whole model (as timed when it was built whole)."""
-        if self.built >= self.layers:
-            return list(self.samples[part])
-        import statistics
-
-        fixed = statistics.median(self.fixed[part])
-        return [fixed + (s - fixed) * self.layers / self.built for s in self.samples[part]]
-
-    def row(self, prompt_tokens: int, new_tokens: int) -> dict:
-        row = {"dtype": dtype_name(self.dtype), "problem": None, "layers": self.layers,
-               "timed_layers": self.built, "prefill_short_tokens": self.short,
-               "prefill_long_tokens": self.long, "decode_context_tokens": self.long,
-               "samples": len(self.samples["decode"])}
-        for part in self.PARTS:
-            for key, value in _quantiles(self.scaled(part)).items():
-                row[f"{part}_{key}"] = value
-        return {**row, **request_times(row, prompt_tokens, new_tokens)}
-
-
-def _line(row: dict, suffix: str, prompt_tokens: float) -> float:
-    """The prefill time (``suffix`` ``ms``, ``p10_ms`` or ``p90_ms``) at ``prompt_tokens``, on the line
-    through the two timed prompt lengths."""
-    s, l = row["prefill_short_tokens"], row["prefill_long_tokens"]
-    a, b = row[f"prefill_short_{suffix}"], row[f"prefill_long_{suffix}"]
-    return a + (b - a) * (prompt_tokens - s) / (l - s)
-
-
-def request_times(row: dict, prompt_tokens: int = REQUEST_PROMPT_TOKENS,
-                  new_tokens: int = REQUEST_NEW_TOKENS) -> dict:
-    """A probe row's time for one request: TTFT(prompt_tokens) + new_tokens x one decode step, with
-    a p10-p90 spread that adds the parts' own p10s and p90s (never narrower than the median: far
-    from the timed lengths the p10 and p90 lines could cross). The decode step is the one timed
-    after the longer probe prompt; its growth with the context is left out of this model."""
-    parts = {q: _line(row, q, prompt_tokens) + new_tokens * row[f"decode_{q}"]
-             for q in ("ms", "p10_ms", "p90_ms")}
-    return {"request_ms": parts["ms"], "request_p10_ms": min(parts["p10_ms"], parts["ms"]),
-            "request_p90_ms": max(parts["p90_ms"], parts["ms"]), "request_prompt_tokens": prompt_tokens,
-            "request_new_tokens": new_tokens}
-
-
-def faster_beyond_spread(candidate: dict, baseline: dict, phase: str = "request") -> bool:
-    """Whether ``candidate``'s whole p10-p90 spread of ``phase`` lies below ``baseline``'s."""
-    return candidate[f"{phase}_p90_ms"] < baseline[f"{phase}_p10_ms"]
-
-
-def _usable(rows: list[dict]) -> dict:
-    return {r["dtype"]: r for r in rows if not r.get("problem")}
-
-
-def pick_cpu_dtype(rows: list[dict], prompt_tokens: Optional[int] = None,
-                   new_tokens: Optional[int] = None) -> tuple[str, str]:
-    """The decision from ``measure_cpu_dtype``'s probe rows (a row with ``problem`` set is a dtype
-    that does not run correctly here): ``(dtype name, decision)``, by the time of one request of
-    ``prompt_tokens`` + ``new_tokens`` (the rows' own ``request_*`` times when both are None).
-
-    float32 unless a usable 16-bit dtype serves the request faster beyond both spreads (16 bits cost
-    precision, so they have to pay for it); bfloat16 before float16 (float32's range, so no
-    overflow) unless float16 is faster beyond the spreads too. ``decision`` is one of
-    ``DTYPE_DECISIONS``.
-    """
-    by = {r["dtype"]: r for r in rows}
-    if "float32" not in by or by["float32"].get("problem"):
-        raise ValueError("rows must include a usable float32 row (the baseline)")
-    usable = _usable(rows)
-    if prompt_tokens is not None or new_tokens is not None:
-        p = REQUEST_PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
-        n = REQUEST_NEW_TOKENS if new_tokens is None else new_tokens
-        usable = {d: {**r, **request_times(r, p, n)} for d, r in usable.items()}
-    halves = [usable[d] for d in ("bfloat16", "float16") if d in usable]
-    if not halves:
-        return "float32", "no_16bit_usable"
-    best = halves[0]
-    if len(halves) > 1 and faster_beyond_spread(halves[1], halves[0]):
-        best = halves[1]
-    if faster_beyond_spread(best, usable["float32"]):
-        return best["dtype"], "16bit_faster"
-    return "float32", "float32_not_slower"
-
-
-def _crossings(rows: list[dict], new_tokens: int) -> list[float]:
-    """The prompt lengths at which one request-time line (median, p10 or p90) of a dtype meets one of
-    another dtype: the pick, made of such comparisons, can change only there."""
-    lines = []
-    for r in _usable(rows).values():
-        for q in ("ms", "p10_ms", "p90_ms"):
-            slope = (r[f"prefill_long_{q}"] - r[f"prefill_short_{q}"]) / (
-                r["prefill_long_tokens"] - r["prefill_short_tokens"])
-            lines.append((r["dtype"], slope, _line(r, q, 0) + new_tokens * r[f"decode_{q}"]))
-    found = []
-    for i, (d1, s1, c1) in enumerate(lines):
-        for d2, s2, c2 in lines[i + 1:]:
-            if d1 != d2 and s1 != s2:
-                found.append((c2 - c1) / (s1 - s2))
-    return sorted(x for x in found if x == x)  # NaN-free
-
-
-def flip_lengths(rows: list[dict], prompt_tokens: int = REQUEST_PROMPT_TOKENS,
-                 new_tokens: int = REQUEST_NEW_TOKENS, horizon: int = FLIP_HORIZON_TOKENS) -> dict:
-    """Where the pick for ``prompt_tokens`` + ``new_tokens`` would change with the prompt's length
-    alone (the linear request-time models solved against each other): ``flip_longer_tokens``, the
-    shortest longer prompt (up to ``horizon``) with another pick, and ``flip_longer_dtype``, that
-    pick; ``flip_shorter_tokens`` / ``flip_shorter_dtype``, the longest shorter prompt (down to 1)
-    with another pick. None where the pick holds."""
-    chosen = pick_cpu_dtype(rows, prompt_tokens, new_tokens)[0]
-    out = {"flip_longer_tokens": None, "flip_longer_dtype": None,
-           "flip_shorter_tokens": None, "flip_shorter_dtype": None}
-    crossings = _crossings(rows, new_tokens)
-    # The pick is constant between crossings, so the first whole length past each one decides.
-    longer = sorted({int(x) + 1 for x in crossings if prompt_tokens <= x < horizon})
-    for p in longer:
-        other = pick_cpu_dtype(rows, p, new_tokens)[0]
-        if other != chosen:
-            out.update(flip_longer_tokens=p, flip_longer_dtype=other)
-            break
-    shorter = sorted({math.ceil(x) - 1 for x in crossings if 1 < x <= prompt_tokens}, reverse=True)
-    for p in shorter:
-        other = pick_cpu_dtype(rows, p, new_tokens)[0]
-        if p >= 1 and other != chosen:
-            out.update(flip_shorter_tokens=p, flip_shorter_dtype=other)
-            break
-    return out
-
-
-def _reason(decision: str, rows: list[dict], chosen: str, flips: Optional[dict] = None) -> str:
-    by = {r["dtype"]: r for r in rows}
-    f32 = by["float32"]
-    flips = flips or {}
-    if decision == "no_16bit_usable":
-        why = "; ".join(f"{r['dtype']}: {r['problem']}" for r in rows if r.get("problem"))
-        return f"float32: no 16-bit dtype runs correctly here ({why})"
-    request = f"{f32['request_prompt_tokens']}-token prompt + {f32['request_new_tokens']} new tokens"
-    if decision == "16bit_faster":
-        c = by[chosen]
-        text = (f"{chosen}: the model's forward served a {request} in {c['request_ms']:.0f} ms in {chosen} "
-                f"against {f32['request_ms']:.0f} ms in float32 on this CPU, spreads apart")
-    else:
-        alt = min((r for r in rows if r["dtype"] != "float32" and not r.get("problem")),
-                  key=lambda r: r["request_ms"])
-        text = (f"float32: no 16-bit dtype serves a {request} faster beyond the spread here "
-                f"({alt['dtype']} {alt['request_ms']:.0f} ms vs float32 {f32['request_ms']:.0f} ms)")
-    if flips.get("flip_longer_tokens"):
-        text += f"; from {flips['flip_longer_tokens']}-token prompts on it would be {flips['flip_longer_dtype']}"
-    if flips.get("flip_shorter_tokens"):
-        text += (f"; for prompts of {flips['flip_shorter_tokens']} tokens or fewer it would be "
-                 f"{flips['flip_shorter_dtype']}")
-    return text
-
-
-@dataclass
-class DtypeChoice:
-    """The working dtype of a run, with the figures that decided it."""
-
-    dtype: torch.dtype
-    reason: str
-    source: str  # "measured now", "recorded by chapter 00 of this run" or "fixed for <device>"
-    rows: list = field(default_factory=list)
-    decision: str = ""
-    shapes_source: str = ""
-    cpu_capability: str = ""
-    threads: int = 0
-    request_prompt_tokens: int = REQUEST_PROMPT_TOKENS
-    request_new_tokens: int = REQUEST_NEW_TOKENS
-    flip_longer_tokens: Optional[int] = None
-    flip_longer_dtype: Optional[str] = None
-    flip_shorter_tokens: Optional[int] = None
-    flip_shorter_dtype: Optional[str] = None
-    flip_horizon_tokens: int = FLIP_HORIZON_TOKENS
-
-    def record(self) -> dict:
-        """The context chapter 00 stores with the ``dtype_choice`` figure (later chapters read it)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dtype"}
-
+# --- the working dtype's names and the CPU kernel level -------------------------------------
 
 def cpu_capability() -> str:
     """ATen's CPU kernel level here (``AVX512``, ``AVX2``, ...; ``ATEN_CPU_CAPABILITY`` lowers it)."""
     return str(torch.backends.cpu.get_cpu_capability())  # from torch 2.1, the support floor
-
-
-_MEASURED: dict = {}
-
-
-def _probe_models(widths, budget: int, dtypes: list) -> tuple[dict, int]:
-    """One randomly initialised probe model per dtype (the same weights, rounded to each), eval mode,
-    and the real model's layer count."""
-    import copy
-
-    from transformers import AutoModelForCausalLM
-
-    built, layers = probe_layers(widths, budget)
-    config = probe_config(widths, built)
-    with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
-        torch.manual_seed(0)
-        base = AutoModelForCausalLM.from_config(config)
-    base.float().eval().requires_grad_(False)
-    models = {d: (base if d == torch.float32 else copy.deepcopy(base).to(d)) for d in dtypes}
-    if torch.float32 not in dtypes:
-        del base
-    return models, layers
-
-
-def measure_cpu_dtype(model=None, *, prompt_tokens: int = REQUEST_PROMPT_TOKENS,
-                      new_tokens: int = REQUEST_NEW_TOKENS, probe_prompts: tuple = PROBE_PROMPT_TOKENS,
-                      budget: int = PROBE_BYTES, rounds: int = 2, decode_iters: int = 3,
-                      prefill_iters: int = 1) -> DtypeChoice:
-    """Time the model's real forward (built from its config with random weights) in float32,
-    bfloat16 and float16: one decode step with a KV cache and the prefill at the two
-    ``probe_prompts`` lengths, ``rounds`` alternating rounds with samples pooled per dtype; pick the
-    dtype that serves ``prompt_tokens`` + ``new_tokens`` fastest with ``pick_cpu_dtype`` and say
-    where the pick would flip (``flip_lengths``). With the defaults each dtype gives 7 decode steps
-    and 4 prefills of each length (plus one untimed of each); the long prefill in float16 on a CPU
-    without float16 arithmetic is most of the cost. The probe models are freed before returning."""
-    for name, value in (("prompt_tokens", prompt_tokens), ("new_tokens", new_tokens), ("rounds", rounds),
-                        ("decode_iters", decode_iters), ("prefill_iters", prefill_iters)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} is not valid; it must be an integer >= 1")
-    if len(probe_prompts) != 2 or not 1 <= probe_prompts[0] < probe_prompts[1]:
-        raise ValueError(f"probe_prompts={probe_prompts!r} is not valid; give two prompt lengths, "
-                         "shorter first, both >= 1")
-    widths, source = widths_of(model)
-    problems = {d: None if d == torch.float32 else dtype_problem(d) for d in CPU_CANDIDATE_DTYPES}
-    models, layers = _probe_models(widths, budget, [d for d, p in problems.items() if not p])
-    try:
-        probes = {d: _ForwardProbe(m, d, tuple(probe_prompts), layers) for d, m in models.items()}
-        for _ in range(rounds):  # dtypes in turn, samples pooled: a load change hits all of them alike
-            for probe in probes.values():
-                probe.sample(decode_iters, prefill_iters)
-        rows = [probes[d].row(prompt_tokens, new_tokens) if d in probes
-                else {"dtype": dtype_name(d), "problem": p} for d, p in problems.items()]
-    finally:
-        probes = models = None  # the probe models and their caches go before the real model loads
-        _return_freed_heap()
-    chosen, decision = pick_cpu_dtype(rows)
-    flips = flip_lengths(rows, prompt_tokens, new_tokens)
-    return DtypeChoice(DTYPES[chosen], _reason(decision, rows, chosen, flips), "measured now", rows,
-                       decision, source, cpu_capability(), torch.get_num_threads(),
-                       prompt_tokens, new_tokens, **flips)
-
-
-def recorded_dtype_choice(run_dir=None) -> Optional[DtypeChoice]:
-    """Chapter 00's recorded choice in this run's folder (``run_dir``, else ``$WORKBOOK_RUN_DIR``),
-    when it was made at this CPU kernel level and thread count; else None."""
-    from .results import load_results
-
-    folder = run_dir or os.environ.get(RUN_DIR_ENV)
-    if not folder:
-        return None
-    metrics = (load_results(folder, "00_environment_check") or {}).get("metrics") or {}
-    entry = metrics.get(DTYPE_CHOICE_KEY)
-    if not entry or entry.get("value") not in DTYPES:
-        return None
-    if entry.get("cpu_capability") != cpu_capability() or entry.get("threads") != torch.get_num_threads():
-        return None
-    kept = {f.name: entry[f.name] for f in fields(DtypeChoice)
-            if f.name not in ("dtype", "reason", "source") and f.name in entry}
-    return DtypeChoice(DTYPES[entry["value"]], entry.get("reason", ""), "recorded by chapter 00 of this run",
-                       **kept)
-
-
-def choose_dtype(device, model=None, *, run_dir=None, reuse: bool = True) -> DtypeChoice:
-    """The working dtype with its reason: fp16 on NPU/CUDA; on a CPU, chapter 00's recorded choice
-    of this run when ``reuse`` (and it was made on this CPU), else measured now, once per process.
-
-    Chapter 00 passes ``reuse=False``: it is the chapter that measures and records the choice.
-    """
-    kind = as_device(device).type
-    if kind in ("npu", "cuda"):
-        return DtypeChoice(torch.float16, f"float16: the guides' inference dtype and native on {kind}",
-                           f"fixed for {kind}")
-    if reuse:
-        recorded = recorded_dtype_choice(run_dir)
-        if recorded is not None:
-            return recorded
-    widths, _ = widths_of(model)
-    key = (repr(linear_shapes(widths)), cpu_capability(), torch.get_num_threads())
-    if key not in _MEASURED or not reuse:
-        _MEASURED[key] = measure_cpu_dtype(model)
-    return _MEASURED[key]
 
 
 DTYPES = {
@@ -836,18 +352,20 @@ DTYPES = {
 }
 
 
-def parse_dtype(value, device=None, parameter: str = "dtype", *, model=None, run_dir=None) -> torch.dtype:
-    """Turn ``"auto"``/``"bf16"``/``torch.float16`` into a dtype the device supports, or raise.
+def parse_dtype(value, device=None, parameter: str = "dtype") -> torch.dtype:
+    """Turn ``"bf16"``/``torch.float16`` into a dtype the device supports, or raise.
 
-    ``"auto"`` is ``choose_dtype``: fp16 on NPU/CUDA; on a CPU chapter 00's choice of this run, or
-    measured at ``model``'s shapes (the embedded model's when none is named).
+    ``"auto"`` is a measurement on a CPU (the model's forward timed per dtype), which needs the
+    layers above the device: ``dtype_choice.parse_dtype`` takes it and hands the rest to this one.
     """
     if isinstance(value, torch.dtype):
         dtype = value
     else:
         text = str(value).strip().lower()
         if text == "auto":
-            return choose_dtype(device or "cpu", model, run_dir=run_dir).dtype
+            raise ValueError(f"{parameter}='auto' is chosen by helpers.dtype_choice (parse_dtype / "
+                             "choose_dtype; a chapter's ch.dtype); pass the dtype it chose, or one of "
+                             "float32, float16, bfloat16.")
         if text not in DTYPES:
             raise ValueError(
                 f"{parameter}={value!r} is not valid; choose one of auto, float32, float16, bfloat16."
@@ -966,49 +484,3 @@ def environment_report(device=None) -> dict:
     if smi:
         report["npu_smi_info"] = smi
     return report
-
-
-def environment_table(report: dict):
-    """An ``environment_report`` as a two-column table (``fact``, ``value``), the way chapter 00
-    shows it: a reader sees what is installed and what is missing without reading a dict. The
-    memory row says whose memory it is (host RAM on a CPU, the device's own on an NPU / GPU)."""
-    import pandas as pd
-
-    props = report.get("device_properties") or {}
-    on_cpu = str(report.get("device", "cpu")).startswith("cpu")
-    memory = props.get("total_memory_bytes")
-    rows = [("python", report.get("python")), ("torch", report.get("torch")),
-            ("transformers", report.get("transformers")),
-            ("torch_npu", report.get("torch_npu") or f"not loaded ({report.get('torch_npu_error')})"),
-            ("CANN", report.get("cann") or "not found"), ("CUDA", report.get("cuda") or "not used"),
-            ("device", report.get("device")), ("device name", props.get("name")),
-            ("device count", props.get("count")),
-            ("host RAM (GiB)" if on_cpu else "device memory (GiB)",
-             round(memory / 2**30, 1) if memory else None),
-            ("CPU", report.get("cpu_model")), ("torch threads", report.get("torch_threads")),
-            ("workbook commit", report.get("workbook_commit"))]
-    return pd.DataFrame(rows, columns=["fact", "value"]).astype({"value": str})
-
-
-def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
-    """``choose_dtype``'s timed rows with each dtype's request, decode-step and long-prefill times as
-    ratios of ``baseline``'s, with the conservative spread of ``bench.speedup``: ``(candidate p10 /
-    baseline p90, candidate p90 / baseline p10)``. The request's spread lies wholly below 1 exactly
-    when ``faster_beyond_spread`` holds, so ``decide.time_ratio_direction`` on it says what the
-    choice saw. A row with a ``problem`` (a dtype that does not run correctly here) keeps it and no
-    times."""
-    import pandas as pd
-
-    columns = ["dtype", "request_ms", "request_p10_ms", "request_p90_ms", "request_prompt_tokens",
-               "request_new_tokens", "decode_ms", "decode_p10_ms", "decode_p90_ms", "decode_context_tokens",
-               "prefill_short_tokens", "prefill_short_ms", "prefill_short_p10_ms", "prefill_short_p90_ms",
-               "prefill_long_tokens", "prefill_long_ms", "prefill_long_p10_ms", "prefill_long_p90_ms",
-               "timed_layers", "layers", "problem"]
-    table = pd.DataFrame(rows, columns=columns)  # a row without times (a problem) gets NaN ratios
-    base = next((r for r in rows if r["dtype"] == baseline), None)
-    if base is not None:
-        for phase in ("request", "decode", "prefill_long"):
-            table[f"{phase}_time_ratio"] = table[f"{phase}_ms"] / base[f"{phase}_ms"]
-            table[f"{phase}_ratio_low"] = table[f"{phase}_p10_ms"] / base[f"{phase}_p90_ms"]
-            table[f"{phase}_ratio_high"] = table[f"{phase}_p90_ms"] / base[f"{phase}_p10_ms"]
-    return table

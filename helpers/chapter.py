@@ -1,6 +1,7 @@
-"""One call opens a chapter: its parameters checked, device and dtype picked, ``Results`` opened.
+"""Opening a chapter (layer: entry points; taught in 00_environment_check).
 
-Taught in ``00_environment_check.ipynb`` and used as the first code cell of every chapter::
+One call opens a chapter: its parameters checked, device and dtype picked, ``Results`` opened. Used
+as the first code cell of every chapter::
 
     ch = chapter.open_chapter("03_end_to_end", **parameters_of_this_notebook)
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import REPO, backend, params
+from . import REPO, backend, dtype_choice, params
 from .results import Results
 
 # Parameters every chapter declares; they go to the runner, not to results.json's parameters.
@@ -40,7 +41,7 @@ class Chapter:
     results: Results
     parameters: dict = field(default_factory=dict)
     lang: str = "en"
-    # dtype=auto's backend.DtypeChoice, with the timed rows when it was measured; None when the
+    # dtype=auto's dtype_choice.DtypeChoice, with the timed rows when it was measured; None when the
     # dtype parameter set the dtype
     dtype_choice: Any = None
 
@@ -111,17 +112,17 @@ def edition_language(lang: str = "auto") -> str:
 
 def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any, str, str, Any]:
     """``(dtype, reason, source, choice)`` of a chapter (``choice``: dtype=auto's
-    ``backend.DtypeChoice``, None when the parameter set the dtype). ``dtype=auto`` is
-    ``backend.choose_dtype``: on a CPU the choice chapter 00 measured and recorded in this run
+    ``dtype_choice.DtypeChoice``, None when the parameter set the dtype). ``dtype=auto`` is
+    ``dtype_choice.choose_dtype``: on a CPU the choice chapter 00 measured and recorded in this run
     (``run_dir``, else the runner's ``WORKBOOK_RUN_DIR``) when it was made at this CPU kernel level
     and thread count, else measured now at the ``model`` parameter's shapes; so every chapter of a
-    run works in the same dtype, the one chapters 05 and 06 get from ``backend.parse_dtype`` too.
+    run works in the same dtype, the one chapters 05 and 06 get from ``dtype_choice.parse_dtype`` too.
     ``reuse=False`` measures now instead of reading this run's record (chapter 00, which makes
     it)."""
     requested = parameters.get("dtype", "auto")
     if isinstance(requested, str) and requested.strip().lower() == "auto":
-        picked = backend.choose_dtype(device, parameters.get("model") or None,
-                                      run_dir=parameters.get("run_dir") or None, reuse=reuse)
+        picked = dtype_choice.choose_dtype(device, parameters.get("model") or None,
+                                           run_dir=parameters.get("run_dir") or None, reuse=reuse)
         return picked.dtype, picked.reason, picked.source, picked
     dtype = backend.parse_dtype(requested, device)
     return dtype, "set by the dtype parameter", "the dtype parameter", None

