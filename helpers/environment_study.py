@@ -79,6 +79,25 @@ def hub_endpoint_seen(variable: str = "HF_ENDPOINT", value: str = "https://hf-mi
             "read_before_import": seen["before"] == value.rstrip("/")}
 
 
+# --- what this torch and torch_npu have: the real fused ops, the torch features helpers rely on ------
+
+_REAL_NPU_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_ffn",
+                 "npu_weight_quant_batchmatmul", "npu_quant_matmul", "npu_dynamic_quant",
+                 "npu_fusion_attention", "npu_incre_flash_attention", "npu_prompt_flash_attention",
+                 "npu_fused_infer_attention_score", "npu_layer_norm_eval")
+
+
+def real_ops_check(torch_npu_module=None) -> list[dict]:
+    """The real fused ops, by their real names, with availability on this machine."""
+    return [{"op": f"torch_npu.{op}",
+             "available_here": None if torch_npu_module is None else hasattr(torch_npu_module, op)}
+            for op in _REAL_NPU_OPS]
+
+
+def feature_table() -> dict[str, bool]:
+    return {name: versions.has_feature(name) for name in versions.FEATURES}
+
+
 # --- the torch_npu line and its graph modes (from versions and ge_support) ----------------------
 
 def pairing_check(torch_version: str, torch_npu_version: Optional[str],

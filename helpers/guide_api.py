@@ -37,12 +37,6 @@ API_CLAIMS = [
      "documented": "no INT8 bitsandbytes backend on NPU; an 8-bit bnb model cannot be .to()-moved"},
 ]
 
-_REAL_NPU_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_ffn",
-                 "npu_weight_quant_batchmatmul", "npu_quant_matmul", "npu_dynamic_quant",
-                 "npu_fusion_attention", "npu_incre_flash_attention", "npu_prompt_flash_attention",
-                 "npu_fused_infer_attention_score", "npu_layer_norm_eval")
-
-
 def api_check(torch_npu_module=None) -> list[dict]:
     """Each guide API name: documented verdict, and a live hasattr check when torch_npu is here."""
     # torch is loaded whenever a torch_npu module is passed in
@@ -58,8 +52,3 @@ def api_check(torch_npu_module=None) -> list[dict]:
     return rows
 
 
-def real_ops_check(torch_npu_module=None) -> list[dict]:
-    """The real fused ops, by their real names, with availability on this machine."""
-    return [{"op": f"torch_npu.{op}",
-             "available_here": None if torch_npu_module is None else hasattr(torch_npu_module, op)}
-            for op in _REAL_NPU_OPS]

@@ -108,7 +108,7 @@ def check_transformers_floor(version: Optional[str] = None) -> None:
 
 
 # --- features that newer torch versions added; helpers check before using them --------------
-_FEATURES = {  # name -> dotted attribute path under torch
+FEATURES = {  # name -> dotted attribute path under torch
     "F.rms_norm": "nn.functional.rms_norm",
     "nn.RMSNorm": "nn.RMSNorm",
     "torch.accelerator": "accelerator",
@@ -127,15 +127,11 @@ def has_attribute(root, dotted: str) -> bool:
 
 
 def has_feature(name: str) -> bool:
-    if name not in _FEATURES:
-        raise KeyError(f"unknown feature {name!r}; known: {', '.join(_FEATURES)}")
+    if name not in FEATURES:
+        raise KeyError(f"unknown feature {name!r}; known: {', '.join(FEATURES)}")
     import torch
 
-    return has_attribute(torch, _FEATURES[name])
-
-
-def feature_table() -> dict[str, bool]:
-    return {name: has_feature(name) for name in _FEATURES}
+    return has_attribute(torch, FEATURES[name])
 
 
 # --- the torch_npu ops the workbook calls, per release ------------------------------------------

@@ -99,7 +99,7 @@ def test_has_feature_follows_what_torch_has(monkeypatch, name):
     assert versions.has_feature(name) is True  # torch 2.13 here has all of them
     monkeypatch.delattr(owner, attr)
     assert versions.has_feature(name) is False
-    assert versions.feature_table()[name] is False
+    assert environment_study.feature_table()[name] is False
 
 
 def test_unknown_feature_is_an_error_listing_the_known_ones():
@@ -111,13 +111,13 @@ def test_api_check_without_torch_npu_cannot_verify():
     rows = guide_api.api_check(None)
     assert {r["guide_name"] for r in rows} >= {"torch_npu.npu.rms_norm", "torch_npu.npu.fused_add_norm"}
     assert all(r["exists_here"] is None for r in rows)
-    assert all(r["available_here"] is None for r in guide_api.real_ops_check(None))
+    assert all(r["available_here"] is None for r in environment_study.real_ops_check(None))
 
 
 def test_api_check_with_the_fake_torch_npu(fake_torch_npu):
     rows = {r["guide_name"]: r for r in guide_api.api_check(fake_torch_npu)}
     assert rows["torch_npu.npu.rms_norm"]["exists_here"] is False  # the guide's name is wrong
-    ops = {r["op"]: r["available_here"] for r in guide_api.real_ops_check(fake_torch_npu)}
+    ops = {r["op"]: r["available_here"] for r in environment_study.real_ops_check(fake_torch_npu)}
     assert ops["torch_npu.npu_rms_norm"] is True  # on every line, from torch_npu 2.1.0
     assert ops["torch_npu.npu_add_rms_norm"] is ("npu_add_rms_norm" in fake_torch_npu.LINE.OPS)
     assert ops["torch_npu.npu_fusion_attention"] is False  # not faked
