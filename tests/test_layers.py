@@ -149,7 +149,7 @@ def test_every_module_docstring_names_its_layer_and_its_chapter():
     layer_of = {name: layer for layer, names in helpers.LAYERS for name in names}
     missing = []
     for path in files():
-        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        doc = " ".join((ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or "").split())
         layer = layer_of.get(module_of(path))
         if layer and f"layer: {layer}" not in doc.lower():
             missing.append(f"{path.relative_to(PACKAGE.parent)}: no 'layer: {layer}'")
