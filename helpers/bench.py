@@ -1,4 +1,5 @@
-"""The one timing protocol every chapter uses (layer: measurement; taught in ``00_environment_check.ipynb``).
+"""The one timing protocol every chapter uses (layer: measurement; taught in
+``00_environment_check.ipynb``).
 
 Protocol: warm-up calls are run first and never timed (a first call that compiles is reported
 separately as ``first_call_s``); the device is synchronised before and after each timed sample;
