@@ -219,24 +219,21 @@ def request_memory(model, memory: "backend.MemoryRegion", batch_size: int, conte
 def decode_bytes_per_step(model, batch_size: int, context_len: int) -> int:
     """Bytes one decode step reads: every weight once, plus the KV cache of the whole batch.
 
-    A tied embedding / lm_head matrix is counted once (the lm_head reads all of it); an untied
-    input embedding is a lookup, so it counts as one row per sequence, not the whole table.
-    The KV cache is ``roofline.kv_cache_bytes`` of the batch at ``context_len`` tokens.
+    The one count behind every roofline of a loaded model (chapters 03, 04 and 06). The weights are
+    ``models.weight_bytes`` (packed int8 / int4 weights and their scales included, so a quantized
+    rung reads its own bytes), with one exception: an untied input embedding is a lookup, so it
+    counts as one row per sequence, not the whole table. A tied embedding / lm_head matrix is counted
+    once (the lm_head reads all of it). The KV cache is ``roofline.kv_cache_bytes`` of the batch at
+    ``context_len`` tokens.
     """
     check_positive_int("batch_size", batch_size)
     check_positive_int("context_len", context_len, minimum=0)
     embedding = model.get_input_embeddings().weight
-    output = model.get_output_embeddings()
-    tied = output is not None and output.weight.data_ptr() == embedding.data_ptr()
-    seen, weights = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() in seen:
-            continue
-        seen.add(p.data_ptr())
-        if p.data_ptr() == embedding.data_ptr() and not tied:
-            weights += batch_size * p.shape[1] * p.element_size()
-        else:
-            weights += p.numel() * p.element_size()
+    output = getattr(model.get_output_embeddings(), "weight", None)  # an int8 lm_head has no .weight
+    tied = type(output) in (torch.Tensor, torch.nn.Parameter) and output.data_ptr() == embedding.data_ptr()
+    weights = weight_bytes(model)
+    if not tied:  # the table is in weight_bytes; a step reads one row of it per sequence
+        weights += (batch_size - embedding.shape[0]) * embedding.shape[1] * embedding.element_size()
     return int(weights + kv_cache_bytes(model.config, batch_size, context_len, dtype_name(embedding.dtype)))
 
 

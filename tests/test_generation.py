@@ -88,6 +88,22 @@ def test_decode_bytes_tied_counts_the_matrix_once():
         generation.decode_bytes_per_step(model, 0, 50)
 
 
+def test_decode_bytes_count_packed_int8_weights(tiny_model):
+    """A quantized model's step reads its int8 weights and scales (buffers, not parameters)."""
+    import copy
+
+    from helpers import quant
+
+    model, _ = tiny_model
+    int8 = copy.deepcopy(model)
+    quant.quantize_model_int8(int8, impl="dequant")
+    table = int8.get_input_embeddings().weight
+    expected = (models.weight_bytes(int8) - table.numel() * table.element_size() + 3 * table.shape[1] * 4
+                + roofline.kv_cache_bytes(int8.config, 3, 20, "float32"))
+    assert generation.decode_bytes_per_step(int8, 3, 20) == expected
+    assert expected < generation.decode_bytes_per_step(model, 3, 20)
+
+
 def test_achieved_bandwidth():
     # 1 GB per step at 20 ms per step = 50 GB/s
     assert generation.achieved_bandwidth_gbps(1e9, 20.0) == pytest.approx(50.0)
