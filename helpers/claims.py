@@ -1,8 +1,8 @@
 """The guides' checkable claims and the rules that give each one a verdict.
 
-Taught in ``08_report.ipynb``. ``data/guide_claims.csv`` holds every claim with its original Chinese
-text, an English gloss, the claimed value, the hardware class and model the claim is about, and the
-name of a rule. ``verdicts(run_dirs)`` applies each rule to the evidence of one run folder or of
+Layer: the guides' claims; taught in ``08_report.ipynb``. ``data/guide_claims.csv`` holds every
+claim with its original Chinese text, an English gloss, the claimed value, the hardware class and
+model the claim is about, and the name of a rule. ``verdicts(run_dirs)`` applies each rule to the evidence of one run folder or of
 several (an NPU run, a CUDA run, a CPU run...): every chapter's ``results.json`` (never
 re-measured), the device specs table (``data/device_specs.csv``) and chapter 00's API check.
 
@@ -105,12 +105,6 @@ def _model_key(name: str) -> str:
 def comparable_model(claimed: str, used: str) -> bool:
     """Is the run's model the one the claim is about? (``llama2-7b`` matches ``meta-llama/Llama-2-7b-hf``)."""
     return not claimed or (bool(used) and _model_key(claimed) in _model_key(used))
-
-
-def weight_bytes(model: str = "llama2-7b", dtype: str = "float16") -> int:
-    """Weight bytes of a released Llama-2 named as the claims table names it (``llama2-13b``)."""
-    size = str(model).lower().replace("llama2-", "").replace("llama-2-", "")
-    return llama2_weight_bytes(dtype, size)
 
 
 # --- claims table -----------------------------------------------------------------------------
@@ -492,7 +486,7 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
     if "bytes" in args:
         nbytes = number(args["bytes"])
     else:
-        nbytes = float(weight_bytes("llama2-7b", args.get("weights", "float16")))
+        nbytes = float(llama2_weight_bytes(args.get("weights", "float16")))
     prompt = int(args.get("prompt_tokens", 0))
     work = 2 * llama_parameter_count(**LLAMA2_7B_CONFIG) * prompt if prompt else 0.0
     low, high = claimed_range(claim["claimed_value"])
@@ -558,7 +552,7 @@ def _table_value(ev: Evidence, spec: str):
 def rule_weight_memory(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """A memory/storage figure (GB) against the weights it must hold, in GB and GiB readings."""
     claimed = number(claim["claimed_value"])
-    weights = weight_bytes("llama2-7b", args.get("weights", "float16"))
+    weights = llama2_weight_bytes(args.get("weights", "float16"))
     as_gb, as_gib, ratio = claimed * 1e9, claimed * 2**30, claimed * 1e9 / weights
     text = f"Llama-2-7B {args.get('weights', 'float16')} weights are {weights / 1e9:.2f} GB " \
            f"({weights / 2**30:.2f} GiB)"
@@ -587,7 +581,8 @@ def rule_weight_memory(claim: dict, args: dict, ev: Evidence) -> Verdict:
 
 def rule_fits(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """Does the model's weights fit one device? (the guide says it needs model parallelism)."""
-    weights = weight_bytes(args["model"], args.get("weights", "float16"))
+    size = str(args["model"]).lower().replace("llama2-", "").replace("llama-2-", "")  # llama2-13b -> 13b
+    weights = llama2_weight_bytes(args.get("weights", "float16"), size)
     mem, src = ev.spec(args["device"], "memory_gb")
     if mem is None:
         return Verdict(NOT_MEASURED, f"no memory size for {args['device']}", "none")

@@ -1,16 +1,18 @@
-"""Generation metrics: TTFT / decode split, batching, bytes per step, sweeps.
+"""Generation metrics: TTFT / decode split, bytes per step, sweeps (layer: model and kernels; taught
+in 03_end_to_end and 04_batching).
 
-Taught in ``03_end_to_end.ipynb`` (TTFT, decode, roofline) and ``04_batching.ipynb`` (batch sweep,
-padding correctness). The split follows optimum-benchmark: the prefill is timed as a generate of
-exactly one token, a full generate of ``N`` tokens is timed with ``min_new_tokens == N`` (so an
-early end-of-sequence cannot shorten it), and decode per token is ``(t(N) - t(1)) / (N - 1)``.
+``03_end_to_end.ipynb`` times one request with it (TTFT, decode, roofline) and ``04_batching.ipynb``
+sweeps the batch size with the same protocol; each chapter's own tables are in its study module
+(``end_to_end_study``, ``batching_study``). The split follows optimum-benchmark: the prefill is
+timed as a generate of exactly one token, a full generate of ``N`` tokens is timed with
+``min_new_tokens == N`` (so an early end-of-sequence cannot shorten it), and decode per token is
+``(t(N) - t(1)) / (N - 1)``.
 Decoding is greedy, so runs are deterministic; both timings use ``helpers.bench.measure``.
 """
 from __future__ import annotations
 
 import gc
 import math
-import os
 import time
 from typing import Any, Callable, Iterable, Optional
 
@@ -18,8 +20,10 @@ import torch
 
 from . import backend, bench, static_decode, versions
 from .backend import as_device, dtype_name
-from .models import chat_inputs
+from .models import chat_inputs, weight_bytes
 from .params import check_positive_int
+from .profiling import kernel_time_by_kind
+from .roofline import kv_cache_bytes
 
 
 def _inputs(model, tokenizer, prompts, device, chat: bool):
@@ -43,29 +47,6 @@ def greedy_new_tokens(model, tokenizer, prompts, max_new_tokens: int, *, chat: b
     inputs = _inputs(model, tokenizer, prompts, device, chat)
     out = generate_tokens(model, tokenizer, inputs, max_new_tokens)
     return out[:, inputs["input_ids"].shape[1]:].tolist()
-
-
-def padding_check(model, tokenizer, prompts, max_new_tokens: int, *, chat: bool = False,
-                  device=None) -> dict:
-    """Do batched (left-padded) greedy outputs equal each prompt generated alone?
-
-    Returns ``match`` plus, per prompt, its token count and the first position where the two
-    outputs differ (None when they agree).
-    """
-    batched = greedy_new_tokens(model, tokenizer, prompts, max_new_tokens, chat=chat, device=device)
-    rows = []
-    for prompt, together in zip(prompts, batched):
-        alone = greedy_new_tokens(model, tokenizer, [prompt], max_new_tokens, chat=chat,
-                                  device=device)[0]
-        first = next((i for i, (a, b) in enumerate(zip(alone, together)) if a != b), None)
-        if first is None and len(alone) != len(together):
-            first = min(len(alone), len(together))
-        prompt_tokens = len(_inputs(model, tokenizer, [prompt], device, chat)["input_ids"][0])
-        rows.append({"prompt": prompt, "prompt_tokens": prompt_tokens, "first_difference": first,
-                     "match": first is None, "alone": tokenizer.decode(alone),
-                     "batched": tokenizer.decode(together)})
-    return {"match": all(r["match"] for r in rows), "rows": rows,
-            "batch_size": len(prompts), "new_tokens": max_new_tokens}
 
 
 def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=None, *,
@@ -129,8 +110,6 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
 
     kernels = {}
     if kernel_profile:
-        from .profiling import kernel_time_by_kind
-
         kernels = kernel_time_by_kind(generate, max_new_tokens, device)
     decode_samples = [(f - p) / (max_new_tokens - 1) for f, p in zip(full.samples, prefill.samples)]
     attn = getattr(model.config, "_attn_implementation", None) or "default"
@@ -226,9 +205,6 @@ def request_memory(model, memory: "backend.MemoryRegion", batch_size: int, conte
     ``kv_cache_bytes``: the KV cache of the batch at its final length, from the model config, shown
     beside the growth that holds it.
     """
-    from .models import weight_bytes
-    from .roofline import kv_cache_bytes
-
     growth = memory.growth_bytes
     on_device = memory.module is not None
     dtype = dtype_name(next(model.parameters()).dtype)
@@ -243,26 +219,21 @@ def request_memory(model, memory: "backend.MemoryRegion", batch_size: int, conte
 def decode_bytes_per_step(model, batch_size: int, context_len: int) -> int:
     """Bytes one decode step reads: every weight once, plus the KV cache of the whole batch.
 
-    A tied embedding / lm_head matrix is counted once (the lm_head reads all of it); an untied
-    input embedding is a lookup, so it counts as one row per sequence, not the whole table.
-    The KV cache is ``roofline.kv_cache_bytes`` of the batch at ``context_len`` tokens.
+    The one count behind every roofline of a loaded model (chapters 03, 04 and 06). The weights are
+    ``models.weight_bytes`` (packed int8 / int4 weights and their scales included, so a quantized
+    rung reads its own bytes), with one exception: an untied input embedding is a lookup, so it
+    counts as one row per sequence, not the whole table. A tied embedding / lm_head matrix is counted
+    once (the lm_head reads all of it). The KV cache is ``roofline.kv_cache_bytes`` of the batch at
+    ``context_len`` tokens.
     """
-    from .roofline import kv_cache_bytes
-
     check_positive_int("batch_size", batch_size)
     check_positive_int("context_len", context_len, minimum=0)
     embedding = model.get_input_embeddings().weight
-    output = model.get_output_embeddings()
-    tied = output is not None and output.weight.data_ptr() == embedding.data_ptr()
-    seen, weights = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() in seen:
-            continue
-        seen.add(p.data_ptr())
-        if p.data_ptr() == embedding.data_ptr() and not tied:
-            weights += batch_size * p.shape[1] * p.element_size()
-        else:
-            weights += p.numel() * p.element_size()
+    output = getattr(model.get_output_embeddings(), "weight", None)  # an int8 lm_head has no .weight
+    tied = type(output) in (torch.Tensor, torch.nn.Parameter) and output.data_ptr() == embedding.data_ptr()
+    weights = weight_bytes(model)
+    if not tied:  # the table is in weight_bytes; a step reads one row of it per sequence
+        weights += (batch_size - embedding.shape[0]) * embedding.shape[1] * embedding.element_size()
     return int(weights + kv_cache_bytes(model.config, batch_size, context_len, dtype_name(embedding.dtype)))
 
 
@@ -299,105 +270,14 @@ def run_sweep(points: Iterable, fn: Callable[[Any], dict], device) -> list[dict]
     return rows
 
 
-def prompt_of_length(tokenizer, n_tokens: int, text: Optional[str] = None) -> tuple[str, int]:
-    """A plain-text prompt of about ``n_tokens`` tokens (and its exact count) for length sweeps."""
-    check_positive_int("n_tokens", n_tokens)
-    base = text or ("Large language models generate text one token at a time. Each step reads "
-                    "every weight of the model from memory, so the speed of decoding is set by "
-                    "memory bandwidth, while the prompt is processed in parallel. ")
-    ids: list[int] = []
-    while len(ids) < n_tokens + 8:
-        ids += tokenizer(base, add_special_tokens=False)["input_ids"]
-    prompt = tokenizer.decode(ids[:n_tokens], skip_special_tokens=True)
-    count = len(tokenizer(prompt)["input_ids"])
-    return prompt, count
-
-
-# --- the decode gap: each path's step split by its own kernels (chapter 03) ---------------------
-
-def eager_matmul_times(model, batch_size: int = 1, device=None, *, min_iters: int = 5,
-                       min_seconds: float = 0.2):
-    """The weight matmuls of one decode step at the model's own shapes, each kind timed alone with
-    ATen's eager kernels: what each kind of GEMV reaches on this device (not a floor: a compiled
-    path may run other, faster kernels; ``decode_gap`` uses each path's own kernel times).
-
-    Every ``nn.Linear`` of the model is grouped by its name (q_proj, k_proj, v_proj, o_proj,
-    gate_proj, up_proj, down_proj, lm_head, ...); one ``bench.measure`` sample runs ``F.linear`` of a
-    ``(batch_size, in_features)`` activation with every layer's own weight of that kind, so the time
-    is the kind's share of one step summed over layers, and the weights stream from memory as they do
-    in a real step instead of staying in cache. Returns a DataFrame with one row per kind: shape,
-    layers, ``ms_per_step``, ``weight_bytes`` and the achieved ``gbps``.
-    """
-    import pandas as pd
-    import torch.nn.functional as F
-    from torch import nn
-
-    check_positive_int("batch_size", batch_size)
-    device = as_device(device) if device is not None else backend.model_device(model)
-    groups: dict = {}
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
-            groups.setdefault(name.rsplit(".", 1)[-1], []).append(module.weight.detach())
-    if not groups:
-        raise ValueError("model has no nn.Linear modules; pass an unquantized Llama-style model")
-    rows = []
-    with torch.inference_mode():
-        for kind, weights in groups.items():
-            out_f, in_f = weights[0].shape
-            x = torch.randn(batch_size, in_f, device=weights[0].device, dtype=weights[0].dtype)
-
-            def run(x=x, weights=weights):
-                for w in weights:
-                    F.linear(x, w)
-
-            timing = bench.measure(run, device, name=kind, warmup=2, min_iters=min_iters,
-                                   min_seconds=min_seconds)
-            nbytes = sum(w.numel() * w.element_size() for w in weights)
-            rows.append({"matmul": kind, "shape": f"({batch_size}, {in_f}) x ({in_f}, {out_f})",
-                         "layers": len(weights), "ms_per_step": timing.median * 1e3,
-                         "p10_ms": timing.p10 * 1e3, "p90_ms": timing.p90 * 1e3, "weight_bytes": int(nbytes),
-                         "gbps": nbytes / timing.median / 1e9, "dtype": dtype_name(weights[0].dtype)})
-    return pd.DataFrame(rows)
-
-
-def decode_gap(paths: dict, bytes_per_step: float, weight_bytes: float, bandwidth_gbps: float):
-    """One row per path: its measured decode step split into the weight-matmul kernels it ran and
-    the rest, beside the roofline.
-
-    ``paths`` maps a name (eager, graph, ...) to a ``measure_generation(..., kernel_profile=True)``
-    result. ``matmul_ms`` is that path's own weight-matmul kernel time per step (so a compiled path's
-    faster kernels are its own, and nothing is "beaten"); ``rest_ms`` = step - matmul_ms:
-    attention, norms, elementwise kernels, launches, Python. ``roofline_ms`` = bytes per step /
-    bandwidth, the time reading the weights and KV cache once would take. ``matmul_gbps`` is the
-    weights the matmuls read over their kernel time. A profiled kernel time above the timed step
-    (profiling and timing disagree) is kept as measured and flagged in ``note``.
-    """
-    import pandas as pd
-
-    if bandwidth_gbps <= 0 or bytes_per_step <= 0:
-        raise ValueError("bandwidth_gbps and bytes_per_step must be > 0")
-    roofline_ms = bytes_per_step / (bandwidth_gbps * 1e9) * 1e3
-    rows = []
-    for name, result in paths.items():
-        step = float(result["decode_ms_per_token"])
-        matmul = result.get("weight_matmul_ms")
-        matmul = float(matmul) if matmul is not None else math.nan
-        rows.append({"path": name, "step_ms": step, "matmul_ms": matmul, "rest_ms": step - matmul,
-                     "matmul_share_pct": 100.0 * matmul / step, "roofline_ms": roofline_ms,
-                     "roofline_pct": 100.0 * roofline_ms / step,
-                     "matmul_gbps": weight_bytes / (matmul / 1e3) / 1e9 if matmul > 0 else math.nan,
-                     "attention_ms": result.get("attention_ms"), "matmul_kernels": result.get("matmul_kernels", ""),
-                     "note": "profiled matmul time exceeds the timed step" if matmul > step else ""})
-    return pd.DataFrame(rows)
-
-
 def decode_step(model, tokenizer, prompt: str, *, chat: bool = False, device=None) -> Callable[[], Any]:
     """One eager batch-1 decode step after ``prompt``, as a callable that repeats the same step.
 
     The prefill runs once; each call is one forward of one token through the dynamic cache, which is
     cropped back afterwards, so every call (warm-up, timed, profiled) is the same step at the same
-    context. The probes of one step use it: ``decode_step_launches``, ``profiling.top_ops``, and
-    chapter 01's share of a step. Timing whole requests is ``measure_generation``'s job.
+    context. The probes of one step use it: ``end_to_end_study.decode_step_launches``,
+    ``end_to_end_study.top_ops``, and chapter 01's share of a step. Timing whole requests is
+    ``measure_generation``'s job.
     """
     device = as_device(device) if device is not None else backend.model_device(model)
     inputs = _inputs(model, tokenizer, [prompt], device, chat)
@@ -418,238 +298,8 @@ def decode_step(model, tokenizer, prompt: str, *, chat: bool = False, device=Non
     return step
 
 
-def decode_step_launches(model, tokenizer, prompt: str, *, chat: bool = False, device=None) -> dict:
-    """Operator launches of one eager batch-1 decode step (``decode_step``), counted from torch.profiler."""
-    from .profiling import count_ops
-
-    device = as_device(device) if device is not None else backend.model_device(model)
-    return count_ops(decode_step(model, tokenizer, prompt, chat=chat, device=device), device, warmup=1)
-
-
-def prompt_length_sweep(model, tokenizer, lengths, new_tokens: int, device=None, *, repeats: int = 3):
-    """``measure_generation`` at each prompt length (chapter 03): TTFT and decode per point, the
-    sample lists left out; a point that fails or runs out of memory is recorded and the sweep goes on."""
-    def point(n_tokens):
-        prompt, _ = prompt_of_length(tokenizer, n_tokens)
-        r = measure_generation(model, tokenizer, [prompt], new_tokens, device, repeats=repeats)
-        return {"requested_tokens": n_tokens, **r}
-
-    return sweep_table(run_sweep(lengths, point, device))
-
-
-# --- batching: the padding check and the batch sweep (chapter 04) --------------------------------
-
-# Prompts of different lengths on purpose, so that every batch of two or more is really padded.
-BATCH_PROMPTS = (
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "Explain in one sentence why the sky is blue, as you would to a curious child.",
-    "List three prime numbers.",
-    "What does a compiler do?",
-    "Summarise the plot of a detective story in which the butler is innocent and the gardener is not.",
-    "Translate 'good morning' into French.",
-    "Name a mammal that can fly.",
-)
-
-
-def batch_prompts(batch_size: int) -> list[str]:
-    """``batch_size`` prompts for one batch: ``BATCH_PROMPTS`` in turn, repeated past eight."""
-    check_positive_int("batch_size", batch_size)
-    return [BATCH_PROMPTS[i % len(BATCH_PROMPTS)] for i in range(batch_size)]
-
-
-def padding_check_in_float32(model, tokenizer, prompts, max_new_tokens: int,
-                             load_float32: Optional[Callable[[], Any]] = None, **kwargs) -> dict:
-    """``padding_check`` in the model's own dtype and, where that one differs in a reduced-precision
-    dtype, again in float32.
-
-    A padded batch runs the matmuls with other shapes, so sums are accumulated in another order; in
-    a 16-bit dtype that can move a logit enough to flip a near-tie between two tokens, and greedy
-    decoding then follows the other token. float32 tells that rounding apart from a padding bug.
-    ``load_float32()`` returns the same model in float32; it is called only when needed and the
-    copy is dropped afterwards. Returns the working dtype's check (``match``, ``rows``, ``dtype``,
-    ``differing``: prompts whose outputs differ, ``first_difference``: the earliest new token where
-    one does), ``float32`` (the float32 check, or None when none was needed or possible) and
-    ``padding_right``: the float32 verdict where there is one, else the working dtype's.
-    """
-    check = padding_check(model, tokenizer, prompts, max_new_tokens, **kwargs)
-    differs = [r["first_difference"] for r in check["rows"] if r["first_difference"] is not None]
-    check.update(dtype=dtype_name(next(model.parameters()).dtype), differing=len(differs),
-                 first_difference=min(differs) if differs else None, float32=None)
-    if not check["match"] and check["dtype"] != "float32" and load_float32 is not None:
-        reference = load_float32()
-        check["float32"] = padding_check(reference, tokenizer, prompts, max_new_tokens, **kwargs)
-        del reference
-        gc.collect()
-    check["padding_right"] = (check["float32"] or check)["match"]
-    return check
-
-
-def batch_sweep(model, tokenizer, batch_sizes: Iterable[int], max_new_tokens: int, device=None, *,
-                repeats: int = 3, prompts: Callable[[int], list] = batch_prompts) -> list[dict]:
-    """``measure_generation`` at each batch size (sorted, each once) through ``run_sweep``, so an
-    out-of-memory or failed point is recorded and the sweep goes on.
-
-    Eager, greedy, with the dynamic KV cache: chapter 03's batch-1 protocol, so the batch-1 point is
-    that figure's protocol at this sweep's lengths. Each measured row adds ``bytes_per_step`` (every
-    weight once plus the batch's KV cache halfway through the decode) and, where the decode time was
-    resolved, ``achieved_gbps`` (those bytes per measured step).
-    """
-    device = as_device(device) if device is not None else backend.model_device(model)
-
-    def point(batch: int) -> dict:
-        r = measure_generation(model, tokenizer, prompts(batch), max_new_tokens, device, repeats=repeats)
-        r["bytes_per_step"] = decode_bytes_per_step(model, batch, r["prompt_tokens"] + max_new_tokens // 2)
-        if r["decode_resolved"]:
-            r["achieved_gbps"] = achieved_bandwidth_gbps(r["bytes_per_step"], r["decode_ms_per_token"])
-        return r
-
-    return run_sweep(sorted(set(batch_sizes)), point, device)
-
-
-# The columns of a batch sweep a reader compares first (the recorded table keeps every column).
-SWEEP_COLUMNS = ("point", "status", "prompt_tokens", "ttft_ms", "decode_ms_per_token", "decode_p10_ms",
-                 "decode_p90_ms", "tokens_per_s_per_user", "tokens_per_s_aggregate", "memory_growth_bytes",
-                 "kv_cache_bytes", "peak_memory_bytes", "achieved_gbps", "error")
-
-
 def sweep_table(rows: list[dict]):
     """A sweep's rows as a DataFrame without the per-sample lists (``*_samples_ms``)."""
     import pandas as pd
 
     return pd.DataFrame([{k: v for k, v in r.items() if not k.endswith("samples_ms")} for r in rows])
-
-
-def _resolved(rows: list[dict]) -> dict:
-    """The sweep points whose every decode sample is positive: a sample at or below zero means the
-    timing noise of that repeat exceeded the decode time, and a spread through it has no bound."""
-    return {r["point"]: r for r in rows if r.get("status") == "ok" and r.get("decode_resolved")
-            and min(r.get("decode_samples_ms") or [0.0]) > 0}
-
-
-def batch_ratios(rows: list[dict], guide: Optional[dict] = None) -> list[dict]:
-    """Every resolved batch size of a ``batch_sweep`` against batch 1 of the same sweep.
-
-    Each ratio carries its spread (``bench.speedup`` of the decode and TTFT samples, p10-p90):
-    ``throughput_ratio`` = batch x decode(1) / decode(B), aggregate tokens/s over batch 1's;
-    ``latency_ratio`` = decode(B) / decode(1) per step, and ``latency_growth_pct`` the same as a
-    change in %, ``ttft_ratio`` likewise for the first token. Memory, each figure named for what it
-    is: ``memory_growth_mib`` (what the generates added over the memory in use before them),
-    ``kv_cache_mib`` (the batch's KV cache from the config; ``kv_added_mib`` over batch 1's),
-    ``peak_memory_mib`` (the request's peak: weights + growth on a CPU) and ``memory_growth_pct``, the peak over batch 1's (the guide's
-    显存增长 includes the weights). ``memory_growth_change`` is ``decide.changed`` of the growth
-    from batch 1 to B. ``guide`` maps a batch size to the guide's claims (``throughput``,
-    ``memory_pct``, ``latency_pct``). Only points whose every decode sample is positive take part
-    (``_resolved``); empty when batch 1 is not one of them.
-    """
-    from . import decide
-
-    by_batch, guide = _resolved(rows), guide or {}
-    base = by_batch.get(1)
-    if base is None:
-        return []
-    decode1, ttft1 = decode_timing(base, "decode batch 1"), ttft_timing(base, "ttft batch 1")
-    out = []
-    for b, r in sorted(by_batch.items()):
-        s = bench.speedup(decode1, decode_timing(r))
-        first = bench.speedup(ttft1, ttft_timing(r))
-        claim = guide.get(b, {})
-        out.append({
-            "batch": b, "prompt_tokens": r["prompt_tokens"], "throughput_ratio": b * s.ratio,
-            "throughput_low": b * s.low, "throughput_high": b * s.high,
-            "latency_ratio": 1 / s.ratio, "latency_ratio_low": 1 / s.high,
-            "latency_ratio_high": 1 / s.low, "latency_growth_pct": 100 * (1 / s.ratio - 1),
-            "latency_growth_low_pct": 100 * (1 / s.high - 1),
-            "latency_growth_high_pct": 100 * (1 / s.low - 1),
-            "ttft_ratio": 1 / first.ratio, "ttft_ratio_low": 1 / first.high, "ttft_ratio_high": 1 / first.low,
-            "ttft_growth_pct": 100 * (1 / first.ratio - 1),
-            "memory_growth_mib": r["memory_growth_bytes"] / 2 ** 20,
-            "kv_cache_mib": r["kv_cache_bytes"] / 2 ** 20,
-            "kv_added_mib": (r["kv_cache_bytes"] - base["kv_cache_bytes"]) / 2 ** 20,
-            "peak_memory_mib": r["peak_memory_bytes"] / 2 ** 20,
-            "memory_growth_pct": 100 * (r["peak_memory_bytes"] / base["peak_memory_bytes"] - 1),
-            "memory_growth_change": decide.changed([base["memory_growth_bytes"], r["memory_growth_bytes"]]),
-            "memory_kind": r.get("memory_kind", ""), "guide_throughput": claim.get("throughput"),
-            "guide_memory_pct": claim.get("memory_pct"), "guide_latency_pct": claim.get("latency_pct")})
-    return out
-
-
-# The columns of ``batch_ratios`` a reader compares with the guide's table first.
-RATIO_COLUMNS = ("batch", "throughput_ratio", "throughput_low", "throughput_high", "latency_growth_pct",
-                 "latency_growth_low_pct", "latency_growth_high_pct", "ttft_growth_pct", "memory_growth_mib",
-                 "kv_cache_mib", "memory_growth_pct", "guide_throughput", "guide_memory_pct",
-                 "guide_latency_pct")
-
-
-def kv_cache_table(rows: list[dict], weight_bytes: float) -> list[dict]:
-    """Per measured batch size: the KV cache the config implies at the request's final length, beside
-    the weights, the bytes a decode step reads, the achieved GB/s and the measured memory figures."""
-    out = []
-    for r in rows:
-        if r.get("status") != "ok":
-            continue
-        kv = r["kv_cache_bytes"]
-        out.append({"batch": r["point"], "context_tokens": int(r["prompt_tokens"] + r["new_tokens"]),
-                    "kv_cache_MiB": kv / 2 ** 20, "kv_share_of_weights_pct": 100 * kv / weight_bytes,
-                    "bytes_per_step_MB": r["bytes_per_step"] / 1e6,
-                    "decode_ms_per_token": r.get("decode_ms_per_token"),
-                    "achieved_gbps": r.get("achieved_gbps"),
-                    "measured_growth_MiB": r["memory_growth_bytes"] / 2 ** 20,
-                    "peak_memory_MiB": r["peak_memory_bytes"] / 2 ** 20})
-    return out
-
-
-def highest_bandwidth_point(rows: list[dict]) -> Optional[dict]:
-    """The measured sweep row whose decode moved the most GB/s (None when no decode was resolved)."""
-    found = [r for r in _resolved(rows).values() if math.isfinite(r.get("achieved_gbps", math.nan))]
-    return max(found, key=lambda r: r["achieved_gbps"]) if found else None
-
-
-def llama2_kv_growth(claims_pct: dict, contexts: Iterable[int] = (512, 2048), dtype: str = "float16") -> list:
-    """The guide's memory growth per batch size read as Llama-2-7B's KV cache (computed, not measured).
-
-    For each ``{batch: claimed %}``: the tokens per sequence at which the KV cache alone makes that
-    batch need the claimed % more than batch 1 (``roofline.context_for_kv_growth``), and the growth
-    the KV cache alone gives at each of ``contexts`` tokens, over the weights in ``dtype``.
-    """
-    from . import roofline
-
-    config, weights = roofline.LLAMA2_7B_CONFIG, roofline.llama2_weight_bytes(dtype)
-    out = []
-    for batch, claimed in sorted(claims_pct.items()):
-        row = {"batch": batch, "guide_memory_pct": claimed, "dtype": dtype, "weights_gb": weights / 1e9,
-               "kv_per_token_kib": roofline.kv_cache_bytes_per_token(config, dtype) / 2 ** 10,
-               "context_for_claim": roofline.context_for_kv_growth(config, batch, claimed, weights, dtype)}
-        for n in contexts:
-            row[f"kv_growth_pct_{n}"] = roofline.kv_memory_growth_pct(config, batch, n, weights, dtype)
-        out.append(row)
-    return out
-
-
-def logits_of_last_position(model, prompt_tokens: int, device=None, *, min_iters: int = 5,
-                            min_seconds: float = 0.2) -> dict:
-    """How the prefill's logits are computed (chapter 03): ``lm_head(hidden[:, -1:, :])``, the slice
-    transformers takes of the prompt's hidden states, against the same rows as a plain 2-D matrix.
-
-    The slice keeps the prompt's stride. Both give the same logits (checked); this returns each
-    one's timing (``bench.measure``) and the operators it spent its time in, so a chapter
-    can show whether this torch sends the slice down a slower path than the one GEMV it is.
-    """
-    from .profiling import busiest_ops
-
-    device = as_device(device) if device is not None else backend.model_device(model)
-    head = model.get_output_embeddings()
-    hidden = torch.randn(1, int(prompt_tokens), head.in_features, device=device, dtype=head.weight.dtype)
-    sliced, flat = hidden[:, -1:, :], hidden[:, -1, :]
-    with torch.inference_mode():
-        exact = torch.nn.functional.linear(flat.float(), head.weight.float())  # float32 reference
-        for got in (head(sliced)[:, 0], head(flat)):
-            bench.assert_within(got, exact, "matmul", what="lm_head logits")
-        out = {}
-        for name, x in (("slice", sliced), ("2-D rows", flat)):
-            timing = bench.measure(lambda x=x: head(x), device, name=f"lm_head, {name}", min_iters=min_iters,
-                                   min_seconds=min_seconds)
-            out[name] = {"median_ms": timing.median_ms, "p10_ms": timing.p10 * 1e3, "p90_ms": timing.p90 * 1e3,
-                         "ops": ", ".join(busiest_ops(lambda x=x: head(x), device)), "stride": list(x.stride()),
-                         "timing": timing}
-    return out

@@ -588,15 +588,16 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
 
     A variant is a ``Variant``, a model, or ``(model, prompts)`` for a rung that changes the batch.
     ``latency_ms`` is one full ``generate`` of ``max_new_tokens``; ``tokens_per_s`` is the aggregate
-    over the batch; the roofline is ``batch x bandwidth / weight bytes`` of that variant (memory-bound
-    decode, KV cache ignored), so an INT8 rung gets its own, higher ceiling. A compiled forward
+    over the batch; the roofline is ``batch x bandwidth / bytes per step`` of that variant (memory-bound
+    decode; ``generation.decode_bytes_per_step``, chapter 03's count: its weights plus the batch's KV
+    cache at the mean context of the decode), so an INT8 rung gets its own, higher ceiling. A compiled forward
     (``helpers.static_decode``) adds ``compiled_graphs`` and ``compile_s``. With ``profile_steps``,
     a batch-1 rung also gets the ms per step in each of ``STEP_PARTS`` (``decode_step_parts``),
     profiled on the same shapes after the timed runs.
     """
     from . import static_decode
     from .bench import Timing
-    from .generation import measure_generation
+    from .generation import decode_bytes_per_step, measure_generation
     from .models import weight_bytes
 
     def measure(variant) -> dict:
@@ -619,7 +620,9 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
             row["timing"] = Timing("decode per token", [x / 1e3 for x in out["decode_samples_ms"]],
                                    device=str(device))
         if bandwidth_gbps:
-            row["roofline_tok_s"] = (out.get("batch_size") or len(batch)) * bandwidth_gbps * 1e9 / row["weight_bytes"]
+            sequences = out.get("batch_size") or len(batch)
+            step_bytes = decode_bytes_per_step(model, sequences, out["prompt_tokens"] + max_new_tokens // 2)
+            row["roofline_tok_s"] = sequences * bandwidth_gbps * 1e9 / step_bytes
         if profile_steps and row["batch_size"] == 1 and out.get("decode_resolved"):
             parts = decode_step_parts(model, tokenizer, batch, decode_ms=out["decode_ms_per_token"],
                                       steps=min(profile_steps, max_new_tokens - 1), static_cache=static,

@@ -296,21 +296,6 @@ def byte_tokenizer():
                                    model_input_names=["input_ids", "attention_mask"])
 
 
-def guide_padding_call(texts=("Hello", "a longer prompt")) -> dict:
-    """The guide's ``tokenizer(texts, return_tensors="pt", padding=True, truncation=True)`` with a
-    tokenizer that, like Llama-2's (``<s>``, ``</s>``, ``<unk>``), defines no pad token.
-
-    Chapter 04 records whether the call runs, and the error it raises when it does not.
-    """
-    tokenizer = byte_tokenizer()
-    tokenizer.pad_token = None
-    try:
-        batch = tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True)
-    except ValueError as exc:
-        return {"runs": False, "error": f"ValueError: {str(exc).split('.')[0]}"}
-    return {"runs": True, "error": "", "shape": list(batch["input_ids"].shape)}
-
-
 def tiny_llama(seed: int = 0, hidden_size: int = 64, layers: int = 2, heads: int = 4,
                kv_heads: int = 2, intermediate_size: int = 160, dtype=torch.float32):
     """A seeded, randomly initialised Llama (same architecture as Llama-2) and its tokenizer."""

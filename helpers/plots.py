@@ -1,9 +1,10 @@
 """The chapters' figures (matplotlib), each drawn from a table the chapter recorded.
 
-Taught where each figure appears: ``plot_decode_gap`` in ``03_end_to_end.ipynb``, ``plot_batch_sweep``
-in ``04_batching.ipynb``. A function here draws what its table says and nothing else: every bar is
-the sum of its own measured parts, and its label is that sum (``tests/test_plots.py`` checks both on a case where a compiled path's kernels
-beat the eager ones).
+Layer: foundations; taught where each figure appears: ``plot_decode_gap`` in
+``03_end_to_end.ipynb``, ``plot_batch_sweep`` in ``04_batching.ipynb``. A function here draws what
+its table says and nothing else: every bar is the sum of its own measured parts, and its label is
+that sum (``tests/test_plots.py`` checks both on a case where a compiled path's kernels beat the
+eager ones).
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ PART_COLOURS = {"matmul_ms": "#4c72b0", "rest_ms": "#c44e52"}
 
 
 def decode_gap_parts(gap) -> list[dict]:
-    """Bar heights per path of a ``generation.decode_gap`` table: the step, its weight-matmul kernel
-    part (at most the step) and the rest; both parts non-negative and adding up to the step."""
+    """Bar heights per path of an ``end_to_end_study.decode_gap`` table: the step, its weight-matmul
+    kernel part (at most the step) and the rest; both parts non-negative and adding up to the step."""
     bars = []
     for row in gap.to_dict(orient="records"):
         step = float(row["step_ms"])
@@ -190,7 +191,7 @@ def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7
     the growth can be far above the cache).
 
     ``sweep`` is ``generation.sweep_table`` (only rows with a resolved decode are drawn), ``ratios``
-    ``generation.batch_ratios``, ``guide`` ``{batch: {"throughput": x, ...}}`` (the guide's claims).
+    ``batching_study.batch_ratios``, ``guide`` ``{batch: {"throughput": x, ...}}`` (the guide's claims).
     """
     import matplotlib.pyplot as plt
     import pandas as pd

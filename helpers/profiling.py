@@ -1,9 +1,12 @@
 """What ``torch.profiler`` sees: launches per call, the top operators, kernel time by kind.
 
-Taught in ``01_operator_verification.ipynb`` and ``02_ffn_fusion.ipynb`` (launches: fusion's first
-effect is fewer of them, so the chapters count them instead of guessing) and ``03_end_to_end.ipynb``
-(where decode time goes: ``top_ops``, and ``kernel_time_by_kind``, which splits a decode step into
-the weight-matmul kernels that path really ran, attention, and everything else).
+Layer: measurement; taught in 01_operator_verification, 02_ffn_fusion and 03_end_to_end.
+
+``01_operator_verification.ipynb`` and ``02_ffn_fusion.ipynb`` count launches (fusion's first
+effect is fewer of them, so the chapters count them instead of guessing); ``03_end_to_end.ipynb``
+shows where decode time goes (``kernel_time_by_kind`` splits a decode step into the weight-matmul
+kernels that path really ran, attention, and everything else; the chapter's table of the top
+operators of a step is ``end_to_end_study.top_ops``, built on ``_profile`` here).
 
 What is counted, per call of ``fn``:
 
@@ -219,35 +222,6 @@ def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="c
             "matmul_kernels": ", ".join(sorted(full["matmul_kernels"])),
             "kernel_profile": "torch.profiler self " + ("device" if device.type == "cuda" else "CPU")
                               + f" time, (generate {new_tokens} - generate 1) / {new_tokens - 1}, medians of {repeats}"}
-
-
-def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False,
-            row_limit: int = 10, device=None):
-    """Where decode time goes: torch.profiler over ``steps`` batch-1 decode steps (prefill excluded;
-    each is ``generation.decode_step``, the same step at the same context).
-
-    Returns a DataFrame of operators by self CPU time with their share of the profiled total.
-    On CUDA the device time is profiled too; on NPU use ``torch_npu.profiler`` for kernel times.
-    """
-    import pandas as pd
-
-    from .generation import decode_step
-
-    step = decode_step(model, tokenizer, prompt, chat=chat, device=device)
-    device = as_device(device) if device is not None else next(model.parameters()).device
-    step()  # one untimed step, as every measurement has
-
-    def steps_in_a_row():
-        for _ in range(steps):
-            step()
-
-    prof = _profile(steps_in_a_row, device)
-    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
-    total = sum(e.self_cpu_time_total for e in events) or 1.0
-    rows = [{"op": e.key, "calls": e.count, "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
-             "share_pct": 100.0 * e.self_cpu_time_total / total} for e in events]
-    df = pd.DataFrame(rows).sort_values("self_cpu_ms_per_step", ascending=False)
-    return df.head(row_limit).reset_index(drop=True)
 
 
 def op_list(counts: dict) -> str:

@@ -1,4 +1,6 @@
-"""Published device specs and the batch-1 decode roofline (taught in ``03_end_to_end.ipynb``).
+"""Published device specs and the batch-1 decode roofline.
+
+Layer: foundations; taught in 03_end_to_end.
 
 Decoding one token at batch 1 reads every weight once, so no implementation can beat
 ``bandwidth / weight bytes`` tokens per second. The same arithmetic run backwards says how much
@@ -106,7 +108,8 @@ def llama_parameter_count(vocab_size: int, hidden_size: int, intermediate_size: 
 
 def llama2_weight_bytes(dtype: str = "float16", size: str = "7b") -> int:
     """Weight bytes of a released Llama-2 (7B: 6.74 B parameters) stored in ``dtype`` (scales of int
-    formats ignored). A model loaded in this run is counted by ``helpers.models.weight_bytes``."""
+    formats ignored). A model loaded in this run is counted by ``helpers.models.weight_bytes``, and
+    what one of its decode steps reads by ``helpers.generation.decode_bytes_per_step``."""
     if dtype not in BYTES_PER_ELEMENT:
         raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(BYTES_PER_ELEMENT)}")
     if size not in LLAMA2_CONFIGS:
@@ -123,21 +126,6 @@ def prefill_floor_ms(prompt_tokens: int, parameters: int, tflops: float) -> floa
 def claim_verdict(claimed_tok_s: float, ceiling_tok_s: float) -> str:
     """'impossible' above the roofline, else 'plausible' (only a measurement can reproduce it)."""
     return "impossible" if claimed_tok_s > ceiling_tok_s else "plausible"
-
-
-def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None):
-    """Each device's batch-1 ceiling for ``weight_bytes``; ``extra`` adds measured rows {label: GB/s}."""
-    import pandas as pd
-
-    specs = load_specs() if specs is None else specs
-    rows = [{"device": r.variant, "bandwidth_gbps": float(r.bandwidth_gbps), "status": r.status,
-             "source": r.source} for r in specs.itertuples()]
-    for label, gbps in (extra or {}).items():
-        rows.append({"device": label, "bandwidth_gbps": float(gbps), "status": "measured",
-                     "source": "measured in this run"})
-    df = pd.DataFrame(rows)
-    df["ceiling_tok_s"] = [decode_ceiling_tok_s(b, weight_bytes) for b in df["bandwidth_gbps"]]
-    return df
 
 
 def _config_value(config, name: str):
@@ -196,48 +184,3 @@ def context_for_kv_growth(config, batch_size: int, growth_pct: float, weight_byt
     # (W + B k c) = (1 + g)(W + k c)  ->  c = g W / (k (B - 1 - g))
     denominator = per_token * (batch_size - 1 - growth)
     return float("inf") if denominator <= 0 else growth * weight_bytes / denominator
-
-
-# --- chapter 03: the guides' speed and first-token claims against these bounds ----------------------
-
-# (claim id in data/guide_claims.csv, the spec row it is about, the label shown); the claimed numbers
-# are read from the claims table, where each is quoted once with its Chinese original.
-DECODE_CLAIMS = (("C18", "910B1", "batch 1, one 910B1"), ("C18", "all 8 chips", "the same on all 8 chips"),
-                 ("C26", "910B1", "Llama-2-7B fp16, 910B"), ("C27", "A100 80GB SXM", "Llama-2-7B fp16, A100"))
-
-
-def guide_decode_claims(specs, weight_bytes: float):
-    """Each claimed batch-1 decode rate beside the bandwidth it needs and the device's ceiling.
-
-    A rate range counts at its slowest end (the most lenient reading); ``verdict`` is
-    ``claim_verdict`` (impossible above the ceiling, else plausible until measured there).
-    """
-    import pandas as pd
-
-    from .claims import claimed_range, load_claims
-
-    table = load_claims().set_index("id")
-    rows = []
-    for claim_id, variant, label in DECODE_CLAIMS:
-        device = specs[specs["variant"].str.contains(variant, regex=False)].iloc[0]
-        low, _ = claimed_range(table.loc[claim_id, "claimed_value"])
-        need = required_bandwidth_gbps(low, weight_bytes)
-        bound = decode_ceiling_tok_s(float(device.bandwidth_gbps), weight_bytes)
-        rows.append({"claim": claim_id, "guide's claim": f"{table.loc[claim_id, 'text_zh']} ({label})",
-                     "claimed tok/s": low, "device": device.variant, "spec status": device.status,
-                     "bandwidth needed (GB/s)": need, "device bandwidth (GB/s)": float(device.bandwidth_gbps),
-                     "% of bandwidth the claim needs": 100 * need / float(device.bandwidth_gbps),
-                     "ceiling tok/s": bound, "verdict": claim_verdict(low, bound)})
-    return pd.DataFrame(rows)
-
-
-def prefill_floor_table(prompt_lengths, parameters: int, tflops: float, budget_ms: float = 80.0):
-    """The fastest prefill at 100 % of ``tflops`` per prompt length (2 FLOP per parameter per token),
-    and the utilisation a ``budget_ms`` first token would need; plus the longest prompt that fits."""
-    import pandas as pd
-
-    rows = [{"prompt tokens": n, "prefill floor (ms)": prefill_floor_ms(n, parameters, tflops),
-             f"{budget_ms:g} ms needs utilisation (%)": 100 * prefill_floor_ms(n, parameters, tflops) / budget_ms}
-            for n in sorted(set(prompt_lengths))]
-    longest = budget_ms / 1e3 * tflops * 1e12 / (2 * parameters)
-    return pd.DataFrame(rows), longest

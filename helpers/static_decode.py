@@ -420,48 +420,6 @@ def graph_fields(compiled: Optional[CompiledForward], before: tuple = (0, 0.0)) 
     return fields
 
 
-def compiled_module_runs_generate_compiled() -> bool:
-    """Does ``torch.compile(model).generate(...)`` run the compiled graph? Checked on a tiny module
-    (chapter 03 records it): ``torch.compile`` returns an ``OptimizedModule`` whose attributes other
-    than ``forward`` are the original module's, so its ``generate`` calls the eager ``forward``."""
-    class Tiny(torch.nn.Module):
-        def forward(self, x):
-            return x
-
-        def generate(self):
-            return self  # transformers' generate calls self(...) on this object
-
-    compiled = torch.compile(Tiny())
-    return compiled.generate() is compiled
-
-
-def graph_count_demo(new_tokens: int = 12, recompile_limit: int = 4):
-    """Chapter 03's demonstration on a tiny random Llama, with a backend that only counts graphs:
-    ``dynamic=False`` with the dynamic cache builds a graph per KV length and hits the recompile
-    limit (``GraphRecompileError``); with the static cache it builds two (prefill and decode).
-    Returns one row per path and the error texts."""
-    import pandas as pd
-
-    from .generation import generate_tokens
-    from .models import tiny_llama
-
-    model, tokenizer = tiny_llama(seed=0)
-    inputs = tokenizer(["graph mode needs static shapes"], return_tensors="pt")
-    rows, errors = [], []
-    for path in ("dynamic cache", "static cache"):
-        compiled = compile_model(model, "cpu", backend_override="eager", recompile_limit=recompile_limit)
-        kwargs = static_generate_kwargs(model, inputs, new_tokens)[1] if path == "static cache" else {}
-        try:
-            with quiet_recompile_warnings():
-                generate_tokens(model, tokenizer, inputs, new_tokens, **kwargs)
-            outcome = "ok"
-        except GraphRecompileError as exc:
-            outcome = "GraphRecompileError"
-            errors.append(str(exc))
-        rows.append({"path": path, "new tokens": new_tokens, "graphs built": compiled.graphs, "outcome": outcome})
-        restore_eager(model)
-    return pd.DataFrame(rows), errors
-
 # --- a hand-written greedy loop in place of generate ------------------------------------------
 
 class GreedyLoop:

@@ -95,6 +95,8 @@ LEGACY_FILES = {
     "test_versions.py": "version checks and the transformers range",
     "test_models.py": "loading, the GGUF conversion and its cache folder per transformers line",
     "test_generation.py": "generate, the DynamicCache/StaticCache calls, timing figures",
+    "test_end_to_end_study.py": "one decode step of a transformers model taken apart, torch.compile's module",
+    "test_batching_study.py": "padded batches through generate, the guide's padding call on a tokenizer",
     "test_static_decode.py": "the static cache and compiled decode over transformers' Llama",
     "test_profiling.py": "profiled decode steps of a transformers model",
     "test_rungs.py": "the ladder's rungs applied to a transformers model",

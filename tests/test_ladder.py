@@ -134,8 +134,11 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
                 "dtype": "float32", "code_path": "stub", "prompt_tokens": 7, "new_tokens": max_new_tokens,
                 **graph}
 
+    from helpers import generation
+
     monkeypatch.setitem(sys.modules, "helpers.generation",
-                        types.SimpleNamespace(measure_generation=measure_generation))
+                        types.SimpleNamespace(measure_generation=measure_generation,
+                                              decode_bytes_per_step=generation.decode_bytes_per_step))
     model, tokenizer = tiny_model
     measure = ladder.generation_measure(tokenizer, ["a"], 4, "cpu", bandwidth_gbps=10.0, repeats=1)
     one = measure(model)
@@ -146,7 +149,11 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
     assert one["latency_ms"] == 500.0 and four["tokens_per_s"] == 32.0
     assert (one["prompt_tokens"], one["new_tokens"]) == (7, 4)  # chapter 07 compares at these lengths
     assert one["weight_bytes"] == models.weight_bytes(model) > 0
-    assert four["roofline_tok_s"] == pytest.approx(4 * one["roofline_tok_s"])
+    # every roofline counts a step's bytes one way: the weights plus the batch's KV cache at the mean context
+    for row, batch in ((one, 1), (four, 4)):
+        step_bytes = generation.decode_bytes_per_step(model, batch, 7 + 4 // 2)
+        assert row["roofline_tok_s"] == pytest.approx(batch * 10.0e9 / step_bytes)
+    assert one["roofline_tok_s"] < four["roofline_tok_s"] < 4 * one["roofline_tok_s"]  # the KV cache grows too
 
 
 def test_batch_rung_speedup_is_a_throughput_ratio():

@@ -222,8 +222,3 @@ def test_hub_endpoint_is_read_at_import():
     assert seen["read_before_import"] is True and seen["before_import"] == "https://hf-mirror.com"
     assert seen["after_import"] != "https://hf-mirror.com"
     assert environment_study.hub_endpoint_seen("HF_MIRROR_URL", "https://hf-mirror.com")["read_before_import"] is False
-
-
-def test_guide_padding_call_needs_a_pad_token():
-    out = models.guide_padding_call()
-    assert out["runs"] is False and "ValueError" in out["error"]

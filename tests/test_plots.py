@@ -1,14 +1,14 @@
 """Every bar is the sum of its own measured parts, and its label is that sum."""
 import pytest
 
-from helpers import generation, plots
+from helpers import batching_study, end_to_end_study, generation, plots
 
 
 def _gap():
     paths = {"eager, dynamic cache": {"decode_ms_per_token": 45.5, "weight_matmul_ms": 30.0},
              "graph, static cache": {"decode_ms_per_token": 26.5, "weight_matmul_ms": 21.0},
              "odd": {"decode_ms_per_token": 10.0, "weight_matmul_ms": 12.0}}
-    return generation.decode_gap(paths, bytes_per_step=270e6, weight_bytes=268e6, bandwidth_gbps=24.0)
+    return end_to_end_study.decode_gap(paths, bytes_per_step=270e6, weight_bytes=268e6, bandwidth_gbps=24.0)
 
 
 def test_decode_gap_bars_add_up_to_their_labels():
@@ -34,7 +34,7 @@ def test_decode_gap_bars_add_up_to_their_labels():
 
 def test_batch_sweep_plot_draws_its_tables_and_the_guides_claims():
     import pandas as pd
-    from test_generation import _point
+    from test_batching_study import _point
 
     mib = 2 ** 20
     rows = [_point(1, [9.0, 10.0, 12.0], [50.0] * 3, 100 * mib, 1 * mib),
@@ -46,7 +46,7 @@ def test_batch_sweep_plot_draws_its_tables_and_the_guides_claims():
                  tokens_per_s_aggregate=r["point"] * 1e3 / r["decode_ms_per_token"],
                  ttft_ms=r["ttft_samples_ms"][1])
     sweep = generation.sweep_table(rows)
-    ratios = generation.batch_ratios(rows)
+    ratios = batching_study.batch_ratios(rows)
     guide = {4: {"throughput": 3.2}, 8: {"throughput": 5.8}}
     fig = plots.plot_batch_sweep(sweep, ratios, guide, "test")
     speed, latency, gain, memory = fig.axes

@@ -1,15 +1,8 @@
-"""torch.profiler readings: the top operators and kernel time per decode token by kind."""
+"""torch.profiler readings: the kind of each kernel and kernel time per decode token by kind."""
 import pytest
 import torch
 
-from helpers import generation, profiling, static_decode
-
-
-def test_top_ops_lists_matmuls(tiny_model):
-    model, tok = tiny_model
-    df = profiling.top_ops(model, tok, "hello there", steps=2, row_limit=30)
-    assert {"op", "calls", "self_cpu_ms_per_step", "share_pct"} <= set(df.columns)
-    assert df["op"].str.contains("mm|linear|addmm").any()
+from helpers import generation, profiling
 
 
 @pytest.mark.parametrize("name, kind", [

@@ -299,12 +299,6 @@ def test_autotuning_is_kept_to_decode_steps_unless_asked(model):
         static_decode.restore_eager(m)
 
 
-def test_compiling_the_module_leaves_generate_eager(monkeypatch):
-    assert static_decode.compiled_module_runs_generate_compiled() is False
-    monkeypatch.setattr(torch, "compile", lambda module, **kw: module)  # a compile that wrapped everything
-    assert static_decode.compiled_module_runs_generate_compiled() is True
-
-
 # --- the hand-written greedy loop ---------------------------------------------------------------
 
 @pytest.mark.parametrize("prompts", [(PROMPT,), ("a", PROMPT)])  # the second is left-padded

@@ -1,0 +1,241 @@
+"""Chapter 04's own study (layer: chapter studies; taught in 04_batching): batching measured with
+chapter 03's protocol, built from the layers below.
+
+Every batch size is timed by ``generation.measure_generation`` and put on the roofline with
+``generation.decode_bytes_per_step``; what is here is what only chapter 04 shows: the guide's
+padding call, whether left padding changes greedy outputs (and whether float32 tells rounding from
+a bug), the batch sweep and its ratios to batch 1, the KV cache beside the weights, and the guide's
+memory growth read as Llama-2-7B's KV cache.
+"""
+from __future__ import annotations
+
+import gc
+import math
+from typing import Any, Callable, Iterable, Optional
+
+from . import backend, bench, decide, generation, roofline
+from .backend import as_device, dtype_name
+from .generation import (achieved_bandwidth_gbps, decode_bytes_per_step, decode_timing, greedy_new_tokens,
+                         measure_generation, run_sweep, ttft_timing)
+from .models import byte_tokenizer
+from .params import check_positive_int
+
+
+# --- padding: the guide's call and whether left padding changes greedy outputs --------------------
+
+def guide_padding_call(texts=("Hello", "a longer prompt")) -> dict:
+    """The guide's ``tokenizer(texts, return_tensors="pt", padding=True, truncation=True)`` with a
+    tokenizer that, like Llama-2's (``<s>``, ``</s>``, ``<unk>``), defines no pad token.
+
+    Chapter 04 records whether the call runs, and the error it raises when it does not.
+    """
+    tokenizer = byte_tokenizer()
+    tokenizer.pad_token = None
+    try:
+        batch = tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True)
+    except ValueError as exc:
+        return {"runs": False, "error": f"ValueError: {str(exc).split('.')[0]}"}
+    return {"runs": True, "error": "", "shape": list(batch["input_ids"].shape)}
+
+
+# Prompts of different lengths on purpose, so that every batch of two or more is really padded.
+BATCH_PROMPTS = (
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "Explain in one sentence why the sky is blue, as you would to a curious child.",
+    "List three prime numbers.",
+    "What does a compiler do?",
+    "Summarise the plot of a detective story in which the butler is innocent and the gardener is not.",
+    "Translate 'good morning' into French.",
+    "Name a mammal that can fly.",
+)
+
+
+def batch_prompts(batch_size: int) -> list[str]:
+    """``batch_size`` prompts for one batch: ``BATCH_PROMPTS`` in turn, repeated past eight."""
+    check_positive_int("batch_size", batch_size)
+    return [BATCH_PROMPTS[i % len(BATCH_PROMPTS)] for i in range(batch_size)]
+
+
+def padding_check(model, tokenizer, prompts, max_new_tokens: int, *, chat: bool = False,
+                  device=None) -> dict:
+    """Do batched (left-padded) greedy outputs equal each prompt generated alone?
+
+    Returns ``match`` plus, per prompt, its token count and the first position where the two
+    outputs differ (None when they agree).
+    """
+    batched = greedy_new_tokens(model, tokenizer, prompts, max_new_tokens, chat=chat, device=device)
+    rows = []
+    for prompt, together in zip(prompts, batched):
+        alone = greedy_new_tokens(model, tokenizer, [prompt], max_new_tokens, chat=chat,
+                                  device=device)[0]
+        first = next((i for i, (a, b) in enumerate(zip(alone, together)) if a != b), None)
+        if first is None and len(alone) != len(together):
+            first = min(len(alone), len(together))
+        prompt_tokens = len(generation._inputs(model, tokenizer, [prompt], device, chat)["input_ids"][0])
+        rows.append({"prompt": prompt, "prompt_tokens": prompt_tokens, "first_difference": first,
+                     "match": first is None, "alone": tokenizer.decode(alone),
+                     "batched": tokenizer.decode(together)})
+    return {"match": all(r["match"] for r in rows), "rows": rows,
+            "batch_size": len(prompts), "new_tokens": max_new_tokens}
+
+
+def padding_check_in_float32(model, tokenizer, prompts, max_new_tokens: int,
+                             load_float32: Optional[Callable[[], Any]] = None, **kwargs) -> dict:
+    """``padding_check`` in the model's own dtype and, where that one differs in a reduced-precision
+    dtype, again in float32.
+
+    A padded batch runs the matmuls with other shapes, so sums are accumulated in another order; in
+    a 16-bit dtype that can move a logit enough to flip a near-tie between two tokens, and greedy
+    decoding then follows the other token. float32 tells that rounding apart from a padding bug.
+    ``load_float32()`` returns the same model in float32; it is called only when needed and the
+    copy is dropped afterwards. Returns the working dtype's check (``match``, ``rows``, ``dtype``,
+    ``differing``: prompts whose outputs differ, ``first_difference``: the earliest new token where
+    one does), ``float32`` (the float32 check, or None when none was needed or possible) and
+    ``padding_right``: the float32 verdict where there is one, else the working dtype's.
+    """
+    check = padding_check(model, tokenizer, prompts, max_new_tokens, **kwargs)
+    differs = [r["first_difference"] for r in check["rows"] if r["first_difference"] is not None]
+    check.update(dtype=dtype_name(next(model.parameters()).dtype), differing=len(differs),
+                 first_difference=min(differs) if differs else None, float32=None)
+    if not check["match"] and check["dtype"] != "float32" and load_float32 is not None:
+        reference = load_float32()
+        check["float32"] = padding_check(reference, tokenizer, prompts, max_new_tokens, **kwargs)
+        del reference
+        gc.collect()
+    check["padding_right"] = (check["float32"] or check)["match"]
+    return check
+
+
+# --- the batch sweep and its ratios to batch 1 ----------------------------------------------------
+
+def batch_sweep(model, tokenizer, batch_sizes: Iterable[int], max_new_tokens: int, device=None, *,
+                repeats: int = 3, prompts: Callable[[int], list] = batch_prompts) -> list[dict]:
+    """``measure_generation`` at each batch size (sorted, each once) through ``run_sweep``, so an
+    out-of-memory or failed point is recorded and the sweep goes on.
+
+    Eager, greedy, with the dynamic KV cache: chapter 03's batch-1 protocol, so the batch-1 point is
+    that figure's protocol at this sweep's lengths. Each measured row adds ``bytes_per_step`` (every
+    weight once plus the batch's KV cache halfway through the decode) and, where the decode time was
+    resolved, ``achieved_gbps`` (those bytes per measured step).
+    """
+    device = as_device(device) if device is not None else backend.model_device(model)
+
+    def point(batch: int) -> dict:
+        r = measure_generation(model, tokenizer, prompts(batch), max_new_tokens, device, repeats=repeats)
+        r["bytes_per_step"] = decode_bytes_per_step(model, batch, r["prompt_tokens"] + max_new_tokens // 2)
+        if r["decode_resolved"]:
+            r["achieved_gbps"] = achieved_bandwidth_gbps(r["bytes_per_step"], r["decode_ms_per_token"])
+        return r
+
+    return run_sweep(sorted(set(batch_sizes)), point, device)
+
+
+# The columns of a batch sweep a reader compares first (the recorded table keeps every column).
+SWEEP_COLUMNS = ("point", "status", "prompt_tokens", "ttft_ms", "decode_ms_per_token", "decode_p10_ms",
+                 "decode_p90_ms", "tokens_per_s_per_user", "tokens_per_s_aggregate", "memory_growth_bytes",
+                 "kv_cache_bytes", "peak_memory_bytes", "achieved_gbps", "error")
+
+
+def _resolved(rows: list[dict]) -> dict:
+    """The sweep points whose every decode sample is positive: a sample at or below zero means the
+    timing noise of that repeat exceeded the decode time, and a spread through it has no bound."""
+    return {r["point"]: r for r in rows if r.get("status") == "ok" and r.get("decode_resolved")
+            and min(r.get("decode_samples_ms") or [0.0]) > 0}
+
+
+def batch_ratios(rows: list[dict], guide: Optional[dict] = None) -> list[dict]:
+    """Every resolved batch size of a ``batch_sweep`` against batch 1 of the same sweep.
+
+    Each ratio carries its spread (``bench.speedup`` of the decode and TTFT samples, p10-p90):
+    ``throughput_ratio`` = batch x decode(1) / decode(B), aggregate tokens/s over batch 1's;
+    ``latency_ratio`` = decode(B) / decode(1) per step, and ``latency_growth_pct`` the same as a
+    change in %, ``ttft_ratio`` likewise for the first token. Memory, each figure named for what it
+    is: ``memory_growth_mib`` (what the generates added over the memory in use before them),
+    ``kv_cache_mib`` (the batch's KV cache from the config; ``kv_added_mib`` over batch 1's),
+    ``peak_memory_mib`` (the request's peak: weights + growth on a CPU) and ``memory_growth_pct``, the peak over batch 1's (the guide's
+    显存增长 includes the weights). ``memory_growth_change`` is ``decide.changed`` of the growth
+    from batch 1 to B. ``guide`` maps a batch size to the guide's claims (``throughput``,
+    ``memory_pct``, ``latency_pct``). Only points whose every decode sample is positive take part
+    (``_resolved``); empty when batch 1 is not one of them.
+    """
+    by_batch, guide = _resolved(rows), guide or {}
+    base = by_batch.get(1)
+    if base is None:
+        return []
+    decode1, ttft1 = decode_timing(base, "decode batch 1"), ttft_timing(base, "ttft batch 1")
+    out = []
+    for b, r in sorted(by_batch.items()):
+        s = bench.speedup(decode1, decode_timing(r))
+        first = bench.speedup(ttft1, ttft_timing(r))
+        claim = guide.get(b, {})
+        out.append({
+            "batch": b, "prompt_tokens": r["prompt_tokens"], "throughput_ratio": b * s.ratio,
+            "throughput_low": b * s.low, "throughput_high": b * s.high,
+            "latency_ratio": 1 / s.ratio, "latency_ratio_low": 1 / s.high,
+            "latency_ratio_high": 1 / s.low, "latency_growth_pct": 100 * (1 / s.ratio - 1),
+            "latency_growth_low_pct": 100 * (1 / s.high - 1),
+            "latency_growth_high_pct": 100 * (1 / s.low - 1),
+            "ttft_ratio": 1 / first.ratio, "ttft_ratio_low": 1 / first.high, "ttft_ratio_high": 1 / first.low,
+            "ttft_growth_pct": 100 * (1 / first.ratio - 1),
+            "memory_growth_mib": r["memory_growth_bytes"] / 2 ** 20,
+            "kv_cache_mib": r["kv_cache_bytes"] / 2 ** 20,
+            "kv_added_mib": (r["kv_cache_bytes"] - base["kv_cache_bytes"]) / 2 ** 20,
+            "peak_memory_mib": r["peak_memory_bytes"] / 2 ** 20,
+            "memory_growth_pct": 100 * (r["peak_memory_bytes"] / base["peak_memory_bytes"] - 1),
+            "memory_growth_change": decide.changed([base["memory_growth_bytes"], r["memory_growth_bytes"]]),
+            "memory_kind": r.get("memory_kind", ""), "guide_throughput": claim.get("throughput"),
+            "guide_memory_pct": claim.get("memory_pct"), "guide_latency_pct": claim.get("latency_pct")})
+    return out
+
+
+# The columns of ``batch_ratios`` a reader compares with the guide's table first.
+RATIO_COLUMNS = ("batch", "throughput_ratio", "throughput_low", "throughput_high", "latency_growth_pct",
+                 "latency_growth_low_pct", "latency_growth_high_pct", "ttft_growth_pct", "memory_growth_mib",
+                 "kv_cache_mib", "memory_growth_pct", "guide_throughput", "guide_memory_pct",
+                 "guide_latency_pct")
+
+
+# --- the KV cache beside the weights, measured and the guide's ------------------------------------
+
+def kv_cache_table(rows: list[dict], weight_bytes: float) -> list[dict]:
+    """Per measured batch size: the KV cache the config implies at the request's final length, beside
+    the weights, the bytes a decode step reads, the achieved GB/s and the measured memory figures."""
+    out = []
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        kv = r["kv_cache_bytes"]
+        out.append({"batch": r["point"], "context_tokens": int(r["prompt_tokens"] + r["new_tokens"]),
+                    "kv_cache_MiB": kv / 2 ** 20, "kv_share_of_weights_pct": 100 * kv / weight_bytes,
+                    "bytes_per_step_MB": r["bytes_per_step"] / 1e6,
+                    "decode_ms_per_token": r.get("decode_ms_per_token"),
+                    "achieved_gbps": r.get("achieved_gbps"),
+                    "measured_growth_MiB": r["memory_growth_bytes"] / 2 ** 20,
+                    "peak_memory_MiB": r["peak_memory_bytes"] / 2 ** 20})
+    return out
+
+
+def highest_bandwidth_point(rows: list[dict]) -> Optional[dict]:
+    """The measured sweep row whose decode moved the most GB/s (None when no decode was resolved)."""
+    found = [r for r in _resolved(rows).values() if math.isfinite(r.get("achieved_gbps", math.nan))]
+    return max(found, key=lambda r: r["achieved_gbps"]) if found else None
+
+
+def llama2_kv_growth(claims_pct: dict, contexts: Iterable[int] = (512, 2048), dtype: str = "float16") -> list:
+    """The guide's memory growth per batch size read as Llama-2-7B's KV cache (computed, not measured).
+
+    For each ``{batch: claimed %}``: the tokens per sequence at which the KV cache alone makes that
+    batch need the claimed % more than batch 1 (``roofline.context_for_kv_growth``), and the growth
+    the KV cache alone gives at each of ``contexts`` tokens, over the weights in ``dtype``.
+    """
+    config, weights = roofline.LLAMA2_7B_CONFIG, roofline.llama2_weight_bytes(dtype)
+    out = []
+    for batch, claimed in sorted(claims_pct.items()):
+        row = {"batch": batch, "guide_memory_pct": claimed, "dtype": dtype, "weights_gb": weights / 1e9,
+               "kv_per_token_kib": roofline.kv_cache_bytes_per_token(config, dtype) / 2 ** 10,
+               "context_for_claim": roofline.context_for_kv_growth(config, batch, claimed, weights, dtype)}
+        for n in contexts:
+            row[f"kv_growth_pct_{n}"] = roofline.kv_memory_growth_pct(config, batch, n, weights, dtype)
+        out.append(row)
+    return out

@@ -1,0 +1,294 @@
+"""Chapter 03's own study (layer: chapter studies; taught in 03_end_to_end): one request taken
+apart, built from the layers below.
+
+The request is timed by ``generation.measure_generation`` and put on the roofline with
+``generation.decode_bytes_per_step``; what is here is what only chapter 03 shows: how the prefill's
+logits are computed, where one decode step's time goes (operators, launches, each weight matmul
+timed alone, each path's step split by its own kernels), the prompt-length sweep, why graph mode
+needs static shapes, and the guide's speed and first-token claims against the device bounds.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import backend, bench, profiling
+from .backend import as_device, dtype_name
+from .claims import claimed_range, load_claims
+from .generation import decode_step, generate_tokens, measure_generation, run_sweep, sweep_table
+from .models import tiny_llama
+from .params import check_positive_int
+from .profiling import busiest_ops, count_ops
+from .roofline import (claim_verdict, decode_ceiling_tok_s, load_specs, prefill_floor_ms,
+                       required_bandwidth_gbps)
+from .static_decode import (GraphRecompileError, compile_model, quiet_recompile_warnings, restore_eager,
+                            static_generate_kwargs)
+
+
+# --- the prefill's logits: the slice transformers takes against plain rows ------------------------
+
+def logits_of_last_position(model, prompt_tokens: int, device=None, *, min_iters: int = 5,
+                            min_seconds: float = 0.2) -> dict:
+    """How the prefill's logits are computed (chapter 03): ``lm_head(hidden[:, -1:, :])``, the slice
+    transformers takes of the prompt's hidden states, against the same rows as a plain 2-D matrix.
+
+    The slice keeps the prompt's stride. Both give the same logits (checked); this returns each
+    one's timing (``bench.measure``) and the operators it spent its time in, so a chapter
+    can show whether this torch sends the slice down a slower path than the one GEMV it is.
+    """
+    device = as_device(device) if device is not None else backend.model_device(model)
+    head = model.get_output_embeddings()
+    hidden = torch.randn(1, int(prompt_tokens), head.in_features, device=device, dtype=head.weight.dtype)
+    sliced, flat = hidden[:, -1:, :], hidden[:, -1, :]
+    with torch.inference_mode():
+        exact = torch.nn.functional.linear(flat.float(), head.weight.float())  # float32 reference
+        for got in (head(sliced)[:, 0], head(flat)):
+            bench.assert_within(got, exact, "matmul", what="lm_head logits")
+        out = {}
+        for name, x in (("slice", sliced), ("2-D rows", flat)):
+            timing = bench.measure(lambda x=x: head(x), device, name=f"lm_head, {name}", min_iters=min_iters,
+                                   min_seconds=min_seconds)
+            out[name] = {"median_ms": timing.median_ms, "p10_ms": timing.p10 * 1e3, "p90_ms": timing.p90 * 1e3,
+                         "ops": ", ".join(busiest_ops(lambda x=x: head(x), device)), "stride": list(x.stride()),
+                         "timing": timing}
+    return out
+
+
+# --- where one decode step's time goes: operators, launches, each matmul alone, each path's split -
+
+def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False,
+            row_limit: int = 10, device=None):
+    """Where decode time goes: torch.profiler over ``steps`` batch-1 decode steps (prefill excluded;
+    each is ``generation.decode_step``, the same step at the same context).
+
+    Returns a DataFrame of operators by self CPU time with their share of the profiled total.
+    On CUDA the device time is profiled too; on NPU use ``torch_npu.profiler`` for kernel times.
+    """
+    import pandas as pd
+
+    step = decode_step(model, tokenizer, prompt, chat=chat, device=device)
+    device = as_device(device) if device is not None else next(model.parameters()).device
+    step()  # one untimed step, as every measurement has
+
+    def steps_in_a_row():
+        for _ in range(steps):
+            step()
+
+    prof = profiling._profile(steps_in_a_row, device)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    rows = [{"op": e.key, "calls": e.count, "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+             "share_pct": 100.0 * e.self_cpu_time_total / total} for e in events]
+    df = pd.DataFrame(rows).sort_values("self_cpu_ms_per_step", ascending=False)
+    return df.head(row_limit).reset_index(drop=True)
+
+
+def decode_step_launches(model, tokenizer, prompt: str, *, chat: bool = False, device=None) -> dict:
+    """Operator launches of one eager batch-1 decode step (``decode_step``), counted from torch.profiler."""
+    device = as_device(device) if device is not None else backend.model_device(model)
+    return count_ops(decode_step(model, tokenizer, prompt, chat=chat, device=device), device, warmup=1)
+
+
+def eager_matmul_times(model, batch_size: int = 1, device=None, *, min_iters: int = 5,
+                       min_seconds: float = 0.2):
+    """The weight matmuls of one decode step at the model's own shapes, each kind timed alone with
+    ATen's eager kernels: what each kind of GEMV reaches on this device (not a floor: a compiled
+    path may run other, faster kernels; ``decode_gap`` uses each path's own kernel times).
+
+    Every ``nn.Linear`` of the model is grouped by its name (q_proj, k_proj, v_proj, o_proj,
+    gate_proj, up_proj, down_proj, lm_head, ...); one ``bench.measure`` sample runs ``F.linear`` of a
+    ``(batch_size, in_features)`` activation with every layer's own weight of that kind, so the time
+    is the kind's share of one step summed over layers, and the weights stream from memory as they do
+    in a real step instead of staying in cache. Returns a DataFrame with one row per kind: shape,
+    layers, ``ms_per_step``, ``weight_bytes`` and the achieved ``gbps``.
+    """
+    import pandas as pd
+    import torch.nn.functional as F
+    from torch import nn
+
+    check_positive_int("batch_size", batch_size)
+    device = as_device(device) if device is not None else backend.model_device(model)
+    groups: dict = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            groups.setdefault(name.rsplit(".", 1)[-1], []).append(module.weight.detach())
+    if not groups:
+        raise ValueError("model has no nn.Linear modules; pass an unquantized Llama-style model")
+    rows = []
+    with torch.inference_mode():
+        for kind, weights in groups.items():
+            out_f, in_f = weights[0].shape
+            x = torch.randn(batch_size, in_f, device=weights[0].device, dtype=weights[0].dtype)
+
+            def run(x=x, weights=weights):
+                for w in weights:
+                    F.linear(x, w)
+
+            timing = bench.measure(run, device, name=kind, warmup=2, min_iters=min_iters,
+                                   min_seconds=min_seconds)
+            nbytes = sum(w.numel() * w.element_size() for w in weights)
+            rows.append({"matmul": kind, "shape": f"({batch_size}, {in_f}) x ({in_f}, {out_f})",
+                         "layers": len(weights), "ms_per_step": timing.median * 1e3,
+                         "p10_ms": timing.p10 * 1e3, "p90_ms": timing.p90 * 1e3, "weight_bytes": int(nbytes),
+                         "gbps": nbytes / timing.median / 1e9, "dtype": dtype_name(weights[0].dtype)})
+    return pd.DataFrame(rows)
+
+
+def decode_gap(paths: dict, bytes_per_step: float, weight_bytes: float, bandwidth_gbps: float):
+    """One row per path: its measured decode step split into the weight-matmul kernels it ran and
+    the rest, beside the roofline.
+
+    ``paths`` maps a name (eager, graph, ...) to a ``measure_generation(..., kernel_profile=True)``
+    result. ``matmul_ms`` is that path's own weight-matmul kernel time per step (so a compiled path's
+    faster kernels are its own, and nothing is "beaten"); ``rest_ms`` = step - matmul_ms:
+    attention, norms, elementwise kernels, launches, Python. ``roofline_ms`` = bytes per step /
+    bandwidth, the time reading the weights and KV cache once would take. ``matmul_gbps`` is the
+    weights the matmuls read over their kernel time. A profiled kernel time above the timed step
+    (profiling and timing disagree) is kept as measured and flagged in ``note``.
+    """
+    import pandas as pd
+
+    if bandwidth_gbps <= 0 or bytes_per_step <= 0:
+        raise ValueError("bandwidth_gbps and bytes_per_step must be > 0")
+    roofline_ms = bytes_per_step / (bandwidth_gbps * 1e9) * 1e3
+    rows = []
+    for name, result in paths.items():
+        step = float(result["decode_ms_per_token"])
+        matmul = result.get("weight_matmul_ms")
+        matmul = float(matmul) if matmul is not None else math.nan
+        rows.append({"path": name, "step_ms": step, "matmul_ms": matmul, "rest_ms": step - matmul,
+                     "matmul_share_pct": 100.0 * matmul / step, "roofline_ms": roofline_ms,
+                     "roofline_pct": 100.0 * roofline_ms / step,
+                     "matmul_gbps": weight_bytes / (matmul / 1e3) / 1e9 if matmul > 0 else math.nan,
+                     "attention_ms": result.get("attention_ms"), "matmul_kernels": result.get("matmul_kernels", ""),
+                     "note": "profiled matmul time exceeds the timed step" if matmul > step else ""})
+    return pd.DataFrame(rows)
+
+
+# --- the prompt-length sweep ----------------------------------------------------------------------
+
+def prompt_of_length(tokenizer, n_tokens: int, text: Optional[str] = None) -> tuple[str, int]:
+    """A plain-text prompt of about ``n_tokens`` tokens (and its exact count) for length sweeps."""
+    check_positive_int("n_tokens", n_tokens)
+    base = text or ("Large language models generate text one token at a time. Each step reads "
+                    "every weight of the model from memory, so the speed of decoding is set by "
+                    "memory bandwidth, while the prompt is processed in parallel. ")
+    ids: list[int] = []
+    while len(ids) < n_tokens + 8:
+        ids += tokenizer(base, add_special_tokens=False)["input_ids"]
+    prompt = tokenizer.decode(ids[:n_tokens], skip_special_tokens=True)
+    count = len(tokenizer(prompt)["input_ids"])
+    return prompt, count
+
+
+def prompt_length_sweep(model, tokenizer, lengths, new_tokens: int, device=None, *, repeats: int = 3):
+    """``measure_generation`` at each prompt length (chapter 03): TTFT and decode per point, the
+    sample lists left out; a point that fails or runs out of memory is recorded and the sweep goes on."""
+    def point(n_tokens):
+        prompt, _ = prompt_of_length(tokenizer, n_tokens)
+        r = measure_generation(model, tokenizer, [prompt], new_tokens, device, repeats=repeats)
+        return {"requested_tokens": n_tokens, **r}
+
+    return sweep_table(run_sweep(lengths, point, device))
+
+
+# --- graph mode needs static shapes ---------------------------------------------------------------
+
+def graph_count_demo(new_tokens: int = 12, recompile_limit: int = 4):
+    """Chapter 03's demonstration on a tiny random Llama, with a backend that only counts graphs:
+    ``dynamic=False`` with the dynamic cache builds a graph per KV length and hits the recompile
+    limit (``GraphRecompileError``); with the static cache it builds two (prefill and decode).
+    Returns one row per path and the error texts."""
+    import pandas as pd
+
+    model, tokenizer = tiny_llama(seed=0)
+    inputs = tokenizer(["graph mode needs static shapes"], return_tensors="pt")
+    rows, errors = [], []
+    for path in ("dynamic cache", "static cache"):
+        compiled = compile_model(model, "cpu", backend_override="eager", recompile_limit=recompile_limit)
+        kwargs = static_generate_kwargs(model, inputs, new_tokens)[1] if path == "static cache" else {}
+        try:
+            with quiet_recompile_warnings():
+                generate_tokens(model, tokenizer, inputs, new_tokens, **kwargs)
+            outcome = "ok"
+        except GraphRecompileError as exc:
+            outcome = "GraphRecompileError"
+            errors.append(str(exc))
+        rows.append({"path": path, "new tokens": new_tokens, "graphs built": compiled.graphs, "outcome": outcome})
+        restore_eager(model)
+    return pd.DataFrame(rows), errors
+
+
+def compiled_module_runs_generate_compiled() -> bool:
+    """Does ``torch.compile(model).generate(...)`` run the compiled graph? Checked on a tiny module
+    (chapter 03 records it): ``torch.compile`` returns an ``OptimizedModule`` whose attributes other
+    than ``forward`` are the original module's, so its ``generate`` calls the eager ``forward``."""
+    class Tiny(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+        def generate(self):
+            return self  # transformers' generate calls self(...) on this object
+
+    compiled = torch.compile(Tiny())
+    return compiled.generate() is compiled
+
+
+# --- the guides' speed and first-token claims against the device bounds ---------------------------
+
+def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None):
+    """Each device's batch-1 ceiling for ``weight_bytes``; ``extra`` adds measured rows {label: GB/s}."""
+    import pandas as pd
+
+    specs = load_specs() if specs is None else specs
+    rows = [{"device": r.variant, "bandwidth_gbps": float(r.bandwidth_gbps), "status": r.status,
+             "source": r.source} for r in specs.itertuples()]
+    for label, gbps in (extra or {}).items():
+        rows.append({"device": label, "bandwidth_gbps": float(gbps), "status": "measured",
+                     "source": "measured in this run"})
+    df = pd.DataFrame(rows)
+    df["ceiling_tok_s"] = [decode_ceiling_tok_s(b, weight_bytes) for b in df["bandwidth_gbps"]]
+    return df
+
+
+# (claim id in data/guide_claims.csv, the spec row it is about, the label shown); the claimed numbers
+# are read from the claims table, where each is quoted once with its Chinese original.
+DECODE_CLAIMS = (("C18", "910B1", "batch 1, one 910B1"), ("C18", "all 8 chips", "the same on all 8 chips"),
+                 ("C26", "910B1", "Llama-2-7B fp16, 910B"), ("C27", "A100 80GB SXM", "Llama-2-7B fp16, A100"))
+
+
+def guide_decode_claims(specs, weight_bytes: float):
+    """Each claimed batch-1 decode rate beside the bandwidth it needs and the device's ceiling.
+
+    A rate range counts at its slowest end (the most lenient reading); ``verdict`` is
+    ``claim_verdict`` (impossible above the ceiling, else plausible until measured there).
+    """
+    import pandas as pd
+
+    table = load_claims().set_index("id")
+    rows = []
+    for claim_id, variant, label in DECODE_CLAIMS:
+        device = specs[specs["variant"].str.contains(variant, regex=False)].iloc[0]
+        low, _ = claimed_range(table.loc[claim_id, "claimed_value"])
+        need = required_bandwidth_gbps(low, weight_bytes)
+        bound = decode_ceiling_tok_s(float(device.bandwidth_gbps), weight_bytes)
+        rows.append({"claim": claim_id, "guide's claim": f"{table.loc[claim_id, 'text_zh']} ({label})",
+                     "claimed tok/s": low, "device": device.variant, "spec status": device.status,
+                     "bandwidth needed (GB/s)": need, "device bandwidth (GB/s)": float(device.bandwidth_gbps),
+                     "% of bandwidth the claim needs": 100 * need / float(device.bandwidth_gbps),
+                     "ceiling tok/s": bound, "verdict": claim_verdict(low, bound)})
+    return pd.DataFrame(rows)
+
+
+def prefill_floor_table(prompt_lengths, parameters: int, tflops: float, budget_ms: float = 80.0):
+    """The fastest prefill at 100 % of ``tflops`` per prompt length (2 FLOP per parameter per token),
+    and the utilisation a ``budget_ms`` first token would need; plus the longest prompt that fits."""
+    import pandas as pd
+
+    rows = [{"prompt tokens": n, "prefill floor (ms)": prefill_floor_ms(n, parameters, tflops),
+             f"{budget_ms:g} ms needs utilisation (%)": 100 * prefill_floor_ms(n, parameters, tflops) / budget_ms}
+            for n in sorted(set(prompt_lengths))]
+    longest = budget_ms / 1e3 * tflops * 1e12 / (2 * parameters)
+    return pd.DataFrame(rows), longest
