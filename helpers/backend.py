@@ -2,7 +2,7 @@
 
 Device selection, synchronisation, memory growth of a region and the environment report. Every other
 chapter calls ``pick_device``, ``synchronize`` and the memory helpers from here so that NPU, CUDA
-and CPU share one code path. The dtype names are here too (``parse_dtype``, ``dtype_name``);
+and CPU share one code path. The dtype names are here too (``named_dtype``, ``dtype_name``);
 ``dtype=auto``, a measurement, is ``dtype_choice``'s.
 """
 from __future__ import annotations
@@ -352,11 +352,11 @@ DTYPES = {
 }
 
 
-def parse_dtype(value, device=None, parameter: str = "dtype") -> torch.dtype:
+def named_dtype(value, device=None, parameter: str = "dtype") -> torch.dtype:
     """Turn ``"bf16"``/``torch.float16`` into a dtype the device supports, or raise.
 
     ``"auto"`` is a measurement on a CPU (the model's forward timed per dtype), which needs the
-    layers above the device: ``dtype_choice.parse_dtype`` takes it and hands the rest to this one.
+    layers above the device: ``dtype_choice.parse_dtype`` takes it and hands the names to this one.
     """
     if isinstance(value, torch.dtype):
         dtype = value

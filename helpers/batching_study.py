@@ -17,7 +17,7 @@ from . import backend, bench, decide, generation, roofline
 from .backend import as_device, dtype_name
 from .generation import (achieved_bandwidth_gbps, decode_bytes_per_step, decode_timing, greedy_new_tokens,
                          measure_generation, run_sweep, ttft_timing)
-from .models import byte_tokenizer
+from .model_files import byte_tokenizer
 from .params import check_positive_int
 
 

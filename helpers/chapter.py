@@ -124,7 +124,7 @@ def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any,
         picked = dtype_choice.choose_dtype(device, parameters.get("model") or None,
                                            run_dir=parameters.get("run_dir") or None, reuse=reuse)
         return picked.dtype, picked.reason, picked.source, picked
-    dtype = backend.parse_dtype(requested, device)
+    dtype = backend.named_dtype(requested, device)
     return dtype, "set by the dtype parameter", "the dtype parameter", None
 
 

@@ -4,7 +4,9 @@ float16 on NPU/CUDA; on a CPU the model's real forward, built from its config wi
 timed in float32, bfloat16 and float16, and the dtype that serves a standard request fastest beyond
 the spread picked (``choose_dtype``). Chapter 00 measures and records the choice; the later chapters
 of a run read it back (``recorded_dtype_choice``). The probe times with ``bench`` and finds the
-model's config through ``models``, so it sits above both; ``backend`` keeps only the dtype names.
+model's config through ``model_files`` before any weights are loaded, so it sits above both and
+below ``models``, whose ``load_model(dtype="auto")`` comes here; ``backend`` keeps only the dtype
+names (``backend.named_dtype``).
 """
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ from typing import Optional
 
 import torch
 
-from . import models
+from . import model_files
 from .backend import DTYPES, as_device, cpu_capability, dtype_name, return_freed_heap
-from .backend import parse_dtype as parse_named_dtype
+from .backend import named_dtype
 from .bench import Timing, assert_within, measure
 from .results import load_results
 from .versions import cache_argument, cache_of
@@ -79,9 +81,9 @@ def widths_of(model=None):
     if model is not None and not isinstance(model, str):
         return model, "the model's config"
     name = (model or "").strip()
-    if name == models.TINY_MODEL:
-        return models.tiny_llama()[0].config, "tiny-random's config"
-    folder = Path(name).expanduser() if name and name != models.EMBEDDED_MODEL else models.embedded_cache_path()
+    if name == model_files.TINY_MODEL:
+        return model_files.tiny_llama()[0].config, "tiny-random's config"
+    folder = Path(name).expanduser() if name and name != model_files.EMBEDDED_MODEL else model_files.embedded_cache_path()
     try:
         return json.loads((folder / "config.json").read_text()), f"{folder.name}/config.json"
     except (OSError, ValueError):
@@ -493,8 +495,8 @@ def parse_dtype(value, device=None, parameter: str = "dtype", *, model=None, run
 
     ``"auto"`` is ``choose_dtype``: fp16 on NPU/CUDA; on a CPU chapter 00's choice of this run, or
     measured at ``model``'s shapes (the embedded model's when none is named). Every other value is
-    ``backend.parse_dtype``'s.
+    ``backend.named_dtype``'s.
     """
     if not isinstance(value, torch.dtype) and str(value).strip().lower() == "auto":
         return choose_dtype(device or "cpu", model, run_dir=run_dir).dtype
-    return parse_named_dtype(value, device, parameter)
+    return named_dtype(value, device, parameter)

@@ -18,7 +18,7 @@ from . import backend, bench, profiling
 from .backend import as_device, dtype_name
 from .claims import claimed_range, load_claims
 from .generation import decode_step, generate_tokens, measure_generation, run_sweep, sweep_table
-from .models import tiny_llama
+from .model_files import tiny_llama
 from .params import check_positive_int
 from .profiling import busiest_ops, count_ops
 from .roofline import (claim_verdict, decode_ceiling_tok_s, load_specs, prefill_floor_ms,

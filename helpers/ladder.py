@@ -467,7 +467,7 @@ def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens
     """llama.cpp's figures for the ladder's request, or ``{"status": ..., "reason"}`` saying why not."""
     from . import llamacpp
     from .backend import as_device
-    from .models import EMBEDDED_MODEL, locate_embedded_gguf
+    from .model_files import EMBEDDED_MODEL, locate_embedded_gguf
 
     if not enabled:
         reason = "the llamacpp parameter is off"

@@ -152,12 +152,12 @@ def find_vllm(device_kind: str, venv: "str | Path | None" = None) -> VllmInstall
 def model_for_server(model: str) -> tuple[str, bool]:
     """What the server loads for the chapter's ``model``: the embedded model's converted folder, a
     local folder, or a hub id; ``(name, is_local)``. The random test model exists only in memory."""
-    from . import models
+    from . import model_files
 
     name = str(model).strip()
-    if name == models.EMBEDDED_MODEL:
-        return str(models.ensure_embedded_cache()), True
-    if name == models.TINY_MODEL:
+    if name == model_files.EMBEDDED_MODEL:
+        return str(model_files.ensure_embedded_cache()), True
+    if name == model_files.TINY_MODEL:
         raise ServingUnavailable(f"model={name!r} has random weights built in memory; vLLM loads a folder or a "
                                  "hub id (use smollm2-135m, a local folder or an org/name id)")
     path = Path(name).expanduser()

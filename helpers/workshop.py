@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from . import REPO, models, results
+from . import REPO, model_files, results
 
 ENV_FILE = "workshop.env"
 REFERENCE_RUN = "reference"
@@ -40,17 +40,17 @@ def unreadable_by_others(folder: "str | Path", limit: int = 20) -> list[Path]:
 
 def check_cache(cache_dir=None, rebuild: bool = False) -> tuple[bool, str]:
     """(ok, one-line message) for the embedded model in ``cache_dir``; rebuilds when asked."""
-    folder = models.embedded_cache_path(cache_dir)
+    folder = model_files.embedded_cache_path(cache_dir)
     if rebuild:
-        models.cache_root(cache_dir)  # a clear error when the folder is not writable
-        folder = models.convert_embedded(cache_dir, force=True)
-        models.share_readable(folder)
+        model_files.cache_root(cache_dir)  # a clear error when the folder is not writable
+        folder = model_files.convert_embedded(cache_dir, force=True)
+        model_files.share_readable(folder)
     if not folder.exists():
         return False, (f"{folder} does not exist yet; the first notebook converts it, or run: "
-                       f"{models.rebuild_command(cache_dir)}")
-    problem = models.embedded_cache_problem(folder)
+                       f"{model_files.rebuild_command(cache_dir)}")
+    problem = model_files.embedded_cache_problem(folder)
     if problem:
-        return False, f"{folder} is damaged ({problem}); rebuild it with: {models.rebuild_command(cache_dir)}"
+        return False, f"{folder} is damaged ({problem}); rebuild it with: {model_files.rebuild_command(cache_dir)}"
     return True, f"{folder} is complete"
 
 
@@ -64,12 +64,12 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
     workshop_dir = Path(workshop_dir).expanduser().resolve()
     workshop_dir.mkdir(parents=True, exist_ok=True)
     cache = workshop_dir / "cache"
-    folder = models.ensure_embedded_cache(cache)
+    folder = model_files.ensure_embedded_cache(cache)
     ok, message = check_cache(cache)
     print(f"model cache: {message}", file=out)
     if not ok:
         return 1
-    models.share_readable(cache)
+    model_files.share_readable(cache)
     code = 0
     if report:
         reference = workshop_dir / "reports" / REFERENCE_RUN
@@ -78,7 +78,7 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
         env = {**os.environ, "WORKBOOK_CACHE": str(cache)}
         code = 1 if subprocess.run(command, cwd=REPO, env=env).returncode else 0
         if reference.exists():
-            models.share_readable(reference)
+            model_files.share_readable(reference)
             print(f"reference report: {reference / 'index.html'}"
                   + (" (some chapters failed; see the index)" if code else ""), file=out)
     lines = ["# Source this file before starting Jupyter or make lab: the class reads the prepared cache.",
@@ -90,7 +90,7 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
         lines.append(f"export VENV={shlex.quote(str(venv))}")
     env_file = workshop_dir / ENV_FILE
     env_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    models.share_readable(env_file)
+    model_files.share_readable(env_file)
     private = unreadable_by_others(workshop_dir)
     if private:
         mask = results.current_umask()

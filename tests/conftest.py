@@ -152,7 +152,7 @@ def forget_fake_modules_in_dynamo():
 @pytest.fixture(scope="session")
 def tiny_model():
     """A seeded 2-layer random Llama (float32) and a byte-level tokenizer; no files needed."""
-    from helpers.models import tiny_llama
+    from helpers.model_files import tiny_llama
 
     return tiny_llama(seed=0)
 

@@ -206,25 +206,25 @@ def test_real_cpu_allocation_failure_is_out_of_memory_and_memory_is_freed():
 @pytest.mark.parametrize("text,dtype", [("fp16", torch.float16), ("bfloat16", torch.bfloat16),
                                         ("float32", torch.float32), (torch.float16, torch.float16)])
 def test_parse_dtype(text, dtype):
-    assert backend.parse_dtype(text, "cpu") == dtype
+    assert backend.named_dtype(text, "cpu") == dtype
 
 
 def test_auto_is_not_a_name_here_but_the_measured_choice():
     with pytest.raises(ValueError, match=r"dtype='auto' is chosen by helpers.dtype_choice"):
-        backend.parse_dtype("auto", "cpu")
+        backend.named_dtype("auto", "cpu")
 
 
 def test_unknown_dtype_names_the_parameter_and_choices():
     with pytest.raises(ValueError, match=r"dtype='int4' is not valid; choose one of auto, float32"):
-        backend.parse_dtype("int4", "cpu")
+        backend.named_dtype("int4", "cpu")
 
 
 def test_bf16_where_the_device_lacks_it(fake_torch_npu, monkeypatch):
     fake_torch_npu.npu.is_bf16_supported = lambda: False
     monkeypatch.setattr(backend, "as_device", lambda d: _FakeDevice("npu"))
     with pytest.raises(ValueError, match=r"dtype=bfloat16 is not supported on this npu device"):
-        backend.parse_dtype("bf16", "npu")
-    assert backend.parse_dtype("fp16", "npu") == torch.float16
+        backend.named_dtype("bf16", "npu")
+    assert backend.named_dtype("fp16", "npu") == torch.float16
 
 
 def test_the_environment_table_names_host_ram_on_a_cpu_and_device_memory_elsewhere():

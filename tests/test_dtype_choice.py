@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import backend, decide, dtype_choice, environment_study, models
+from helpers import backend, decide, dtype_choice, environment_study, model_files
 from helpers.results import Results
 
 
@@ -130,7 +130,7 @@ def test_a_subset_probe_scales_the_layers_and_counts_the_head_once():
 
 
 def test_measured_choice_times_the_real_forward_and_records_its_figures():
-    config = models.tiny_llama()[0].config
+    config = model_files.tiny_llama()[0].config
     choice = dtype_choice.measure_cpu_dtype(config, rounds=1, decode_iters=1)
     assert choice.dtype in dtype_choice.CPU_CANDIDATE_DTYPES
     assert choice.decision in dtype_choice.DTYPE_DECISIONS and choice.source == "measured now"

@@ -373,7 +373,7 @@ def test_weight_format_check_measures_agreement(tiny_model):
 
 
 def test_a_measured_rung_gets_its_step_split_and_the_loop_names_itself():
-    from helpers.models import tiny_llama
+    from helpers.model_files import tiny_llama
 
     model, tok = tiny_llama(seed=2)
     measure = ladder.generation_measure(tok, ["a short prompt"], 6, "cpu", repeats=1, profile_steps=3)

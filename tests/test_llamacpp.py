@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import llamacpp
+from helpers import llamacpp, model_files
 
 
 def test_summary_follows_the_workbooks_decode_definition():
@@ -92,7 +92,7 @@ def test_llamacpp_runs_the_embedded_gguf_with_fixed_new_tokens():
             pytest.fail(f"setup could not build llama-cpp-python: {setup.get('reason')}")
         pytest.skip(f"llama-cpp-python is not installed here ({setup.get('status', 'setup never ran')})")
 
-    out = llamacpp.measure(models.locate_embedded_gguf(), [28120, 260, 5896, 282], 6, threads=1, repeats=1)
+    out = llamacpp.measure(model_files.locate_embedded_gguf(), [28120, 260, 5896, 282], 6, threads=1, repeats=1)
     assert out["status"] == "ok", out
     assert len(out["tokens"]) == 6 and out["decode_ms_per_token"] > 0 and out["ttft_ms"] > 0
     assert "CPU" in out["system_info"]

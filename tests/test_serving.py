@@ -214,7 +214,7 @@ def test_summarize_uses_vllm_bench_serve_definitions():
 
 
 def test_make_prompts_gives_exact_lengths_without_shared_prefixes():
-    from helpers.models import byte_tokenizer
+    from helpers.model_files import byte_tokenizer
 
     prompts = serving.make_prompts(byte_tokenizer(), 6, 24)
     assert all(len(p) == 24 for p in prompts)

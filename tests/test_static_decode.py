@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import generation, ops, quant, static_decode, versions
-from helpers.models import tiny_llama
+from helpers.model_files import tiny_llama
 
 PROMPT = "the static cache keeps shapes fixed"
 

@@ -120,7 +120,7 @@ def test_drop_quantization_config_with_and_without_a_quantizer():
 def test_each_transformers_line_converts_into_its_own_cache_folder(tmp_path):
     assert versions.converted_model_folder("smollm2-135m", "5.24.0") == "smollm2-135m"
     assert versions.converted_model_folder("smollm2-135m", "4.57.6") == "smollm2-135m-transformers4"
-    from helpers.models import embedded_cache_dir
+    from helpers.model_files import embedded_cache_dir
 
     folder = embedded_cache_dir(tmp_path)
     assert folder.parent == tmp_path / "models"

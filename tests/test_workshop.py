@@ -17,18 +17,18 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from helpers import models, workshop
-from helpers.models import ModelLoadError
+from helpers import model_files, models, workshop
+from helpers.model_files import ModelLoadError
 
 
 @pytest.fixture
 def fake_gguf(monkeypatch, tmp_path):
     """``convert_embedded`` reads a tiny random Llama instead of the shipped GGUF."""
-    tiny, tokenizer = models.tiny_llama(seed=0)
+    tiny, tokenizer = model_files.tiny_llama(seed=0)
     gguf = tmp_path / "gguf" / "fake.gguf"
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr(models, "locate_embedded_gguf", lambda: gguf)
+    monkeypatch.setattr(model_files, "locate_embedded_gguf", lambda: gguf)
     calls = []
     real_model = transformers.AutoModelForCausalLM.from_pretrained
     real_tokenizer = transformers.AutoTokenizer.from_pretrained
@@ -65,7 +65,7 @@ def _modes(folder: Path) -> dict:
 def test_a_converted_cache_gets_the_modes_the_umask_allows(tmp_path, fake_gguf, umask, mask,
                                                            folder_mode, file_mode):
     umask(mask)
-    folder = models.ensure_embedded_cache(tmp_path / "cache")
+    folder = model_files.ensure_embedded_cache(tmp_path / "cache")
     assert fake_gguf == [str(folder.parent.parent.parent / "gguf")]  # the real conversion ran
     modes = _modes(tmp_path / "cache")
     assert (folder / "model.safetensors").exists()
@@ -80,7 +80,7 @@ def test_share_readable_fixes_whatever_mode_the_safetensors_writer_left(tmp_path
     umask(0o022)
     save_file({"w": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
     os.chmod(tmp_path / "w.safetensors", 0o600)  # the private case, whatever this release did
-    models.share_readable(tmp_path)
+    model_files.share_readable(tmp_path)
     assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o644
 
 
@@ -97,7 +97,7 @@ def test_prepare_makes_a_class_folder_and_names_what_others_cannot_read(tmp_path
     if mask == 0o022:
         assert private == [] and "warning" not in text
     else:
-        assert (models.embedded_cache_path(tmp_path / "class" / "cache") / "model.safetensors") in \
+        assert (model_files.embedded_cache_path(tmp_path / "class" / "cache") / "model.safetensors") in \
             workshop.unreadable_by_others(tmp_path / "class", limit=100)
         assert "warning: other users cannot read" in text and "Your umask is 077" in text
         assert "umask 022" in text
@@ -111,7 +111,7 @@ def _tensors(path: Path) -> Path:
 
 
 def test_a_whole_safetensors_file_passes(tmp_path):
-    assert models.safetensors_problem(_tensors(tmp_path / "m.safetensors")) is None
+    assert model_files.safetensors_problem(_tensors(tmp_path / "m.safetensors")) is None
 
 
 def test_a_truncated_safetensors_file_is_found_by_its_size(tmp_path):
@@ -119,25 +119,25 @@ def test_a_truncated_safetensors_file_is_found_by_its_size(tmp_path):
     size = path.stat().st_size
     with open(path, "r+b") as fh:
         fh.truncate(size - 1)
-    problem = models.safetensors_problem(path)
+    problem = model_files.safetensors_problem(path)
     assert problem == f"m.safetensors is truncated: {size - 1} bytes, its header needs {size}"
     with open(path, "r+b") as fh:
         fh.truncate(40)  # inside the header, like a copy cut off early
-    assert "truncated or not a safetensors file" in models.safetensors_problem(path)
+    assert "truncated or not a safetensors file" in model_files.safetensors_problem(path)
     with open(path, "r+b") as fh:
         fh.truncate(3)
-    assert models.safetensors_problem(path) == "m.safetensors is 3 bytes, too short to be a safetensors file"
+    assert model_files.safetensors_problem(path) == "m.safetensors is 3 bytes, too short to be a safetensors file"
 
 
 def test_a_garbled_header_and_a_missing_file_are_named(tmp_path):
     path = tmp_path / "m.safetensors"
     path.write_bytes((20).to_bytes(8, "little") + b"{not json at all....")
-    assert models.safetensors_problem(path) == "m.safetensors has a damaged header (not valid JSON)"
-    assert models.safetensors_problem(tmp_path / "gone.safetensors") == "gone.safetensors is missing"
+    assert model_files.safetensors_problem(path) == "m.safetensors has a damaged header (not valid JSON)"
+    assert model_files.safetensors_problem(tmp_path / "gone.safetensors") == "gone.safetensors is missing"
 
 
 def _whole_cache(tmp_path: Path) -> Path:
-    folder = models.embedded_cache_path(tmp_path / "cache")
+    folder = model_files.embedded_cache_path(tmp_path / "cache")
     folder.mkdir(parents=True)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         (folder / name).write_text("{}")
@@ -147,17 +147,17 @@ def _whole_cache(tmp_path: Path) -> Path:
 
 def test_a_missing_or_broken_config_is_named(tmp_path):
     folder = _whole_cache(tmp_path)
-    assert models.embedded_cache_problem(folder) is None
+    assert model_files.embedded_cache_problem(folder) is None
     (folder / "config.json").write_text('{"hidden_size": 5')
-    assert models.embedded_cache_problem(folder) == "config.json is damaged (not valid JSON)"
+    assert model_files.embedded_cache_problem(folder) == "config.json is damaged (not valid JSON)"
     (folder / "config.json").unlink()
-    assert models.embedded_cache_problem(folder) == "config.json is missing"
+    assert model_files.embedded_cache_problem(folder) == "config.json is missing"
 
 
 def test_a_damaged_cache_is_rebuilt_before_loading(tmp_path, fake_gguf, umask):
     umask(0o022)
     cache = tmp_path / "cache"
-    folder = models.ensure_embedded_cache(cache)
+    folder = model_files.ensure_embedded_cache(cache)
     weights = folder / "model.safetensors"
     with open(weights, "r+b") as fh:
         fh.truncate(weights.stat().st_size // 2)  # a partial copy
@@ -165,7 +165,7 @@ def test_a_damaged_cache_is_rebuilt_before_loading(tmp_path, fake_gguf, umask):
         model, tokenizer = models.load_model("smollm2-135m", dtype="float32", device="cpu",
                                              cache_dir=cache)
     assert len(fake_gguf) == 2  # converted, then rebuilt
-    assert models.embedded_cache_problem(folder) is None
+    assert model_files.embedded_cache_problem(folder) is None
     assert stat.S_IMODE(weights.stat().st_mode) == 0o644
     assert model.config.num_hidden_layers == 2  # the rebuilt (tiny) weights loaded
 
@@ -180,10 +180,10 @@ def test_a_damaged_read_only_cache_names_the_command_that_rebuilds_it(tmp_path, 
     def no_conversion(*a, **k):
         raise AssertionError("a read-only cache must not be converted")
 
-    monkeypatch.setattr(models, "cache_root", read_only)
-    monkeypatch.setattr(models, "convert_embedded", no_conversion)
+    monkeypatch.setattr(model_files, "cache_root", read_only)
+    monkeypatch.setattr(model_files, "convert_embedded", no_conversion)
     with pytest.raises(ModelLoadError) as err:
-        models.ensure_embedded_cache(tmp_path / "cache")
+        model_files.ensure_embedded_cache(tmp_path / "cache")
     message = str(err.value)
     assert f"the cached smollm2-135m in {folder} is damaged (config.json is missing)" in message
     assert f"-m helpers.workshop cache --rebuild --cache-dir {tmp_path / 'cache'}" in message
