@@ -497,7 +497,7 @@ def test_helpers_call_get_npu_backend_only_with_arguments_every_line_takes(fake_
 
     takes = set(inspect.signature(fake_torch_npu.torchair.get_npu_backend).parameters)
     calls = []
-    for path in (REPO / "helpers").glob("*.py"):
+    for path in (REPO / "helpers").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get_npu_backend":
                 calls.append((path.name, node))

