@@ -87,6 +87,17 @@ GUIDES = {
 }
 
 
+# The guide's optimisation ladder (4.2 MindSpeed-LLM框架应用), a claim, not a measurement: Llama-2-7B
+# fp16 on one 910B, 100 new tokens implied by 6012 ms at 16.6 tok/s. The MindSpeed rows cannot come
+# from MindSpeed-LLM's inference script as the guide shows it (its Pipeline class does not exist).
+# Chapter 06 draws it beside its own ladder, chapter 05 takes its INT8 step.
+GUIDE_LADDER = [dict(zip(("rung", "label", "latency_ms", "tokens_per_s", "memory_gb"), row))
+                for row in (("原生PyTorch", "native PyTorch", 6012, 16.6, 13.6),
+                            ("+CANN优化", "+ CANN options", 4580, 21.7, 13.6),
+                            ("+MindSpeed", "+ MindSpeed", 3250, 30.5, 13.6),
+                            ("+MindSpeed+INT8", "+ MindSpeed + INT8", 2100, 47.2, 7.8))]
+
+
 def verdict_class(verdict: str, elsewhere: str = "") -> str:
     """The class of a verdict; a "needs ..." verdict splits on whether another device measured it."""
     if verdict not in VERDICTS:

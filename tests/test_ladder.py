@@ -120,9 +120,6 @@ def test_runtime_options_real_ones_applied_invented_one_ignored(fake_torch_npu):
 
 
 def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model):
-    import sys
-    import types
-
     calls = []
 
     def measure_generation(model, tokenizer, prompts, max_new_tokens, device=None, *, repeats=3, chat=False,
@@ -134,8 +131,7 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
                 "dtype": "float32", "code_path": "stub", "prompt_tokens": 7, "new_tokens": max_new_tokens,
                 **graph}
 
-    monkeypatch.setitem(sys.modules, "helpers.generation",
-                        types.SimpleNamespace(measure_generation=measure_generation))
+    monkeypatch.setattr(ladder, "measure_generation", measure_generation)
     model, tokenizer = tiny_model
     measure = ladder.generation_measure(tokenizer, ["a"], 4, "cpu", bandwidth_gbps=10.0, repeats=1)
     one = measure(model)
