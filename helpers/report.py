@@ -9,10 +9,11 @@ index are here too; the pages themselves are ``helpers.pages`` templates.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from . import decide, pages
 from .claims import number, parse_args
+from .prose import format_number
 from .results import REPORT_CHAPTER, RunFolder, metric
 
 def key_figures(results: dict):
@@ -282,35 +283,12 @@ def key_figure_label(key: str, lang: str = "en") -> tuple[str, str]:
     return key.replace("_", " "), ""
 
 
-def round_figure(value: Any) -> str:
-    """A figure at a precision its measurement supports: 3 significant digits, no float noise."""
-    if isinstance(value, bool) or value is None:
-        return "yes" if value is True else "no" if value is False else "–"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value != value:  # NaN
-            return "–"
-        magnitude = abs(value)
-        if magnitude >= 1000:
-            return f"{value:,.0f}"
-        if magnitude >= 100:
-            return f"{value:.0f}"
-        if magnitude == 0:
-            return "0"
-        if magnitude >= 0.01:
-            # three significant digits, trailing zeros kept: 1.00x reads as measured, 1x as exact
-            return f"{value:#.3g}" if magnitude < 10 else f"{value:.1f}"
-        return f"{value:.2e}"
-    return str(value)
-
-
 def describe_key_figure(key: str, entry: dict, lang: str = "en") -> dict:
     """What the index prints for one figure: label, rounded value with unit, direction, context."""
     label, direction = key_figure_label(key, lang)
     unit = str(entry.get("unit") or "")
     raw = entry.get("value")
-    value = round_figure(raw) if not isinstance(raw, bool) else pages.say(
+    value = format_number(raw) if not isinstance(raw, bool) else pages.say(
         "common", "boolean_yes" if raw else "boolean_no", lang)
     labels = pages.labels("index", lang)
     unit = UNIT_WORDS.get(unit, unit)
@@ -320,7 +298,7 @@ def describe_key_figure(key: str, entry: dict, lang: str = "en") -> dict:
     spread = ""
     low, high = entry.get("low"), entry.get("high")
     if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not isinstance(low, bool):
-        bounds = {"low": round_figure(float(low)), "high": round_figure(float(high))}
+        bounds = {"low": format_number(float(low)), "high": format_number(float(high))}
         if unit == "×" and decide.direction(low, high) == decide.SAME:
             # a ratio whose spread holds 1: no direction to read
             spread = labels["spread_noise"].format(**bounds, noise=labels["within_noise"])
