@@ -660,23 +660,21 @@ def compare_with_guide(ours, label: str = "measured here"):
     return pd.concat([guide, ours[["label", "speedup", "memory_ratio", "source"]]], ignore_index=True)
 
 
-def plot_comparison(ours, label: str = "measured here", figsize=(9, 4)):
-    """One chart: speedup over each ladder's own baseline, the guide's bars beside ours."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+BESIDE_THE_GUIDE = "Batch-1 optimisation ladder: the guide's claim vs this run"
 
+
+def beside_the_guide(ours, label: str = "measured here") -> list[dict]:
+    """The guide's ladder and ours as two panels of ``plots.plot_ladder`` (``compare_with_guide``'s
+    speedups over each ladder's own baseline; a failed or skipped rung of ours has no bar)::
+
+        plots.plot_ladder(ladder.beside_the_guide(table), ladder.BESIDE_THE_GUIDE)
+    """
     data = compare_with_guide(ours, label)
-    fig, ax = plt.subplots(figsize=figsize)
-    colors = {src: c for src, c in zip(data["source"].unique(), ("#999999", "#1f77b4"))}
-    heights = data["speedup"].astype(float).fillna(0.0)  # failed / skipped rungs: no bar, label says why
-    ax.bar(range(len(data)), heights, color=[colors[s] for s in data["source"]])
-    ax.set_xticks(range(len(data)), data["label"], rotation=30, ha="right", fontsize=8)
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_ylabel("batch-1 speedup over own baseline (x)")
-    ax.set_title("Batch-1 optimisation ladder: the guide's claim vs this run")
-    ax.legend(handles=[Patch(color=c, label=s) for s, c in colors.items()], fontsize=8)
-    fig.tight_layout()
-    return fig
+    colours = dict(zip(data["source"].unique(), ("#999999", "#1f77b4")))
+    return [{"title": source, "colour": colours[source], "ylabel": "batch-1 speedup over own baseline (x)",
+             "rungs": [(name, None if not _known(value) else float(value))
+                       for name, value in zip(group["label"], group["speedup"])]}
+            for source, group in data.groupby("source", sort=False)]
 
 
 # --- MindSpeed-LLM ---------------------------------------------------------------------------

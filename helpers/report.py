@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from . import decide, pages
+from . import decide, ladder, pages, plots
 from .claims import number, parse_args
 from .prose import format_number
 from .results import REPORT_CHAPTER, RunFolder, metric
@@ -56,26 +56,11 @@ def _device(results: dict, chapter: str) -> str:
 
 
 def plot_roofline(results: dict):
-    """Batch-1 decode measured in chapter 03 against chapter 00's bandwidth ceiling."""
-    import matplotlib.pyplot as plt
-
-    ceiling = _value(results, "00_environment_check.decode_ceiling_tok_s")
-    measured = _value(results, "03_end_to_end.decode_tok_s_batch1")
-    if measured is None:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    labels, values = ["measured decode (ch. 03)"], [measured]
-    if ceiling:
-        labels.append("bandwidth ceiling (ch. 00)")
-        values.append(ceiling)
-    ax.barh(labels, values, color=["#1f77b4", "#cccccc"][:len(values)])
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.1f}", va="center")
-    pct = f" = {100 * measured / ceiling:.0f}% of the ceiling" if ceiling else ""
-    ax.set_xlabel("tokens/s at batch 1")
-    ax.set_title(f"Roofline on {_device(results, '03_end_to_end')}{pct}")
-    fig.tight_layout()
-    return fig
+    """Batch-1 decode measured in chapter 03 against chapter 00's bandwidth ceiling (``plots.plot_roofline``)."""
+    return plots.plot_roofline(
+        [("", _value(results, "03_end_to_end.decode_tok_s_batch1"),
+          _value(results, "00_environment_check.decode_ceiling_tok_s"), None)],
+        f"Roofline on {_device(results, '03_end_to_end')}", ceiling_name="bandwidth ceiling (ch. 00)")
 
 
 def plot_batching(results: dict, claims_table):
@@ -168,15 +153,14 @@ def plot_ladder(results: dict):
     """Chapter 06's ladder beside the guide's, as ratios to each one's own baseline."""
     import pandas as pd
 
-    from .ladder import plot_comparison
-
     rows = (results.get("06_optimization_ladder") or {}).get("tables", {}).get("ladder")
     if not rows:
         return None
     table = pd.DataFrame(rows)
     if "status" not in table or not (table["status"] == "ok").any():
         return None
-    return plot_comparison(table, label=f"measured here ({_device(results, '06_optimization_ladder')})")
+    return plots.plot_ladder(ladder.beside_the_guide(
+        table, label=f"measured here ({_device(results, '06_optimization_ladder')})"), ladder.BESIDE_THE_GUIDE)
 
 
 def plot_verdicts(verdict_table):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from helpers import bench, ladder, models
+from helpers import bench, ladder, models, plots
 
 
 def _measure(latency_ms):
@@ -91,7 +91,10 @@ def test_guide_ladder_ratios_and_comparison():
     ours = ladder.run_ladder([("a", "", lambda: "a"), ("b", "", lambda: "b")], _measure({"a": 2.0, "b": 1.0}))
     both = ladder.compare_with_guide(ours)
     assert set(both["source"]) == {"guide's claim (910B, Llama-2-7B fp16)", "measured here"}
-    fig = ladder.plot_comparison(ours)
+    panels = ladder.beside_the_guide(ours)
+    assert [p["title"] for p in panels] == ["guide's claim (910B, Llama-2-7B fp16)", "measured here"]
+    assert [v for _, v in panels[1]["rungs"]] == pytest.approx([1.0, 2.0])
+    fig = plots.plot_ladder(panels, ladder.BESIDE_THE_GUIDE)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
