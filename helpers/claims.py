@@ -1,10 +1,12 @@
-"""The guides' checkable claims and the rules that give each one a verdict.
+"""The guides' checkable claims and the rules that give each one a verdict
+(layer: the guides' claims; taught in 08_report).
 
-Taught in ``08_report.ipynb``. ``data/guide_claims.csv`` holds every claim with its original Chinese
+``data/guide_claims.csv`` holds every claim with its original Chinese
 text, an English gloss, the claimed value, the hardware class and model the claim is about, and the
 name of a rule. ``verdicts(run_dirs)`` applies each rule to the evidence of one run folder or of
 several (an NPU run, a CUDA run, a CPU run...): every chapter's ``results.json`` (never
-re-measured), the device specs table (``data/device_specs.csv``) and chapter 00's API check.
+re-measured), the device specs table (``data/device_specs.csv``) and chapter 00's API check. The
+guide's optimisation ladder (``GUIDE_LADDER``) is here too, for chapters 05, 06 and 08.
 
 "reproduced" / "contradicted" come only from a measurement on the hardware class the claim is about
 (an NPU for a 910B claim, a CUDA GPU for an A100 claim) with a comparable model. The same technique

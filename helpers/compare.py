@@ -1,4 +1,5 @@
-"""Several runs of the workbook on one page: ``python -m helpers.compare RUN_DIR RUN_DIR [...]``.
+"""Several runs of the workbook on one page: ``python -m helpers.compare RUN_DIR RUN_DIR [...]``
+(layer: entry points; taught with 08_report).
 
 Reads what each run recorded through ``helpers.results.read_run`` (taught with the report chapter,
 ``08_report.ipynb``); nothing is re-measured. Writes ``reports/compare-<id>/index.html`` (the

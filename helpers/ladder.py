@@ -1,6 +1,7 @@
-"""The optimisation ladder of chapter 06: rungs measured side by side, the guide's table beside them.
+"""The optimisation ladder of chapter 06: rungs measured side by side, the guide's table beside them
+(layer: chapter studies; taught in 06_optimization_ladder).
 
-Taught in ``06_optimization_ladder.ipynb``. A rung is a name, a description and a ``prepare``
+A rung is a name, a description and a ``prepare``
 callable that returns a model variant (or raises: the rung is then recorded as failed with its
 error, and the ladder goes on). One ``measure`` callable turns each variant into metrics, so every
 rung is timed the same way in the same run; speedups are ratios over the first rung that succeeded.

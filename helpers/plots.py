@@ -1,5 +1,5 @@
-"""The chapters' figures (matplotlib), each drawn from a table the chapter recorded (layer:
-foundations; taught where each figure appears).
+"""The chapters' figures (matplotlib), each drawn from a table the chapter recorded
+(layer: foundations; taught where each figure appears).
 
 ``plot_decode_gap`` in ``03_end_to_end.ipynb``, ``plot_batch_sweep`` in ``04_batching.ipynb``, the
 ladder (``plot_ladder``) in ``06_optimization_ladder.ipynb``, ``08_report.ipynb`` and the compare

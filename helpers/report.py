@@ -1,4 +1,5 @@
-"""The run's summary for ``08_report.ipynb``: key figures, plots and the code-free claims report.
+"""The run's summary for ``08_report.ipynb``: key figures, plots and the code-free claims report
+(layer: chapter studies; taught in 08_report).
 
 Everything here reads what the chapters recorded (``results.json`` through ``helpers.results``);
 nothing is re-measured. Each plot returns ``None`` when its chapter's figures are missing, so the
@@ -8,11 +9,12 @@ index are here too; the pages themselves are ``helpers.pages`` templates.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
 from . import decide, ladder, pages, plots
-from .claims import number, parse_args
+from .claims import CLASS_COLOURS, GUIDES, VERDICT_CLASSES, number, parse_args, verdict_counts
 from .prose import format_number
 from .results import REPORT_CHAPTER, RunFolder, metric
 
@@ -167,8 +169,6 @@ def plot_verdicts(verdict_table):
     """How many claims fall in each verdict class (colours as in the claims report's badges)."""
     import matplotlib.pyplot as plt
 
-    from .claims import CLASS_COLOURS, verdict_counts
-
     counts = {k: v for k, v in verdict_counts(verdict_table).items() if v}
     order = list(counts)[::-1]
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(order) + 1.2))
@@ -189,8 +189,6 @@ def verdict_legend(lang: str = "en"):
     words the chapter's tables hold in their ``verdict_class`` column) are the index, beside their names.
     """
     import pandas as pd
-
-    from .claims import VERDICT_CLASSES
 
     words = pages.labels("claims", lang)
     names = [pages.say("common.verdict_classes", c, lang) for c in VERDICT_CLASSES]
@@ -213,8 +211,6 @@ def write_claims_report(path: "str | Path", runs_named: str, audit, runs=None, s
                         figures=None, plots=(), lang: str = "en") -> Path:
     """``claims_report.html``: the verdict legend with counts, every claim grouped by guide and section
     (quote, gloss, badge, what decided it), then the runs, chapter statuses, key figures and plots."""
-    from .claims import CLASS_COLOURS, GUIDES, verdict_counts
-
     heading = str if lang == "en" else without_gloss
     groups = []
     for seed, by_seed in audit.groupby("seed", sort=False):
