@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import REPO, pages, plots
-from . import claims as claims_mod  # functions here call the claims they hold 'claims'
+from . import claims as claims_mod  # as claims_mod: functions here hold a claims table named claims
 from .results import FINISHED, REPORT_CHAPTER, RunFolder, device_class, most_common, read_run
 
 # Headline figures: (chapter, metric) pairs the plots and the guide table read.

@@ -2,10 +2,10 @@
 
 Every INT8 variant measured the same way, the headline pair timed alternately, the calibration
 sweep, the guide's ratios (its ladder from ``helpers.claims``) and the plot, so that the chapter's
-cells stay short. The kernels are ``helpers.quant``'s; the timing is chapter
-03's batch-1 protocol (``generation.measure_generation``: the request ``prompt`` with ``new_tokens``
-new tokens, greedy, warm-up excluded, decode = (t(N) - t(1)) / (N - 1)), at batch 1 and at the other
-batch sizes of the chapter, with the same prompt repeated.
+cells stay short. The kernels are ``helpers.quant``'s; the timing is chapter 03's batch-1 protocol
+(``generation.measure_generation``: the request ``prompt`` with ``new_tokens`` new tokens, greedy,
+warm-up excluded, decode = (t(N) - t(1)) / (N - 1)), at batch 1 and at the other batch sizes of the
+chapter, with the same prompt repeated.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The optimisation ladder of chapter 06: rungs measured side by side, the guide's table beside them
 (layer: chapter studies; taught in 06_optimization_ladder).
 
-A rung is a name, a description and a ``prepare``
-callable that returns a model variant (or raises: the rung is then recorded as failed with its
-error, and the ladder goes on). One ``measure`` callable turns each variant into metrics, so every
+A rung is a name, a description and a ``prepare`` callable that returns a model variant (or
+raises: the rung is then recorded as failed with its error, and the ladder goes on). One ``measure`` callable turns each variant into metrics, so every
 rung is timed the same way in the same run; speedups are ratios over the first rung that succeeded.
 
 MindSpeed-LLM is detected, never assumed: when it is absent the chapter shows the exact commands for
@@ -74,7 +73,6 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
     sees each row as it is done. Returns a pandas DataFrame with ``COLUMNS`` first.
     """
     import pandas as pd
-
 
     rungs = [_as_rung(r) for r in rungs]
     if not rungs:
