@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import REPO, backend, dtype_choice, params
-from .results import Results
+from . import REPO, backend, bench, dtype_choice, params, prose
+from .results import Results, read_run
+from .run import declared_parameters
 
 # Parameters every chapter declares; they go to the runner, not to results.json's parameters.
 RUNNER_PARAMETERS = ("run_dir", "profile")
@@ -60,8 +61,6 @@ class Chapter:
     def measure(self, fn, name: str, shape: str = "", code_path: str = "", **options):
         """``bench.measure`` on this chapter's device, with its ``min_iters`` / ``min_seconds``
         parameters when it has them, and the figure's dtype, shape and code path attached."""
-        from . import bench
-
         budget = {k: self.parameters[k] for k in ("min_iters", "min_seconds") if k in self.parameters}
         return bench.measure(fn, self.device, name=name, dtype=self.DT, shape=shape, code_path=code_path,
                              **{**budget, **options})
@@ -72,9 +71,6 @@ class Chapter:
 
     def render(self, block: str, **words) -> str:
         """A paragraph of ``helpers/templates/<chapter>.<lang>.md.j2`` from what was recorded."""
-        from . import prose
-        from .results import read_run
-
         # What was written to results.json, not the objects in memory: the template sees exactly the
         # record the report and the tests see.
         run = read_run(self.results.run_dir).results()
@@ -92,8 +88,6 @@ class Chapter:
 
 def parameter_names(name: str) -> list[str]:
     """The names a notebook's ``parameters`` cell declares (``notebooks/`` or ``solutions/``)."""
-    from .run import declared_parameters
-
     for folder in ("notebooks", "solutions"):
         path = REPO / folder / f"{name}.ipynb"
         if path.exists():
@@ -162,9 +156,7 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
 
 
 def _show_choice(chapter: Chapter, contention: Optional[str]) -> None:
-    from .prose import words
-
-    label = words(chapter.lang)
+    label = prose.words(chapter.lang)
     text = (f"**{label['device']}** `{chapter.DEV}` ({chapter.device_reason}) · "
             f"**{label['dtype']}** `{chapter.DT}` ({chapter.dtype_reason})")
     if contention:

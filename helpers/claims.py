@@ -1,10 +1,12 @@
-"""The guides' checkable claims and the rules that give each one a verdict.
+"""The guides' checkable claims and the rules that give each one a verdict
+(layer: the guides' claims; taught in 08_report).
 
-Layer: the guides' claims; taught in ``08_report.ipynb``. ``data/guide_claims.csv`` holds every
-claim with its original Chinese text, an English gloss, the claimed value, the hardware class and
-model the claim is about, and the name of a rule. ``verdicts(run_dirs)`` applies each rule to the evidence of one run folder or of
+Layer: the guides' claims; taught in ``08_report.ipynb``. ``data/guide_claims.csv`` holds every claim with its original Chinese
+text, an English gloss, the claimed value, the hardware class and model the claim is about, and the
+name of a rule. ``verdicts(run_dirs)`` applies each rule to the evidence of one run folder or of
 several (an NPU run, a CUDA run, a CPU run...): every chapter's ``results.json`` (never
-re-measured), the device specs table (``data/device_specs.csv``) and chapter 00's API check.
+re-measured), the device specs table (``data/device_specs.csv``) and chapter 00's API check. The
+guide's optimisation ladder (``GUIDE_LADDER``) is here too, for chapters 05, 06 and 08.
 
 "reproduced" / "contradicted" come only from a measurement on the hardware class the claim is about
 (an NPU for a 910B claim, a CUDA GPU for an A100 claim) with a comparable model. The same technique
@@ -87,6 +89,17 @@ GUIDES = {
                                 "(the ops-nn checklist: keeping the basic operators fast for Llama on an Ascend NPU)",
     "002_c082ff817235df57.txt": "昇腾NPU与Llama大模型性能优化实战指南 (the Llama performance guide for Ascend NPUs)",
 }
+
+
+# The guide's optimisation ladder (4.2 MindSpeed-LLM框架应用), a claim, not a measurement: Llama-2-7B
+# fp16 on one 910B, 100 new tokens implied by 6012 ms at 16.6 tok/s. The MindSpeed rows cannot come
+# from MindSpeed-LLM's inference script as the guide shows it (its Pipeline class does not exist).
+# Chapter 06 draws it beside its own ladder, chapter 05 takes its INT8 step.
+GUIDE_LADDER = [dict(zip(("rung", "label", "latency_ms", "tokens_per_s", "memory_gb"), row))
+                for row in (("原生PyTorch", "native PyTorch", 6012, 16.6, 13.6),
+                            ("+CANN优化", "+ CANN options", 4580, 21.7, 13.6),
+                            ("+MindSpeed", "+ MindSpeed", 3250, 30.5, 13.6),
+                            ("+MindSpeed+INT8", "+ MindSpeed + INT8", 2100, 47.2, 7.8))]
 
 
 def verdict_class(verdict: str, elsewhere: str = "") -> str:

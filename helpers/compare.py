@@ -1,4 +1,5 @@
-"""Several runs of the workbook on one page: ``python -m helpers.compare RUN_DIR RUN_DIR [...]``.
+"""Several runs of the workbook on one page: ``python -m helpers.compare RUN_DIR RUN_DIR [...]``
+(layer: entry points; taught with 08_report).
 
 Reads what each run recorded through ``helpers.results.read_run`` (taught with the report chapter,
 ``08_report.ipynb``); nothing is re-measured. Writes ``reports/compare-<id>/index.html`` (the
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import REPO, pages
+from . import REPO, pages, plots
+from . import claims as claims_mod  # as claims_mod: functions here hold a claims table named claims
 from .results import FINISHED, REPORT_CHAPTER, RunFolder, device_class, most_common, read_run
 
 # Headline figures: (chapter, metric) pairs the plots and the guide table read.
@@ -292,8 +294,6 @@ def guide_benchmark_claims(claims_table=None):
     Each row keeps the hardware it is about (the table's ``hardware`` column), the model and the
     weights' dtype, so nothing here is typed twice.
     """
-    from . import claims as claims_mod
-
     table = claims_mod.load_claims() if claims_table is None else claims_table
     rows = table[table["section"].astype(str).str.contains(GUIDE_TABLE_SECTION) & (table["kind"] == "performance")]
     out = []
@@ -373,8 +373,6 @@ def guide_table(runs: list[Run], claims_table=None, verdict_table=None, lang: st
 
 def merged_claims(runs: list[Run]):
     """(the claims audit over all runs, '') or (None, why it failed): the page renders either way."""
-    from . import claims as claims_mod
-
     try:
         return claims_mod.verdicts([str(r.path) for r in runs]), ""
     except Exception as exc:  # noqa: BLE001  (a broken claims table must not lose the comparison)
@@ -448,8 +446,16 @@ def plot_ttft(runs: list[Run]):
 
 
 def plot_roofline(runs: list[Run]):
-    return plot_runs(runs, [([figure_cell(r, *ROOFLINE) for r in runs], None, None)], "% of its own roofline",
-                     "Batch-1 decode as a share of each run's own bandwidth roofline (chapter 03)", fmt="{}%")
+    """Each run's batch-1 decode (chapter 03) against the roofline chapter 03 recorded with it."""
+    rows = []
+    for run in runs:
+        entry = (run.chapters.get(ROOFLINE[0]) or {}).get("metrics", {}).get(ROOFLINE[1]) or {}
+        ceiling = entry.get("ceiling_tok_s")
+        rows.append((run.label, figure_cell(run, *DECODE_B1).number,
+                     float(ceiling) if isinstance(ceiling, (int, float)) and not isinstance(ceiling, bool) else None,
+                     figure_cell(run, *ROOFLINE).number))
+    return plots.plot_roofline(rows, "Batch-1 decode as a share of each run's own bandwidth roofline (chapter 03)",
+                               ceiling_name="its roofline (ch. 03)")
 
 
 def ladder_rungs(run: Run) -> list[tuple[str, float]]:
@@ -465,32 +471,12 @@ def ladder_rungs(run: Run) -> list[tuple[str, float]]:
 
 def plot_ladder(runs: list[Run]):
     """One panel per run: its ladder's rungs in tok/s, each as a ratio to that run's first rung."""
-    import matplotlib.pyplot as plt
-
-    ladders = [(run, ladder_rungs(run)) for run in runs]
-    if not any(rungs for _, rungs in ladders):
-        return None
-    fig, axes = plt.subplots(1, len(runs), figsize=(min(13.0, max(6.0, 3.6 * len(runs))), 3.8), squeeze=False)
-    for ax, (run, rungs) in zip(axes[0], ladders):
-        ax.set_title(f"{run.label}\n{run.device_class or '?'} · {run.dtype or '?'} · {run.model or '?'}", fontsize=8)
-        if not rungs:
-            ax.text(0.5, 0.5, f"no ladder in this run\n(chapter 06 {run.status.get(LADDER, 'not run')})",
-                    ha="center", va="center", transform=ax.transAxes, fontsize=8)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            continue
-        names, values = zip(*rungs)
-        ax.bar(range(len(values)), values, color=COLORS[0])
-        for i, v in enumerate(values):
-            ax.text(i, v, f"{v / values[0]:.2f}x", ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(range(len(values)))
-        ax.set_xticklabels([n.replace("_", " ") for n in names], rotation=35, ha="right", fontsize=7)
-        ax.set_ylim(0, max(values) * 1.2)
-        ax.set_ylabel("tokens/s", fontsize=8)
-    fig.suptitle("Optimisation ladder per run (chapter 06): tok/s per rung, ratio to the run's first rung;\n"
-                 "batch rungs are aggregate over the batch", fontsize=9)
-    fig.tight_layout()
-    return fig
+    panels = [{"title": f"{run.label}\n{run.device_class or '?'} · {run.dtype or '?'} · {run.model or '?'}",
+               "rungs": [(name.replace("_", " "), value) for name, value in ladder_rungs(run)],
+               "ylabel": "tokens/s", "colour": COLORS[0],
+               "empty": f"no ladder in this run\n(chapter 06 {run.status.get(LADDER, 'not run')})"} for run in runs]
+    return plots.plot_ladder(panels, "Optimisation ladder per run (chapter 06): tok/s per rung, ratio to the run's "
+                                     "first rung;\nbatch rungs are aggregate over the batch")
 
 
 # --- the page ---------------------------------------------------------------------------------
@@ -528,14 +514,12 @@ def compare(run_dirs: list, out_dir: "str | Path", reference: int = 0, claims_ta
     long = comparison_table(runs, reference)
     table, claims_error = merged_claims(runs)
     guide = guide_table(runs, claims_table, table, lang)
-    plots = [("decode", plot_decode(runs)), ("ttft", plot_ttft(runs)), ("roofline", plot_roofline(runs)),
-             ("ladder", plot_ladder(runs))]
+    charts = [("decode", plot_decode(runs)), ("ttft", plot_ttft(runs)), ("roofline", plot_roofline(runs)),
+              ("ladder", plot_ladder(runs))]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "figures.csv"
     wide_table(long).to_csv(csv_path, index=False)
-    from . import claims as claims_mod
-
     # The claim as the reader's edition quotes it: the guide's own Chinese on a Chinese page.
     claim_text = "gloss_en" if lang == "en" else "text_zh"
     columns = ["id", "section", claim_text, "verdict", "verdict_class", "decided_by", "device_class", "elsewhere",
@@ -547,7 +531,7 @@ def compare(run_dirs: list, out_dir: "str | Path", reference: int = 0, claims_ta
         shown["verdict_class"] = [pages.say("common.verdict_classes", v, lang) for v in shown["verdict_class"]]
     html_path = pages.write(
         out_dir / "index.html", "compare", lang, runs=runs, reference=runs[reference].label, guide=guide,
-        figures=figures_view(runs, reference), plots=plots, claims=shown,
+        figures=figures_view(runs, reference), plots=charts, claims=shown,
         claims_error=claims_error, counts={} if table is None else claims_mod.verdict_counts(table),
         widths={"id": 4, "section": 11, claim_text: 19, "verdict": 9, "verdict_class": 9, "decided_by": 8,
                 "device_class": 5, "elsewhere": 11, "elsewhere_run": 7, "detail": 24})

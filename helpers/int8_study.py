@@ -1,10 +1,11 @@
-"""Chapter 05's measurements, so that its cells stay short: every INT8 variant measured the same way,
-the headline pair timed alternately, the calibration sweep, the guide's ratios and the plot.
+"""Chapter 05's measurements (layer: chapter studies; taught in 05_int8_quantization).
 
-Taught in ``05_int8_quantization.ipynb``. The kernels are ``helpers.quant``'s; the timing is chapter
-03's batch-1 protocol (``generation.measure_generation``: the request ``prompt`` with ``new_tokens``
-new tokens, greedy, warm-up excluded, decode = (t(N) - t(1)) / (N - 1)), at batch 1 and at the other
-batch sizes of the chapter, with the same prompt repeated.
+Every INT8 variant measured the same way, the headline pair timed alternately, the calibration
+sweep, the guide's ratios (its ladder from ``helpers.claims``) and the plot, so that the chapter's
+cells stay short. The kernels are ``helpers.quant``'s; the timing is chapter 03's batch-1 protocol
+(``generation.measure_generation``: the request ``prompt`` with ``new_tokens`` new tokens, greedy,
+warm-up excluded, decode = (t(N) - t(1)) / (N - 1)), at batch 1 and at the other batch sizes of the
+chapter, with the same prompt repeated.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import math
 import re
 from typing import Iterable, Optional
 
-from . import bench, generation, models, quality, quant
+from . import bench, claims, generation, models, quality, quant
 
 # Greedy answers shown side by side; the timed request is the chapter's ``prompt`` parameter.
 ANSWER_PROMPTS = ["What is the capital of France? Answer in one sentence.",
@@ -168,15 +169,13 @@ def headline_figures(dense: dict, int8: dict, pairs: dict, *, eval_tokens: int, 
 def guide_ratio_rows(measured_speedup: Optional[dict], measured_memory: Optional[dict]) -> list[dict]:
     """The guide's INT8 ratios (each against its own baseline) beside the ratios measured here:
     speed from C51, C41 / C38 and the 4.2 ladder table, memory from C52 (``data/guide_claims.csv``)."""
-    from .claims import guide_number
-    from .ladder import GUIDE_LADDER
-
-    guide = [("4.1 speed FP16 -> INT8", guide_number("C51"), measured_speedup),
-             ("3.1 speed +INT8 over the original", guide_number("C41") / guide_number("C38"),
+    ladder_table = claims.GUIDE_LADDER  # the guide's 4.2 table, rungs +MindSpeed and +MindSpeed+INT8
+    guide = [("4.1 speed FP16 -> INT8", claims.guide_number("C51"), measured_speedup),
+             ("3.1 speed +INT8 over the original", claims.guide_number("C41") / claims.guide_number("C38"),
               measured_speedup),
              ("4.2 table +MindSpeed -> +MindSpeed+INT8",
-              GUIDE_LADDER[3]["tokens_per_s"] / GUIDE_LADDER[2]["tokens_per_s"], measured_speedup),
-             ("4.1 memory FP16 -> INT8 (GB)", guide_number("C52"), measured_memory)]
+              ladder_table[3]["tokens_per_s"] / ladder_table[2]["tokens_per_s"], measured_speedup),
+             ("4.1 memory FP16 -> INT8 (GB)", claims.guide_number("C52"), measured_memory)]
     return [{"figure": name, "guide_claim_ratio": claim,
              "measured_here_ratio": m["value"] if m else math.nan,
              "measured_low": (m or {}).get("low", math.nan), "measured_high": (m or {}).get("high", math.nan)}

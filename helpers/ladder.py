@@ -1,8 +1,8 @@
-"""The optimisation ladder of chapter 06: rungs measured side by side, the guide's table beside them.
+"""The optimisation ladder of chapter 06: rungs measured side by side, the guide's table beside them
+(layer: chapter studies; taught in 06_optimization_ladder).
 
-Taught in ``06_optimization_ladder.ipynb``. A rung is a name, a description and a ``prepare``
-callable that returns a model variant (or raises: the rung is then recorded as failed with its
-error, and the ladder goes on). One ``measure`` callable turns each variant into metrics, so every
+A rung is a name, a description and a ``prepare`` callable that returns a model variant (or
+raises: the rung is then recorded as failed with its error, and the ladder goes on). One ``measure`` callable turns each variant into metrics, so every
 rung is timed the same way in the same run; speedups are ratios over the first rung that succeeded.
 
 MindSpeed-LLM is detected, never assumed: when it is absent the chapter shows the exact commands for
@@ -17,6 +17,18 @@ import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+from . import claims, llamacpp, profiling, static_decode
+from .backend import as_device
+from .bench import Timing, speedup
+from .decide import SAME, best_gain, direction, met
+from .generation import decode_bytes_per_step, generate_tokens, measure_generation
+from .model_files import EMBEDDED_MODEL, locate_embedded_gguf
+from .models import chat_inputs, weight_bytes
+from .quality import encode, evaluate, load_heldout_text
+from .quant import pick_w8a16_kernel
 
 COLUMNS = ("rung", "description", "status", "latency_ms", "tokens_per_s", "peak_memory_bytes",
            "roofline_pct", "speedup", "speedup_low", "speedup_high", "error")
@@ -62,8 +74,6 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
     sees each row as it is done. Returns a pandas DataFrame with ``COLUMNS`` first.
     """
     import pandas as pd
-
-    from .bench import Timing, speedup
 
     rungs = [_as_rung(r) for r in rungs]
     if not rungs:
@@ -144,8 +154,6 @@ def best_batch1_speedup(table) -> Optional[dict]:
     clear``, ``best, tied`` with ``tied`` naming the rungs within its noise, or ``no gain beyond the
     noise``). None with no rung beyond the baseline; rungs changing the batch never enter it.
     """
-    from .decide import best_gain
-
     ok, base_batch = _ok_rows(table)
     same = ok[ok["batch_size"].fillna(1) == base_batch] if "batch_size" in ok else ok
     if len(ok) < 2 or len(same) < 2:
@@ -313,8 +321,6 @@ def fraction_verdict(ratio: Optional[dict], fraction: float = GOAL_FRACTION_OF_L
     """``reached`` when the whole spread is at or above ``fraction``, ``missed`` when it is all below,
     ``within_noise`` when the spread straddles it, ``not_measured`` without a ratio: ``decide.met``
     in chapter 06's words."""
-    from .decide import met
-
     if not ratio:
         return "not_measured"
     return FRACTION_VERDICTS[met(ratio["low"], ratio["high"], fraction)]
@@ -323,8 +329,6 @@ def fraction_verdict(ratio: Optional[dict], fraction: float = GOAL_FRACTION_OF_L
 def rung_effect(table, rung: str) -> Optional[dict]:
     """``rung`` against the ok batch-1 rung before it: ``{"verdict": faster / slower / no_difference,
     "ratio", "low", "high", "previous"}`` from the decode spreads (None if either did not run)."""
-    from .decide import SAME, direction
-
     step = next((s for s in ladder_steps(table) if s["rung"] == rung), None)
     if step is None:
         return None
@@ -345,11 +349,9 @@ def step_part(name: str) -> Optional[str]:
 
     Matmul and attention kernels are named by ``profiling.kernel_kind`` (chapter 03's split), plus
     inductor's C++ GEMM template kernels, which max-autotune names ``graph_N_kernel``."""
-    from .profiling import kernel_kind
-
     if name.startswith("graph_") and name.endswith("_kernel") and "cpp_fused" not in name:
         return "matmul kernels"
-    part = _STEP_PART_OF_KIND.get(kernel_kind(name))
+    part = _STEP_PART_OF_KIND.get(profiling.kernel_kind(name))
     if part:
         return part
     if "cpp_fused" in name or name.startswith(("aten::", "mkldnn::", "quantized::")):
@@ -360,54 +362,32 @@ def step_part(name: str) -> Optional[str]:
 def decode_step_parts(model, tokenizer, prompts: Sequence[str], *, decode_ms: float, steps: int = 8,
                       static_cache: bool = False, cache_tokens: Optional[int] = None, device="cpu") -> dict:
     """ms per decode step in each of ``STEP_PARTS``, from ``torch.profiler``: greedy generations of
-    ``steps + 1`` tokens and of 1 token through ``model.generate`` differ by ``steps`` decode steps.
+    ``steps + 1`` tokens and of 1 token through ``model.generate`` differ by ``steps`` decode steps
+    (``profiling.decode_step_split``, CPU activity, each profiled run after a warm one).
 
     Each kernel part's share of the profiled step (self time over wall time) is applied to the
     rung's measured ``decode_ms``; ``framework and Python`` is the rest (Python, dispatch, graph
     wrappers and the profiler's own cost), so the parts add up to ``decode_ms``. The static cache is
     sized for ``cache_tokens`` (the measurement's), so a compiled forward builds no graph here.
     """
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from . import static_decode
-    from .generation import generate_tokens
-    from .models import chat_inputs
-    from .profiling import _quiet_native_stderr
-
     inputs = chat_inputs(tokenizer, list(prompts), device, chat=False)
     kwargs: dict = {}
     cache = None
     if static_cache:
         cache, kwargs = static_decode.static_generate_kwargs(model, inputs, max(cache_tokens or 0, steps + 1))
 
-    def parts_of(n_tokens: int) -> dict:
-        if cache is not None:
-            cache.reset()
-        generate_tokens(model, tokenizer, inputs, n_tokens, **kwargs)  # warm (a new shape compiles here)
-        if cache is not None:
-            cache.reset()
-        with _quiet_native_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-            start = time.perf_counter()
-            generate_tokens(model, tokenizer, inputs, n_tokens, **kwargs)
-            wall = (time.perf_counter() - start) * 1e3
-        found = dict.fromkeys(STEP_PARTS[:3], 0.0)
-        for event in prof.key_averages():
-            part = step_part(event.key)
-            if part:
-                found[part] += event.self_cpu_time_total / 1e3  # us -> ms
-        return {**found, "wall": wall}
-
     with torch.inference_mode():
-        one, many = parts_of(1), parts_of(steps + 1)
-    wall = max(many["wall"] - one["wall"], 1e-9)
-    shares = {k: max(many[k] - one[k], 0.0) / wall for k in STEP_PARTS[:3]}
+        split = profiling.decode_step_split(lambda n: generate_tokens(model, tokenizer, inputs, n, **kwargs),
+                                            steps + 1, device, part_of=step_part, device_kernels=False,
+                                            warm=True, reset=cache.reset if cache is not None else None)
+    wall = max(split["wall_ms"], 1e-9)
+    shares = {k: max(split["ms"].get(k, 0.0), 0.0) / wall for k in STEP_PARTS[:3]}
     total = sum(shares.values())
     if total > 1:  # noise made the kernels longer than the step: keep their proportions
         shares = {k: v / total for k, v in shares.items()}
     shares["framework and Python"] = max(1.0 - sum(shares.values()), 0.0)
     return {**{k: v * decode_ms for k, v in shares.items()}, "decode_ms": decode_ms, "steps_profiled": steps,
-            "profiled_step_ms": wall / steps}
+            "profiled_step_ms": wall}
 
 
 def what_stands_in_the_way(parts: dict, reference_ms: float,
@@ -427,8 +407,6 @@ def what_stands_in_the_way(parts: dict, reference_ms: float,
 
 def int8_skip_reason(kernel_rows: list) -> str:
     """Why the INT8 rung did not run: the kernel timings, dense against the fastest int8 kernel."""
-    from .quant import pick_w8a16_kernel
-
     pick = pick_w8a16_kernel(kernel_rows)
     dense = next(r for r in kernel_rows if r["kernel"].startswith("dense"))
     best = next(r for r in kernel_rows if r["kernel"] == pick["kernel"])
@@ -454,8 +432,6 @@ def int8_kernel_saving(kernel_rows: Optional[list]) -> Optional[dict]:
 def weight_format_check(before, after, tokenizer, tokens: int = 128) -> dict:
     """Top-1 agreement and perplexity of ``after`` against ``before`` on held-out text (eager forwards):
     what a rung that changes the weights' format (INT4) costs in quality, measured where it runs."""
-    from .quality import encode, evaluate, load_heldout_text
-
     ids = encode(tokenizer, load_heldout_text(), tokens).to(next(before.parameters()).device)
     ref = evaluate(before, ids, return_logits=True)
     out = evaluate(after, ids, ref["logits"])
@@ -465,10 +441,6 @@ def weight_format_check(before, after, tokenizer, tokens: int = 128) -> dict:
 
 def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens: int, repeats: int) -> dict:
     """llama.cpp's figures for the ladder's request, or ``{"status": ..., "reason"}`` saying why not."""
-    from . import llamacpp
-    from .backend import as_device
-    from .model_files import EMBEDDED_MODEL, locate_embedded_gguf
-
     if not enabled:
         reason = "the llamacpp parameter is off"
     elif (kind := as_device(device).type) != "cpu":
@@ -595,11 +567,6 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
     a batch-1 rung also gets the ms per step in each of ``STEP_PARTS`` (``decode_step_parts``),
     profiled on the same shapes after the timed runs.
     """
-    from . import static_decode
-    from .bench import Timing
-    from .generation import decode_bytes_per_step, measure_generation
-    from .models import weight_bytes
-
     def measure(variant) -> dict:
         if not isinstance(variant, Variant):
             variant = Variant(*variant) if isinstance(variant, tuple) else Variant(variant)
@@ -640,8 +607,6 @@ def apply_runtime_options(device, *, jit_compile: bool = False, allow_internal_f
     is assigned exactly as the guide does, then shown to have been silently dropped: the assignment
     raises nothing and stores nothing, because torch_npu's config only knows allow_internal_format.
     """
-    import torch
-
     kind = getattr(getattr(device, "device", device), "type", None) or str(device).split(":")[0]
     if kind != "npu":
         raise RungSkipped(f"runtime options exist only in torch_npu; this run is on {kind}")
@@ -663,21 +628,11 @@ def apply_runtime_options(device, *, jit_compile: bool = False, allow_internal_f
 
 # --- the guide's table (4.2 MindSpeed-LLM框架应用) ----------------------------------------------
 
-# The guide's claim, not a measurement: Llama-2-7B fp16 on one 910B, 100 new tokens implied by
-# 6012 ms at 16.6 tok/s. The MindSpeed rows cannot come from MindSpeed-LLM's inference script as
-# the guide shows it (its Pipeline class does not exist).
-GUIDE_LADDER = [dict(zip(("rung", "label", "latency_ms", "tokens_per_s", "memory_gb"), row))
-                for row in (("原生PyTorch", "native PyTorch", 6012, 16.6, 13.6),
-                            ("+CANN优化", "+ CANN options", 4580, 21.7, 13.6),
-                            ("+MindSpeed", "+ MindSpeed", 3250, 30.5, 13.6),
-                            ("+MindSpeed+INT8", "+ MindSpeed + INT8", 2100, 47.2, 7.8))]
-
-
 def guide_ladder():
     """The guide's ladder with ratios to its own first row (labelled as the guide's claim)."""
     import pandas as pd
 
-    table = pd.DataFrame(GUIDE_LADDER)
+    table = pd.DataFrame(claims.GUIDE_LADDER)
     base = table.iloc[0]
     table["speedup"] = base["latency_ms"] / table["latency_ms"]
     table["throughput_ratio"] = table["tokens_per_s"] / base["tokens_per_s"]
@@ -708,23 +663,21 @@ def compare_with_guide(ours, label: str = "measured here"):
     return pd.concat([guide, ours[["label", "speedup", "memory_ratio", "source"]]], ignore_index=True)
 
 
-def plot_comparison(ours, label: str = "measured here", figsize=(9, 4)):
-    """One chart: speedup over each ladder's own baseline, the guide's bars beside ours."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+BESIDE_THE_GUIDE = "Batch-1 optimisation ladder: the guide's claim vs this run"
 
+
+def beside_the_guide(ours, label: str = "measured here") -> list[dict]:
+    """The guide's ladder and ours as two panels of ``plots.plot_ladder`` (``compare_with_guide``'s
+    speedups over each ladder's own baseline; a failed or skipped rung of ours has no bar)::
+
+        plots.plot_ladder(ladder.beside_the_guide(table), ladder.BESIDE_THE_GUIDE)
+    """
     data = compare_with_guide(ours, label)
-    fig, ax = plt.subplots(figsize=figsize)
-    colors = {src: c for src, c in zip(data["source"].unique(), ("#999999", "#1f77b4"))}
-    heights = data["speedup"].astype(float).fillna(0.0)  # failed / skipped rungs: no bar, label says why
-    ax.bar(range(len(data)), heights, color=[colors[s] for s in data["source"]])
-    ax.set_xticks(range(len(data)), data["label"], rotation=30, ha="right", fontsize=8)
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_ylabel("batch-1 speedup over own baseline (x)")
-    ax.set_title("Batch-1 optimisation ladder: the guide's claim vs this run")
-    ax.legend(handles=[Patch(color=c, label=s) for s, c in colors.items()], fontsize=8)
-    fig.tight_layout()
-    return fig
+    colours = dict(zip(data["source"].unique(), ("#999999", "#1f77b4")))
+    return [{"title": source, "colour": colours[source], "ylabel": "batch-1 speedup over own baseline (x)",
+             "rungs": [(name, None if not _known(value) else float(value))
+                       for name, value in zip(group["label"], group["speedup"])]}
+            for source, group in data.groupby("source", sort=False)]
 
 
 # --- MindSpeed-LLM ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Every HTML page the workbook writes, from Jinja2 templates with one layout and one stylesheet.
+"""Every HTML page the workbook writes, from Jinja2 templates with one layout and one stylesheet
+(layer: foundations; taught in 08_report).
 
 The runner's ``index.html`` (``helpers.run``), the report chapter's ``claims_report.html``
 (``helpers.report``, taught in ``08_report.ipynb``) and the compare page (``helpers.compare``) are
@@ -82,13 +83,28 @@ def cell_text(value) -> str:
     return str(value)
 
 
-@functools.lru_cache(maxsize=None)
-def environment():
+def template_environment(lang: str = "en", *, autoescape: bool, folder: Path = TEMPLATES):
+    """The one Jinja2 setup of the workbook's templates, the pages' and the chapters' sentences
+    (``helpers.prose`` adds its figure filters): ``folder`` (``templates/``) as the loader, strict
+    about missing names, block tags trimmed, and the ``label`` filter: a recorded key (a verdict
+    class, a status) in ``lang``, the pages' word for it (``say``;
+    ``{{ c.verdict_class | label("common.verdict_classes") }}``). A recorded figure is read as its
+    text, which is the key ``say`` looks up."""
     import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), autoescape=autoescape,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["label"] = lambda key, table: say(table, str(key), lang)
+    return env
+
+
+@functools.lru_cache(maxsize=None)
+def environment(lang: str = "en"):
+    """The pages' environment: ``template_environment`` escaping what it is given, with the pages'
+    filters (``fmt`` for labels holding markup, table cells, widths) and ``png`` for figures."""
     from markupsafe import Markup
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = template_environment(lang, autoescape=True)
     # Labels are ours and may hold markup; the values put into them are escaped.
     env.filters["fmt"] = lambda label, **values: Markup(label).format(**values)
     env.filters["slug"] = lambda word: str(word).replace(" ", "-")
@@ -102,7 +118,7 @@ def environment():
 def render(kind: str, lang: str = "en", **context) -> str:
     """The page ``templates/<kind>.html.j2`` with its labels (``L``), the common ones (``C``) and ``context``."""
     table = labels(kind, lang)
-    return environment().get_template(f"{kind}.html.j2").render(
+    return environment(lang).get_template(f"{kind}.html.j2").render(
         kind=kind, lang=lang, html_lang=HTML_LANG.get(lang, lang), L=table, C=_label_file(lang)["common"],
         css=stylesheet(), generated=time.strftime("%Y-%m-%d %H:%M:%S"), **context)
 

@@ -1,10 +1,11 @@
-"""The chapters' figures (matplotlib), each drawn from a table the chapter recorded.
+"""The chapters' figures (matplotlib), each drawn from a table the chapter recorded
+(layer: foundations; taught where each figure appears).
 
-Layer: foundations; taught where each figure appears: ``plot_decode_gap`` in
-``03_end_to_end.ipynb``, ``plot_batch_sweep`` in ``04_batching.ipynb``. A function here draws what
-its table says and nothing else: every bar is the sum of its own measured parts, and its label is
-that sum (``tests/test_plots.py`` checks both on a case where a compiled path's kernels beat the
-eager ones).
+Layer: foundations; taught where each figure appears: ``plot_decode_gap`` in ``03_end_to_end.ipynb``, ``plot_batch_sweep`` in ``04_batching.ipynb``, the
+ladder (``plot_ladder``) in ``06_optimization_ladder.ipynb``, ``08_report.ipynb`` and the compare
+page, the roofline (``plot_roofline``) in the report and the compare page: each chart drawn once. A function here draws what its table says and nothing else: every bar is
+the sum of its own measured parts, and its label is that sum (``tests/test_plots.py`` checks both on a case where a compiled path's kernels
+beat the eager ones).
 """
 from __future__ import annotations
 
@@ -232,5 +233,85 @@ def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7
         ax.set_xlabel("batch size")
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_roofline(runs: list, title: str, *, measured_name: str = "measured decode (ch. 03)",
+                  ceiling_name: str = "bandwidth ceiling"):
+    """Batch-1 decode against its bandwidth ceiling, per run: the measured tok/s and the ceiling as
+    horizontal bars, the measured one labelled with its share of the ceiling. ``runs`` holds
+    ``(label, measured, ceiling, pct)`` per run (``label`` '' for a single run; ``ceiling`` and
+    ``pct`` None when not recorded; ``pct`` None with a ceiling: measured over ceiling). None when
+    no run measured its decode. Chapter 08 draws its run, ``helpers.compare`` every run."""
+    import matplotlib.pyplot as plt
+
+    if all(measured is None for _, measured, _, _ in runs):
+        return None
+    labels, values, colours, texts = [], [], [], []
+    for label, measured, ceiling, pct in runs:
+        prefix = f"{label}: " if label else ""
+        if pct is None and measured is not None and ceiling:
+            pct = 100 * measured / ceiling
+        labels.append(prefix + measured_name)
+        values.append(measured or 0.0)
+        colours.append("#1f77b4")
+        texts.append(" not measured" if measured is None
+                     else f" {measured:.1f}" + (f" = {pct:.0f}% of the ceiling" if pct is not None else ""))
+        if ceiling:
+            labels.append(prefix + ceiling_name)
+            values.append(ceiling)
+            colours.append("#cccccc")
+            texts.append(f" {ceiling:.1f}")
+    fig, ax = plt.subplots(figsize=(max(8.5, 4.0 + 1.5 * len(runs)), 1.0 + 0.6 * len(labels)))
+    rows = list(range(len(labels)))[::-1]  # the first run on top
+    ax.barh(rows, values, color=colours)
+    for y, v, text in zip(rows, values, texts):
+        ax.text(v, y, text, va="center", fontsize=8)
+    ax.set_yticks(rows, labels, fontsize=8)
+    ax.set_xlim(0, max(values + [1e-9]) * 1.45)  # room for the labels right of the longest bar
+    ax.set_xlabel("tokens/s at batch 1")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ladder(ladders: list, title: str = "Optimisation ladders: each rung's ratio to its ladder's first rung"):
+    """One panel per ladder: a bar per rung, each labelled with its ratio to the ladder's first rung
+    with a figure, and a dashed line at that first rung. ``ladders`` holds dicts with ``title``,
+    ``rungs`` (``(name, value or None)``: a rung without a figure gets no bar, its name says why),
+    ``ylabel`` and optionally ``colour`` and ``empty`` (what a panel without rungs says). None when
+    no ladder has a figure. Chapter 06 draws the guide's ladder beside its own
+    (``ladder.beside_the_guide``), chapter 08 the run's, ``helpers.compare`` one per run."""
+    import matplotlib.pyplot as plt
+
+    def known(value) -> bool:
+        return value is not None and value == value  # not None, not NaN
+
+    if not any(known(v) for ladder in ladders for _, v in ladder["rungs"]):
+        return None
+    fig, axes = plt.subplots(1, len(ladders), figsize=(min(13.0, max(6.0, 3.6 * len(ladders))), 3.8),
+                             squeeze=False)
+    for ax, ladder in zip(axes[0], ladders):
+        ax.set_title(ladder["title"], fontsize=8)
+        rungs = ladder["rungs"]
+        first = next((float(v) for _, v in rungs if known(v)), None)
+        if first is None:
+            ax.text(0.5, 0.5, ladder.get("empty", "no ladder"), ha="center", va="center",
+                    transform=ax.transAxes, fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
+        heights = [float(v) if known(v) else 0.0 for _, v in rungs]
+        ax.bar(range(len(rungs)), heights, color=ladder.get("colour", "#1f77b4"))
+        for i, (_, v) in enumerate(rungs):
+            if known(v):
+                ax.text(i, float(v), f"{float(v) / first:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.axhline(first, color="black", lw=0.8, ls="--")
+        ax.set_xticks(range(len(rungs)))
+        ax.set_xticklabels([name for name, _ in rungs], rotation=35, ha="right", fontsize=7)
+        ax.set_ylim(0, max(heights) * 1.2)
+        ax.set_ylabel(ladder["ylabel"], fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig

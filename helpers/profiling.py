@@ -1,4 +1,5 @@
-"""What ``torch.profiler`` sees: launches per call, the top operators, kernel time by kind.
+"""What ``torch.profiler`` sees: launches per call, the top operators, kernel time by kind
+(layer: measurement; taught in 01_operator_verification, 02_ffn_fusion and 03_end_to_end).
 
 Layer: measurement; taught in 01_operator_verification, 02_ffn_fusion and 03_end_to_end.
 
@@ -6,7 +7,9 @@ Layer: measurement; taught in 01_operator_verification, 02_ffn_fusion and 03_end
 effect is fewer of them, so the chapters count them instead of guessing); ``03_end_to_end.ipynb``
 shows where decode time goes (``kernel_time_by_kind`` splits a decode step into the weight-matmul
 kernels that path really ran, attention, and everything else; the chapter's table of the top
-operators of a step is ``end_to_end_study.top_ops``, built on ``_profile`` here).
+operators of a step is ``end_to_end_study.top_ops``, built on ``_profile`` here). ``decode_step_split`` is the one profiled
+(N - 1)-token difference that splits a decode step by the kind of its events: chapter 03's
+``kernel_time_by_kind`` and chapter 06's ``ladder.decode_step_parts`` both use it.
 
 What is counted, per call of ``fn``:
 
@@ -25,9 +28,10 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import time
 from collections import Counter
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -158,23 +162,80 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def _kernel_ms(fn: Callable[[], object], device) -> dict:
-    """Self time (ms) of one call of ``fn`` by ``kernel_kind``: CPU ops on a CPU, device kernels on
-    CUDA; the names of the matmul kernels seen are kept, so a table can say what really ran."""
+def time_by_part(fn: Callable[[], object], device, part_of: Callable[[str], Optional[str]] = kernel_kind, *,
+                 device_kernels: bool = True) -> dict:
+    """One profiled call of ``fn``: self time (ms) summed per ``part_of(event name)`` (an event whose
+    part is None is left out), the names seen in each part with their calls (so a table can say
+    which matmul kernels really ran), and the call's wall time (ms). Device kernel times on CUDA
+    where ``device_kernels``, else self CPU times of each operator or generated kernel."""
+    device = as_device(device)
+    wall = {}
+
+    def timed():
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        wall["ms"] = (time.perf_counter() - start) * 1e3
+
+    on_device = device_kernels and device.type == "cuda"
     totals: Counter = Counter()
-    names: Counter = Counter()
-    for event in _profile(fn, device).key_averages():
-        if device.type == "cuda":
+    names: dict = {}
+    for event in _profile(timed, device, device_kernels).key_averages():
+        if on_device:
             value = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0))
         else:
             value = event.self_cpu_time_total
-        if value <= 0:
+        part = part_of(event.key) if value > 0 else None
+        if part is None:
             continue
-        kind = kernel_kind(event.key)
-        totals[kind] += value / 1e3
-        if kind == "weight matmul":
-            names[event.key] += event.count
-    return {"ms": dict(totals), "matmul_kernels": dict(names)}
+        totals[part] += value / 1e3
+        names.setdefault(part, Counter())[event.key] += event.count
+    return {"ms": dict(totals), "names": {part: dict(seen) for part, seen in names.items()}, "wall_ms": wall["ms"]}
+
+
+def decode_step_split(run: Callable[[int], object], new_tokens: int, device="cpu", *,
+                      part_of: Callable[[str], Optional[str]] = kernel_kind, repeats: int = 1,
+                      device_kernels: bool = True, warm: bool = False,
+                      reset: Optional[Callable[[], None]] = None) -> dict:
+    """What one decode step spends in each part, from the same split as the decode timing.
+
+    ``run(n)`` generates ``n`` tokens exactly as the timed measurement does (same cache, same
+    compiled or eager forward); ``run(1)`` and ``run(new_tokens)`` are each profiled ``repeats``
+    times, alternating (``time_by_part`` with ``part_of`` and ``device_kernels``), and the
+    difference of the medians divided by ``new_tokens - 1`` is one decode step: ``ms`` per part,
+    ``wall_ms`` of the profiled step, and ``names`` per part of the last ``run(new_tokens)``.
+    ``warm`` makes each profiled run follow an untimed one of the same length (a new shape compiles
+    there); ``reset()`` comes before every run (a static KV cache starts empty). Medians, because
+    one profiled run of a busy machine can take longer than a longer one, and the difference of
+    single runs can come out negative.
+    """
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
+        raise ValueError(f"new_tokens={new_tokens!r} is not valid; it must be an integer >= 2")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} is not valid; it must be an integer >= 1")
+
+    def profiled(n_tokens: int) -> dict:
+        if warm:
+            if reset is not None:
+                reset()
+            run(n_tokens)
+        if reset is not None:
+            reset()
+        return time_by_part(lambda: run(n_tokens), device, part_of, device_kernels=device_kernels)
+
+    ones, fulls = [], []
+    for _ in range(repeats):
+        ones.append(profiled(1))
+        fulls.append(profiled(new_tokens))
+    parts = dict.fromkeys(part for r in ones + fulls for part in r["ms"])
+
+    def step(values_of_full, values_of_one) -> float:
+        return (statistics.median(values_of_full) - statistics.median(values_of_one)) / (new_tokens - 1)
+
+    return {"ms": {part: step([r["ms"].get(part, 0.0) for r in fulls], [r["ms"].get(part, 0.0) for r in ones])
+                   for part in parts},
+            "wall_ms": step([r["wall_ms"] for r in fulls], [r["wall_ms"] for r in ones]),
+            "names": fulls[-1]["names"]}
 
 
 def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[str]:
@@ -202,24 +263,11 @@ def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="c
     if getattr(device, "type", str(device).split(":")[0]) == "npu":
         return {"kernel_profile": "not measured: the NPU's kernel times need torch_npu.profiler"}
     device = as_device(device)
-    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
-        raise ValueError(f"new_tokens={new_tokens!r} is not valid; it must be an integer >= 2")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} is not valid; it must be an integer >= 1")
-    ones, fulls = [], []
-    for _ in range(repeats):
-        ones.append(_kernel_ms(lambda: run(1), device))
-        fulls.append(_kernel_ms(lambda: run(new_tokens), device))
-    full = fulls[-1]
-
-    def median_ms(runs, kind):
-        return statistics.median(r["ms"].get(kind, 0.0) for r in runs)
-
-    per_token = {kind: (median_ms(fulls, kind) - median_ms(ones, kind)) / (new_tokens - 1)
-                 for kind in ("weight matmul", "attention", "other")}
+    split = decode_step_split(run, new_tokens, device, repeats=repeats)
+    per_token = {kind: split["ms"].get(kind, 0.0) for kind in ("weight matmul", "attention", "other")}
     return {"weight_matmul_ms": per_token["weight matmul"], "attention_ms": per_token["attention"],
             "other_kernel_ms": per_token["other"],
-            "matmul_kernels": ", ".join(sorted(full["matmul_kernels"])),
+            "matmul_kernels": ", ".join(sorted(split["names"].get("weight matmul", {}))),
             "kernel_profile": "torch.profiler self " + ("device" if device.type == "cuda" else "CPU")
                               + f" time, (generate {new_tokens} - generate 1) / {new_tokens - 1}, medians of {repeats}"}
 

@@ -1,6 +1,7 @@
-"""Sentences from recorded results: every data-driven paragraph of a chapter is a Jinja2 template.
+"""Sentences from recorded results: every data-driven paragraph of a chapter is a Jinja2 template
+(layer: foundations; taught in every chapter from 00_environment_check on).
 
-Taught in every chapter (its summary cell is ``chapter.summary()``); the templates live in
+Each chapter's summary cell is ``chapter.summary()``; the templates live in
 ``helpers/templates/<chapter>.<lang>.md.j2``, one ``{% block %}`` per paragraph. A template sees
 only what the chapter recorded (``results.json``: figures ``m``, tables ``t``, parameters ``p``, the
 environment ``env``, and other chapters of the run as ``run``), never the notebook's variables, so
@@ -23,12 +24,11 @@ from __future__ import annotations
 
 import math
 import operator
-from pathlib import Path
 from typing import Any, Optional
 
-from . import decide
+from . import decide, pages
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = pages.TEMPLATES  # one folder for the pages' templates and the chapters'
 WORDS = TEMPLATES  # the phrase tables (words.<lang>.yaml) stay with the package's templates
 LANGUAGES = ("en", "zh")
 AUDIT_OPEN, AUDIT_CLOSE = "\u27e6", "\u27e7"  # ⟦source=text⟧ around each figure in audit mode
@@ -226,12 +226,9 @@ def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = 
 
 
 def environment(renderer: Renderer, lang: str = "en"):
-    """The Jinja2 environment: strict about missing names, filters for figures, ``decide`` as globals."""
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
-                             autoescape=False)
+    """The chapters' Jinja2 environment: the pages' one (``pages.template_environment``: strict about
+    missing names, ``label``), plus filters for figures, ``say`` for decisions, ``decide`` as globals."""
+    env = pages.template_environment(lang, autoescape=False, folder=TEMPLATES)
     env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size,
                        count=renderer.count)
     plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
@@ -262,14 +259,7 @@ def environment(renderer: Renderer, lang: str = "en"):
             raise KeyError(f"words.{lang}.yaml has no phrase for the decision {key!r}")
         return table[key]
 
-    def label(key: Any, table: str) -> str:
-        """A recorded key (a verdict class, a status) in the template's language: the pages' word for
-        it (``{{ c.verdict_class | label("common.verdict_classes") }}``, ``helpers.pages``)."""
-        from . import pages
-
-        return pages.say(table, _plain(key), lang)
-
-    env.filters.update(say=say, label=label)
+    env.filters["say"] = say
     env.tests["startswith"] = lambda value, prefix: str(_plain(value)).startswith(prefix)
     return env
 

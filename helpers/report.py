@@ -1,4 +1,5 @@
-"""The run's summary for ``08_report.ipynb``: key figures, plots and the code-free claims report.
+"""The run's summary for ``08_report.ipynb``: key figures, plots and the code-free claims report
+(layer: chapter studies; taught in 08_report).
 
 Everything here reads what the chapters recorded (``results.json`` through ``helpers.results``);
 nothing is re-measured. Each plot returns ``None`` when its chapter's figures are missing, so the
@@ -8,11 +9,13 @@ index are here too; the pages themselves are ``helpers.pages`` templates.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from . import decide, pages
-from .claims import number, parse_args
+from . import decide, ladder, pages, plots
+from .claims import CLASS_COLOURS, GUIDES, VERDICT_CLASSES, number, parse_args, verdict_counts
+from .prose import format_number
 from .results import REPORT_CHAPTER, RunFolder, metric
 
 def key_figures(results: dict):
@@ -55,26 +58,11 @@ def _device(results: dict, chapter: str) -> str:
 
 
 def plot_roofline(results: dict):
-    """Batch-1 decode measured in chapter 03 against chapter 00's bandwidth ceiling."""
-    import matplotlib.pyplot as plt
-
-    ceiling = _value(results, "00_environment_check.decode_ceiling_tok_s")
-    measured = _value(results, "03_end_to_end.decode_tok_s_batch1")
-    if measured is None:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    labels, values = ["measured decode (ch. 03)"], [measured]
-    if ceiling:
-        labels.append("bandwidth ceiling (ch. 00)")
-        values.append(ceiling)
-    ax.barh(labels, values, color=["#1f77b4", "#cccccc"][:len(values)])
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.1f}", va="center")
-    pct = f" = {100 * measured / ceiling:.0f}% of the ceiling" if ceiling else ""
-    ax.set_xlabel("tokens/s at batch 1")
-    ax.set_title(f"Roofline on {_device(results, '03_end_to_end')}{pct}")
-    fig.tight_layout()
-    return fig
+    """Batch-1 decode measured in chapter 03 against chapter 00's bandwidth ceiling (``plots.plot_roofline``)."""
+    return plots.plot_roofline(
+        [("", _value(results, "03_end_to_end.decode_tok_s_batch1"),
+          _value(results, "00_environment_check.decode_ceiling_tok_s"), None)],
+        f"Roofline on {_device(results, '03_end_to_end')}", ceiling_name="bandwidth ceiling (ch. 00)")
 
 
 def plot_batching(results: dict, claims_table):
@@ -167,22 +155,19 @@ def plot_ladder(results: dict):
     """Chapter 06's ladder beside the guide's, as ratios to each one's own baseline."""
     import pandas as pd
 
-    from .ladder import plot_comparison
-
     rows = (results.get("06_optimization_ladder") or {}).get("tables", {}).get("ladder")
     if not rows:
         return None
     table = pd.DataFrame(rows)
     if "status" not in table or not (table["status"] == "ok").any():
         return None
-    return plot_comparison(table, label=f"measured here ({_device(results, '06_optimization_ladder')})")
+    return plots.plot_ladder(ladder.beside_the_guide(
+        table, label=f"measured here ({_device(results, '06_optimization_ladder')})"), ladder.BESIDE_THE_GUIDE)
 
 
 def plot_verdicts(verdict_table):
     """How many claims fall in each verdict class (colours as in the claims report's badges)."""
     import matplotlib.pyplot as plt
-
-    from .claims import CLASS_COLOURS, verdict_counts
 
     counts = {k: v for k, v in verdict_counts(verdict_table).items() if v}
     order = list(counts)[::-1]
@@ -205,8 +190,6 @@ def verdict_legend(lang: str = "en"):
     """
     import pandas as pd
 
-    from .claims import VERDICT_CLASSES
-
     words = pages.labels("claims", lang)
     names = [pages.say("common.verdict_classes", c, lang) for c in VERDICT_CLASSES]
     table = pd.DataFrame({words["class"]: names,
@@ -228,8 +211,6 @@ def write_claims_report(path: "str | Path", runs_named: str, audit, runs=None, s
                         figures=None, plots=(), lang: str = "en") -> Path:
     """``claims_report.html``: the verdict legend with counts, every claim grouped by guide and section
     (quote, gloss, badge, what decided it), then the runs, chapter statuses, key figures and plots."""
-    from .claims import CLASS_COLOURS, GUIDES, verdict_counts
-
     heading = str if lang == "en" else without_gloss
     groups = []
     for seed, by_seed in audit.groupby("seed", sort=False):
@@ -282,35 +263,12 @@ def key_figure_label(key: str, lang: str = "en") -> tuple[str, str]:
     return key.replace("_", " "), ""
 
 
-def round_figure(value: Any) -> str:
-    """A figure at a precision its measurement supports: 3 significant digits, no float noise."""
-    if isinstance(value, bool) or value is None:
-        return "yes" if value is True else "no" if value is False else "–"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value != value:  # NaN
-            return "–"
-        magnitude = abs(value)
-        if magnitude >= 1000:
-            return f"{value:,.0f}"
-        if magnitude >= 100:
-            return f"{value:.0f}"
-        if magnitude == 0:
-            return "0"
-        if magnitude >= 0.01:
-            # three significant digits, trailing zeros kept: 1.00x reads as measured, 1x as exact
-            return f"{value:#.3g}" if magnitude < 10 else f"{value:.1f}"
-        return f"{value:.2e}"
-    return str(value)
-
-
 def describe_key_figure(key: str, entry: dict, lang: str = "en") -> dict:
     """What the index prints for one figure: label, rounded value with unit, direction, context."""
     label, direction = key_figure_label(key, lang)
     unit = str(entry.get("unit") or "")
     raw = entry.get("value")
-    value = round_figure(raw) if not isinstance(raw, bool) else pages.say(
+    value = format_number(raw) if not isinstance(raw, bool) else pages.say(
         "common", "boolean_yes" if raw else "boolean_no", lang)
     labels = pages.labels("index", lang)
     unit = UNIT_WORDS.get(unit, unit)
@@ -320,7 +278,7 @@ def describe_key_figure(key: str, entry: dict, lang: str = "en") -> dict:
     spread = ""
     low, high = entry.get("low"), entry.get("high")
     if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not isinstance(low, bool):
-        bounds = {"low": round_figure(float(low)), "high": round_figure(float(high))}
+        bounds = {"low": format_number(float(low)), "high": format_number(float(high))}
         if unit == "×" and decide.direction(low, high) == decide.SAME:
             # a ratio whose spread holds 1: no direction to read
             spread = labels["spread_noise"].format(**bounds, noise=labels["within_noise"])

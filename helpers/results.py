@@ -1,4 +1,5 @@
-"""Each notebook's ``results.json``: parameters, environment and every figure with its context.
+"""Each notebook's ``results.json``: parameters, environment and every figure with its context
+(layer: foundations; taught in 00_environment_check and read back in 08_report).
 
 Written atomically after every ``record`` call, so an interrupted run keeps whatever it measured;
 every chapter records its figures here from ``00_environment_check.ipynb`` on. ``read_run`` reads a
@@ -269,8 +270,9 @@ def chapter_status(data: Optional[dict], problem: str, entry: dict) -> tuple[str
 
 
 @dataclass
-class Chapter:
-    """One chapter of a run folder: its status, why, its results.json and the runner's entry."""
+class ChapterRecord:
+    """One chapter of a run folder as recorded: its status, why, its results.json and the runner's
+    entry (``helpers.chapter.Chapter`` is the open chapter a notebook records into)."""
 
     name: str
     status: str
@@ -285,7 +287,7 @@ class RunFolder:
 
     path: Path
     run: dict
-    chapters: dict  # chapter name -> Chapter, in chapter order
+    chapters: dict  # chapter name -> ChapterRecord, in chapter order
     notes: list
 
     def results(self) -> dict[str, dict]:
@@ -339,7 +341,7 @@ def read_run(path: "str | Path", expected: Iterable[str] = (), run: Optional[dic
     for name in sorted(names):
         data, problem = read_results_file(folder / name / RESULTS_NAME)
         status, reason = chapter_status(data, problem, entries.get(name, {}))
-        chapters[name] = Chapter(name, status, reason, data, entries.get(name, {}))
+        chapters[name] = ChapterRecord(name, status, reason, data, entries.get(name, {}))
         if status not in (*FINISHED, "not run"):  # the last line of a traceback says what failed
             notes.append(f"{name}: {status}" + (f" ({reason.strip().splitlines()[-1][:300]})" if reason.strip() else ""))
     return RunFolder(folder, run, chapters, notes)

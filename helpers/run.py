@@ -1,4 +1,5 @@
-"""Run the workbook headlessly: ``python -m helpers.run --profile quick``.
+"""Run the workbook headlessly: ``python -m helpers.run --profile quick`` (layer: entry points;
+runs every chapter, 00_environment_check to 08_report, and writes the run's index page).
 
 Each notebook is executed with papermill into ``reports/<run-id>/``, with the profile's
 parameters (``profiles/<name>.yaml``) and ``-p name=value`` overrides injected. A failing or
@@ -32,7 +33,8 @@ from typing import Optional
 
 import yaml
 
-from . import REPO
+from . import REPO, pages
+from .claims import CLASS_COLOURS
 from .results import REPORT_CHAPTER, RESULTS_NAME, load_results, read_run, write_json_atomic
 
 NOTEBOOKS = REPO / "notebooks"
@@ -237,8 +239,8 @@ def refresh_index(run_dir: Path, run: dict) -> Optional[Path]:
 
 def write_index(run_dir: Path, run: dict) -> Path:
     """``index.html``: every chapter of the run folder (``helpers.results.read_run``), as the runner sees it."""
-    from . import pages
-    from .claims import CLASS_COLOURS
+    # report draws chapter 08's charts with the ladder's, which imports torch: only here, not at the
+    # runner's start (tests/test_layers.py's LAZY_ALLOWED)
     from .report import describe_key_figure, index_verdict_counts
 
     folder = read_run(run_dir, run=run)

@@ -1,6 +1,7 @@
-"""Chapter 06's rungs as plain data: a name, the one change it adds, one function each.
+"""Chapter 06's rungs as plain data: a name, the one change it adds, one function each
+(layer: chapter studies; taught in 06_optimization_ladder).
 
-Taught in ``06_optimization_ladder.ipynb``. The ladder is cumulative: a ``Climb`` holds what the
+The ladder is cumulative: a ``Climb`` holds what the
 rungs so far have changed (the model, the cache kind, the greedy loop, graph mode), and each rung
 function takes the climb, makes its one change and returns the ``ladder.Variant`` to measure, or
 raises ``ladder.RungSkipped`` saying why the rung does not apply here. ``rungs(climb)`` turns

@@ -1,4 +1,5 @@
-"""Prepare a class: ``python -m helpers.workshop prepare /srv/class`` (``make workshop-prep``).
+"""Prepare a class: ``python -m helpers.workshop prepare /srv/class`` (``make workshop-prep``)
+(layer: entry points; used before 00_environment_check, for what every chapter reads).
 
 A workshop shares one machine or one network folder. The instructor prepares, once and online
 if need be, everything the notebooks read: the converted embedded model (``<dir>/cache``, the

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import claims, report, run
+from helpers import claims, prose, report, run
 from helpers.results import REPORT_CHAPTER, Results, write_json_atomic
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,10 +51,11 @@ def test_prefix_keys_name_their_batch_or_rung():
 
 @pytest.mark.parametrize("value, text", [
     (0.97474, "0.975"), (1.6512, "1.65"), (1.0, "1.00"), (0.5, "0.500"), (51.27, "51.3"), (768.4, "768"), (12345.6, "12,346"),
-    (9.765625e-4, "9.77e-04"), (0.0, "0"), (True, "yes"), (False, "no"), (None, "–"), (7, "7"),
+    (9.765625e-4, "0.000977"), (0.0, "0"), (True, "yes"), (False, "no"), (None, "–"), (7, "7"),
     (float("nan"), "–"), ("cpu", "cpu")])
 def test_rounding(value, text):
-    assert report.round_figure(value) == text
+    """The index shows a key figure as the chapters' sentences do (``prose.format_number``)."""
+    assert prose.format_number(value) == text
 
 
 def test_a_key_figure_reads_as_label_value_unit_and_direction():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from helpers import bench, ladder, models
+from helpers import bench, generation, ladder, models, plots
 
 
 def _measure(latency_ms):
@@ -91,7 +91,10 @@ def test_guide_ladder_ratios_and_comparison():
     ours = ladder.run_ladder([("a", "", lambda: "a"), ("b", "", lambda: "b")], _measure({"a": 2.0, "b": 1.0}))
     both = ladder.compare_with_guide(ours)
     assert set(both["source"]) == {"guide's claim (910B, Llama-2-7B fp16)", "measured here"}
-    fig = ladder.plot_comparison(ours)
+    panels = ladder.beside_the_guide(ours)
+    assert [p["title"] for p in panels] == ["guide's claim (910B, Llama-2-7B fp16)", "measured here"]
+    assert [v for _, v in panels[1]["rungs"]] == pytest.approx([1.0, 2.0])
+    fig = plots.plot_ladder(panels, ladder.BESIDE_THE_GUIDE)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -120,9 +123,6 @@ def test_runtime_options_real_ones_applied_invented_one_ignored(fake_torch_npu):
 
 
 def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model):
-    import sys
-    import types
-
     calls = []
 
     def measure_generation(model, tokenizer, prompts, max_new_tokens, device=None, *, repeats=3, chat=False,
@@ -134,11 +134,7 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
                 "dtype": "float32", "code_path": "stub", "prompt_tokens": 7, "new_tokens": max_new_tokens,
                 **graph}
 
-    from helpers import generation
-
-    monkeypatch.setitem(sys.modules, "helpers.generation",
-                        types.SimpleNamespace(measure_generation=measure_generation,
-                                              decode_bytes_per_step=generation.decode_bytes_per_step))
+    monkeypatch.setattr(ladder, "measure_generation", measure_generation)
     model, tokenizer = tiny_model
     measure = ladder.generation_measure(tokenizer, ["a"], 4, "cpu", bandwidth_gbps=10.0, repeats=1)
     one = measure(model)

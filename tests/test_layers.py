@@ -18,6 +18,8 @@ PACKAGE = Path(helpers.__file__).resolve().parent
 LAZY_ALLOWED = {
     ("llamacpp", "params"): "the measuring child runs llamacpp.py as a script, without its package",
     ("llamacpp", "bench"): "the measuring child runs llamacpp.py as a script, without its package",
+    ("run", "report"): "python -m helpers.run does not import torch; report draws with ladder, which does",
+    ("run", "backend"): "python -m helpers.run does not import torch; backend does (the run's device, once)",
 }
 
 

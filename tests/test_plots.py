@@ -64,3 +64,27 @@ def test_batch_sweep_plot_draws_its_tables_and_the_guides_claims():
     assert memory.get_yscale() == "log"
     assert [t.get_text() for t in gain.get_xticklabels()] == ["1", "2", "4", "8"]
     assert pd.DataFrame(ratios).batch.tolist() == [1, 2, 4]
+
+
+def test_a_ladder_bar_is_labelled_with_its_ratio_to_the_first_rung_with_a_figure():
+    import matplotlib.pyplot as plt
+
+    assert plots.plot_ladder([{"title": "none", "rungs": [("a", None)], "ylabel": "x"}]) is None
+    fig = plots.plot_ladder([{"title": "run", "rungs": [("failed", None), ("a", 20.0), ("b", 30.0)],
+                              "ylabel": "tok/s"},
+                             {"title": "empty", "rungs": [], "ylabel": "tok/s", "empty": "no ladder here"}])
+    left, right = fig.axes
+    assert [p.get_height() for p in left.patches] == [0.0, 20.0, 30.0]  # the failed rung: no bar
+    assert [t.get_text() for t in left.texts] == ["1.00x", "1.50x"]
+    assert [t.get_text() for t in right.texts] == ["no ladder here"]
+    plt.close(fig)
+
+
+def test_the_roofline_bar_states_its_share_of_the_ceiling():
+    import matplotlib.pyplot as plt
+
+    assert plots.plot_roofline([("a", None, 30.0, None)], "t") is None
+    fig = plots.plot_roofline([("a", 15.0, 30.0, None), ("b", 10.0, None, 25.0), ("c", None, 40.0, None)], "t")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts == [" 15.0 = 50% of the ceiling", " 30.0", " 10.0 = 25% of the ceiling", " not measured", " 40.0"]
+    plt.close(fig)

@@ -32,3 +32,20 @@ def test_kernel_time_by_kind_splits_a_decode_step(tiny_model):
     with pytest.raises(ValueError, match="new_tokens"):
         profiling.kernel_time_by_kind(run, 1, "cpu")
     assert "torch_npu.profiler" in profiling.kernel_time_by_kind(run, 6, "npu")["kernel_profile"]
+
+
+def test_decode_step_split_takes_any_classifier_and_leaves_out_what_it_does_not_name(tiny_model):
+    model, tok = tiny_model
+    inputs = tok(["hello there"], return_tensors="pt")
+    resets = []
+
+    def run(n):
+        return generation.generate_tokens(model, tok, inputs, n)
+
+    split = profiling.decode_step_split(run, 4, "cpu", part_of=lambda name: "mm" if "mm" in name else None,
+                                        device_kernels=False, warm=True, reset=lambda: resets.append(1))
+    assert set(split["ms"]) == {"mm"} and isinstance(split["wall_ms"], float)  # a tiny model: noise may win
+    assert all("mm" in name for name in split["names"]["mm"])
+    assert len(resets) == 4  # before the warm and the profiled run of each length
+    with pytest.raises(ValueError, match="repeats"):
+        profiling.decode_step_split(run, 4, "cpu", repeats=0)
