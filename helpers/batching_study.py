@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import math
+import numbers
 from typing import Any, Callable, Iterable, Optional
 
 from . import backend, bench, decide, generation, roofline
@@ -226,7 +227,7 @@ def llama2_kv_growth(claims_pct: dict, contexts: Iterable[int] = (512, 2048), dt
     """The guide's memory growth per batch size read as Llama-2-7B's KV cache (computed, not measured).
 
     For each ``{batch: claimed %}``: the tokens per sequence at which the KV cache alone makes that
-    batch need the claimed % more than batch 1 (``roofline.context_for_kv_growth``), and the growth
+    batch need the claimed % more than batch 1 (``context_for_kv_growth``), and the growth
     the KV cache alone gives at each of ``contexts`` tokens, over the weights in ``dtype``.
     """
     config, weights = roofline.LLAMA2_7B_CONFIG, roofline.llama2_weight_bytes(dtype)
@@ -234,8 +235,38 @@ def llama2_kv_growth(claims_pct: dict, contexts: Iterable[int] = (512, 2048), dt
     for batch, claimed in sorted(claims_pct.items()):
         row = {"batch": batch, "guide_memory_pct": claimed, "dtype": dtype, "weights_gb": weights / 1e9,
                "kv_per_token_kib": roofline.kv_cache_bytes_per_token(config, dtype) / 2 ** 10,
-               "context_for_claim": roofline.context_for_kv_growth(config, batch, claimed, weights, dtype)}
+               "context_for_claim": context_for_kv_growth(config, batch, claimed, weights, dtype)}
         for n in contexts:
-            row[f"kv_growth_pct_{n}"] = roofline.kv_memory_growth_pct(config, batch, n, weights, dtype)
+            row[f"kv_growth_pct_{n}"] = kv_memory_growth_pct(config, batch, n, weights, dtype)
         out.append(row)
     return out
+
+
+# --- chapter 04: the context at which the KV cache grows by a share (from roofline) ------------------
+
+def context_for_kv_growth(config, batch_size: int, growth_pct: float, weight_bytes: float,
+                          dtype: str = "float16") -> float:
+    """Tokens per sequence at which the KV cache alone makes batch ``batch_size`` use ``growth_pct`` % more
+    memory than batch 1 (the inverse of ``kv_memory_growth_pct``); inf if it never can."""
+    growth = roofline._check_positive("growth_pct", growth_pct) / 100.0
+    weight_bytes = roofline._check_positive("weight_bytes", weight_bytes)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 2:
+        raise ValueError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 2")
+    per_token = roofline.kv_cache_bytes_per_token(config, dtype)
+    # (W + B k c) = (1 + g)(W + k c)  ->  c = g W / (k (B - 1 - g))
+    denominator = per_token * (batch_size - 1 - growth)
+    return float("inf") if denominator <= 0 else growth * weight_bytes / denominator
+
+
+# --- chapter 04: the KV cache's growth as a share (from roofline) ------------------------------------
+
+def kv_memory_growth_pct(config, batch_size: int, context_len: int, weight_bytes: float,
+                         dtype: str = "float16") -> float:
+    """Memory growth over batch 1 (%) from the KV cache alone: weights + KV(B) against weights + KV(1).
+
+    The analytic counterpart of a "batch B needs x % more memory" claim; activations and
+    allocator slack come on top, so a measured growth can only be larger.
+    """
+    weight_bytes = roofline._check_positive("weight_bytes", weight_bytes)
+    base = weight_bytes + roofline.kv_cache_bytes(config, 1, context_len, dtype)
+    return 100.0 * (weight_bytes + roofline.kv_cache_bytes(config, batch_size, context_len, dtype)) / base - 100.0

@@ -186,19 +186,6 @@ def reference_bandwidth(device, run_dir=None, size_mib: int = 128) -> tuple[floa
     return measured["read_gbps"], f"measured now ({size_mib} MiB torch.sum on {device})"
 
 
-def timing_row(t: Timing, nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
-               **labels) -> dict:
-    """One table row of a timing: its labels, median / p10 / p90 (ms), noise flag, first call, and
-    the achieved GB/s (and share of ``bandwidth_gbps``) when the bytes it moves are given."""
-    row = {**labels, "median_ms": t.median_ms, "p10_ms": t.p10 * 1e3, "p90_ms": t.p90 * 1e3,
-           "noisy": t.noisy, "first_call_s": t.first_call_s}
-    if nbytes:
-        row["GB/s"] = nbytes / t.median / 1e9
-        if bandwidth_gbps:
-            row["% of bandwidth"] = 100 * row["GB/s"] / bandwidth_gbps
-    return row
-
-
 # --- correctness: one tolerance rule for every check ----------------------------------------------
 
 # ULPs allowed per kind of operation (see ``tolerance_for``): how many roundings of the working dtype

@@ -179,37 +179,3 @@ def changed(values: Sequence[float], spreads: Sequence[tuple[float, float]] = ()
 
 # --- chapter 06: the ladder's best rung ------------------------------------------------------------
 
-@dataclass
-class Gain:
-    """The option with the highest median, and what may be said of it against a baseline.
-
-    ``decision`` is ``best, clear`` (its spread lies above the baseline's and apart from every other
-    option's), ``best, tied`` (above the baseline's, but overlapping the options in ``tied``: none of
-    them is the best) or ``no gain beyond the noise`` (its spread overlaps the baseline's).
-    """
-
-    best: str
-    decision: str
-    tied: list
-
-
-def best_gain(options: Iterable[tuple[str, float, float, float]],
-              baseline: tuple[str, float, float, float]) -> Optional[Gain]:
-    """``options`` and ``baseline`` are (name, median, p10, p90) of one figure where higher is better
-    (chapter 06: each rung's decode tokens/s, the baseline native eager's); None when no option has a
-    finite median. Two options are told apart only when their p10-p90 ranges do not overlap, the same
-    test as a speedup spread wholly above 1 (``bench.speedup``); a figure without a finite spread is
-    never called best, since its noise is unknown."""
-    rows = [(n, m, lo, hi) for n, m, lo, hi in options if _finite(m)]
-    found = rank(rows)
-    if found is None:
-        return None
-    _, _, low, high = next(r for r in rows if r[0] == found.best)
-    others = [n for n in found.tied if n != found.best]
-    _, _, base_low, base_high = baseline
-    if not _finite(low, high, base_low, base_high) or spreads_overlap((low, high), (base_low, base_high)) \
-            or min(low, high) < min(base_low, base_high):
-        decision = "no gain beyond the noise"
-    else:
-        decision = "best, clear" if not others else "best, tied"
-    return Gain(found.best, decision, others)

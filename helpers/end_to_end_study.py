@@ -9,22 +9,22 @@ needs static shapes, and the guide's speed and first-token claims against the de
 """
 from __future__ import annotations
 
+import logging
 import math
-from typing import Optional
+from contextlib import contextmanager
+from typing import Callable, Optional
 
 import torch
 
-from . import backend, bench, profiling
+from . import backend, bench, profiling, roofline
 from .backend import as_device, dtype_name
 from .claims import claimed_range, load_claims
 from .generation import decode_step, generate_tokens, measure_generation, run_sweep, sweep_table
 from .model_files import tiny_llama
 from .params import check_positive_int
-from .profiling import busiest_ops, count_ops
-from .roofline import (claim_verdict, decode_ceiling_tok_s, load_specs, prefill_floor_ms,
-                       required_bandwidth_gbps)
-from .static_decode import (GraphRecompileError, compile_model, quiet_recompile_warnings, restore_eager,
-                            static_generate_kwargs)
+from .profiling import count_ops
+from .roofline import decode_ceiling_tok_s, load_specs
+from .static_decode import GraphRecompileError, compile_model, restore_eager, static_generate_kwargs
 
 
 # --- the prefill's logits: the slice transformers takes against plain rows ------------------------
@@ -292,3 +292,70 @@ def prefill_floor_table(prompt_lengths, parameters: int, tflops: float, budget_m
             for n in sorted(set(prompt_lengths))]
     longest = budget_ms / 1e3 * tflops * 1e12 / (2 * parameters)
     return pd.DataFrame(rows), longest
+
+
+# --- chapter 03: the prompt-length sweep's chart (from plots) ----------------------------------------
+
+def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
+    """TTFT (with its p10-p90) and decode per token against the prompt length, log-2 x axis."""
+    import matplotlib.pyplot as plt
+
+    ok = sweep[sweep["status"] == "ok"].sort_values("prompt_tokens")
+    fig, ax = plt.subplots(1, 2, figsize=figsize)
+    if len(ok):
+        yerr = [ok["ttft_ms"] - ok["ttft_p10_ms"], ok["ttft_p90_ms"] - ok["ttft_ms"]]
+        ax[0].errorbar(ok["prompt_tokens"], ok["ttft_ms"], yerr=yerr, marker="o", capsize=3)
+        yerr = [ok["decode_ms_per_token"] - ok["decode_p10_ms"], ok["decode_p90_ms"] - ok["decode_ms_per_token"]]
+        ax[1].errorbar(ok["prompt_tokens"], ok["decode_ms_per_token"], yerr=yerr, marker="o", capsize=3,
+                       color="tab:orange")
+    for a, name in zip(ax, ["TTFT (prefill)", "decode per token"]):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("prompt tokens")
+        a.set_ylabel("ms (median, p10-p90)")
+        a.set_title(name)
+    fig.suptitle(title)
+    return fig
+
+
+# --- chapter 03: the busiest operators of a step (from profiling) ------------------------------------
+
+def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[str]:
+    """The operators one call of ``fn`` spends its self time in, most first (children included:
+    ``aten::bmm`` under ``aten::linear`` is named, where ``count_ops`` counts the caller)."""
+    device = as_device(device)
+    fn()
+    ms = profiling._self_cpu_ms(profiling._profile(fn, device, device_kernels=False))
+    return sorted(ms, key=ms.get, reverse=True)[:top]
+
+
+# --- chapter 03: the guide's bandwidth and prefill figures against the roofline (from roofline) ------
+
+def required_bandwidth_gbps(tokens_per_s: float, weight_bytes: float) -> float:
+    """Bandwidth (GB/s) a single stream needs to decode ``tokens_per_s`` with these weights."""
+    return roofline._check_positive("tokens_per_s", tokens_per_s) * roofline._check_positive(
+        "weight_bytes", weight_bytes) / 1e9
+
+
+def prefill_floor_ms(prompt_tokens: int, parameters: int, tflops: float) -> float:
+    """Lowest possible prefill time: 2 FLOP per parameter per prompt token at peak compute."""
+    return 2.0 * roofline._check_positive("prompt_tokens", prompt_tokens) * roofline._check_positive(
+        "parameters", parameters) / (roofline._check_positive("tflops", tflops) * 1e12) * 1e3
+
+
+def claim_verdict(claimed_tok_s: float, ceiling_tok_s: float) -> str:
+    """'impossible' above the roofline, else 'plausible' (only a measurement can reproduce it)."""
+    return "impossible" if claimed_tok_s > ceiling_tok_s else "plausible"
+
+
+# --- chapter 03: quiet recompile warnings in the graph-count demo (from static_decode) ---------------
+
+@contextmanager
+def quiet_recompile_warnings():
+    """Mutes dynamo's recompile-limit warning (``GraphRecompileError`` already says what happened)."""
+    logger = logging.getLogger("torch._dynamo")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

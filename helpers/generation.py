@@ -133,24 +133,6 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     }
 
 
-def measure_interleaved(models_by_name: dict, tokenizer, prompts, max_new_tokens: int, device=None, *,
-                        rounds: int = 3, repeats: int = 2, **kwargs) -> dict:
-    """``measure_generation`` of several models in turn, ``rounds`` times, samples pooled per model.
-
-    On a shared machine the load drifts over minutes; measuring A, B, A, B, ... makes the drift hit
-    every model alike, so a ratio of their medians compares the models, not the moments. Each
-    round is the same protocol as a single ``measure_generation``; the pooled result has its keys,
-    with medians and p10/p90 over every round's samples and the largest memory growth of the rounds.
-    """
-    check_positive_int("rounds", rounds)
-    runs: dict = {name: [] for name in models_by_name}
-    for _ in range(rounds):
-        for name, model in models_by_name.items():
-            runs[name].append(measure_generation(model, tokenizer, prompts, max_new_tokens, device,
-                                                 repeats=repeats, **kwargs))
-    return {name: _pooled(parts, rounds) for name, parts in runs.items()}
-
-
 def _pooled(parts: list, rounds: int) -> dict:
     out = dict(max(parts, key=lambda p: p["memory_growth_bytes"]))
     out.update(timing_figures([x / 1e3 for p in parts for x in p["ttft_samples_ms"]],

@@ -10,11 +10,17 @@ chapter, with the same prompt repeated.
 from __future__ import annotations
 
 import gc
+import inspect
 import math
 import re
 from typing import Iterable, Optional
 
-from . import bench, claims, generation, models, quality, quant
+import torch
+from torch import nn
+
+from . import backend, bench, claims, generation, models, quality, quant
+from .models import load_model, weight_bytes
+from .params import check_positive_int
 
 # Greedy answers shown side by side; the timed request is the chapter's ``prompt`` parameter.
 ANSWER_PROMPTS = ["What is the capital of France? Answer in one sentence.",
@@ -47,7 +53,7 @@ def measure_variants(names: Iterable[str], model_name: str, device, dtype, eval_
     rows, skipped = {}, []
     for name in names:
         try:
-            lm, tok, info = quant.build_variant(name, model_name, device, dtype)
+            lm, tok, info = build_variant(name, model_name, device, dtype)
         except quant.VariantUnavailable as exc:
             skipped.append({"variant": name, "reason": str(exc)})
             continue
@@ -110,8 +116,8 @@ def time_pair(model_name: str, device, dtype, tokenizer, *, prompt: str, new_tok
     """``dense`` and ``w8a16`` loaded together and timed alternately (``rounds`` times, samples
     pooled) at each batch size: ``{batch: {"dense": result, "w8a16": result}}``. On a shared machine
     the load drifts over minutes; alternating makes it hit both models alike."""
-    pair = {n: quant.build_variant(n, model_name, device, dtype)[0] for n in ("dense", "w8a16")}
-    out = {b: generation.measure_interleaved(pair, tokenizer, [prompt] * b, new_tokens, device,
+    pair = {n: build_variant(n, model_name, device, dtype)[0] for n in ("dense", "w8a16")}
+    out = {b: measure_interleaved(pair, tokenizer, [prompt] * b, new_tokens, device,
                                              rounds=rounds, repeats=repeats) for b in batch_sizes}
     del pair
     gc.collect()
@@ -192,11 +198,11 @@ def calibration_sweep(model_name: str, device, dtype, tokenizer, pool: list, cou
     if max(counts) > len(pool):
         raise ValueError(f"calibration_counts={counts} asks for more samples than the {len(pool)} "
                          "calibration sentences; lower it or lower eval_tokens")
-    calib_model = quant.build_variant("dense", model_name, device, dtype)[0]
+    calib_model = build_variant("dense", model_name, device, dtype)[0]
     rows = []
     for n in counts:
         scales = quant.calibrate(calib_model, tokenizer, pool[:n], max_tokens=max_tokens)
-        lm, _, info = quant.build_variant("w8a8_static", model_name, device, dtype, act_scales=scales)
+        lm, _, info = build_variant("w8a8_static", model_name, device, dtype, act_scales=scales)
         rows.append({"calibration_samples": n, "kernel": info["impl"],
                      **quality.evaluate(lm, eval_ids, ref_logits,
                                         label=f"w8a8_static from {n} calibration samples")})
@@ -283,3 +289,101 @@ def emulated_w8a8(model_name: str, device, tokenizer, calibration: list, mode: s
             return (torch.round(x / sc).clamp(-127, 127) * sc,)
         mod.register_forward_pre_hook(fake_quant)
     return lm
+
+
+# --- chapter 05: variants measured in interleaved rounds (from generation) ---------------------------
+
+def measure_interleaved(models_by_name: dict, tokenizer, prompts, max_new_tokens: int, device=None, *,
+                        rounds: int = 3, repeats: int = 2, **kwargs) -> dict:
+    """``generation.measure_generation`` of several models in turn, ``rounds`` times, samples pooled per model.
+
+    On a shared machine the load drifts over minutes; measuring A, B, A, B, ... makes the drift hit
+    every model alike, so a ratio of their medians compares the models, not the moments. Each
+    round is the same protocol as a single ``generation.measure_generation``; the pooled result has its keys,
+    with medians and p10/p90 over every round's samples and the largest memory growth of the rounds.
+    """
+    check_positive_int("rounds", rounds)
+    runs: dict = {name: [] for name in models_by_name}
+    for _ in range(rounds):
+        for name, model in models_by_name.items():
+            runs[name].append(generation.measure_generation(model, tokenizer, prompts, max_new_tokens, device,
+                                                 repeats=repeats, **kwargs))
+    return {name: generation._pooled(parts, rounds) for name, parts in runs.items()}
+
+
+# --- chapter 05: the variants it builds (from quant) -------------------------------------------------
+
+def bitsandbytes_config_takes(params=("load_in_8bit", "llm_int8_threshold")) -> dict:
+    """Does transformers' ``BitsAndBytesConfig`` take the guide's arguments? (chapter 05 records it)."""
+    from transformers import BitsAndBytesConfig
+
+    have = set(inspect.signature(BitsAndBytesConfig).parameters)
+    missing = [p for p in params if p not in have]
+    return {"takes": not missing, "missing": missing, "params": list(params)}
+
+
+def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
+                  act_scales: Optional[dict] = None):
+    """Load ``model_name`` and turn it into variant ``name``; returns (model, tokenizer, info).
+
+    Raises ``quant.VariantUnavailable`` (with the reason) where a variant cannot run here.
+    """
+    check_variants([name], "variant")
+    device = backend.as_device(device)
+    if name == "quantize_dynamic" and device.type != "cpu":
+        raise quant.VariantUnavailable("quantize_dynamic has CPU kernels (fbgemm/qnnpack) only")
+    if name == "torchao" and device.type == "npu":
+        raise quant.VariantUnavailable("torchao's int8 weight-only kernels do not target the NPU")
+    if name == "w8a8_static" and act_scales is None:
+        raise quant.VariantUnavailable("w8a8_static needs act_scales from quant.calibrate")
+    load_dtype = torch.float32 if name in ("fp32", "quantize_dynamic") else dtype
+    model, tokenizer = load_model(model_name, dtype=load_dtype, device=device)
+    info = {"variant": name, "description": quant.VARIANTS[name], "dtype": backend.dtype_name(load_dtype),
+            "device": str(device), "bytes_before": weight_bytes(model)}
+    if name in quant._INT8_VARIANTS:
+        impl, scheme = quant._INT8_VARIANTS[name]
+        scales = act_scales if name == "w8a8_static" else None
+        info.update(quant.quantize_model_int8(model, impl, scheme, act_scales=scales))
+    elif name == "torchao":
+        info.update(quant.torchao_int8_weight_only(model))
+    elif name == "quantize_dynamic":
+        model, extra = quantize_dynamic_cpu(model)
+        info.update(extra)
+    else:  # fp32, dense
+        info.update(bytes_after=info["bytes_before"], impl="dense", scheme="none",
+                    activations=backend.dtype_name(load_dtype))
+    info["speed_is_meaningful"] = "emulate" not in str(info.get("impl"))
+    return model, tokenizer, info
+
+
+# --- chapter 05: more of its variants (from quant) ---------------------------------------------------
+
+def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
+    """``torch.ao.quantization.quantize_dynamic`` (per-tensor W8 + dynamic per-tensor A8), CPU fp32.
+
+    The cautionary case: fast, and on SmolLM2 it multiplies perplexity several times.
+    """
+    names = quant._check_model(model)
+    first = model.get_submodule(names[0]).weight
+    if first.device.type != "cpu" or first.dtype != torch.float32:
+        raise ValueError(f"quantize_dynamic needs a float32 model on the CPU; got {first.dtype} on "
+                         f"{first.device}")
+    before = weight_bytes(model)
+    with quant._quiet_imports():
+        from torch.ao.quantization import quantize_dynamic
+
+        model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return model, {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
+                   "impl": "torch.ao quantize_dynamic (fbgemm)", "scheme": "w8a8",
+                   "activations": "dynamic per-tensor int8"}
+
+
+def check_variants(names, parameter: str = "variants") -> list[str]:
+    if isinstance(names, str) or not names:
+        raise ValueError(f"{parameter}={names!r} is not valid; give a non-empty list from "
+                         f"{', '.join(quant.VARIANTS)}")
+    unknown = [n for n in names if n not in quant.VARIANTS]
+    if unknown:
+        raise ValueError(f"{parameter} contains {', '.join(map(repr, unknown))}; choose from "
+                         f"{', '.join(quant.VARIANTS)}")
+    return list(names)

@@ -11,6 +11,7 @@ an Ascend machine instead of a number. Serving engines (vLLM, vLLM-Ascend) are c
 from __future__ import annotations
 
 import contextlib
+import inspect
 import importlib.util
 import math
 import time
@@ -20,10 +21,10 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
-from . import claims, llamacpp, profiling, static_decode
+from . import claims, decide, llamacpp, profiling, static_decode, versions
 from .backend import as_device
 from .bench import Timing, speedup
-from .decide import SAME, best_gain, direction, met
+from .decide import SAME, direction, met
 from .generation import decode_bytes_per_step, generate_tokens, measure_generation
 from .model_files import EMBEDDED_MODEL, locate_embedded_gguf
 from .models import chat_inputs, weight_bytes
@@ -150,7 +151,7 @@ def best_batch1_speedup(table) -> Optional[dict]:
     """The batch-1 rung with the highest speedup over the baseline, and what may be said of it.
 
     The speedup is the table's own column, so the headline and the table show the same ratio;
-    "best" is ``decide.best_gain`` on the rungs' decode p10-p90 ranges (``decision``: ``best,
+    "best" is ``best_gain`` on the rungs' decode p10-p90 ranges (``decision``: ``best,
     clear``, ``best, tied`` with ``tied`` naming the rungs within its noise, or ``no gain beyond the
     noise``). None with no rung beyond the baseline; rungs changing the batch never enter it.
     """
@@ -538,7 +539,7 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
 @dataclass
 class Variant:
     """What a rung measures: a model, the batch of prompts (None: the ladder's), the cache kind and
-    whether ``generate`` is replaced by the hand-written greedy loop (``static_decode.GreedyLoop``)."""
+    whether ``generate`` is replaced by the hand-written greedy loop (``GreedyLoop``)."""
     model: Any
     prompts: Optional[Sequence[str]] = None
     static_cache: bool = False
@@ -572,9 +573,9 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
             variant = Variant(*variant) if isinstance(variant, tuple) else Variant(variant)
         model, batch, static = variant.model, list(variant.prompts or prompts), variant.static_cache
         if not variant.greedy_loop:
-            static_decode.restore_generate(model)
-        elif static_decode.greedy_loop_of(model) is None:
-            static_decode.use_greedy_loop(model)
+            restore_generate(model)
+        elif greedy_loop_of(model) is None:
+            use_greedy_loop(model)
         out = measure_generation(model, tokenizer, batch, max_new_tokens, device, repeats=repeats,
                                  static_cache=static)
         if variant.greedy_loop:  # same protocol; the tokens come from the loop, not from generate
@@ -729,3 +730,142 @@ def run_script(path: str, parameter: str = "script", timeout: float = 3600.0) ->
     if proc.returncode != 0:
         raise RuntimeError(f"{parameter}={path!r} exited with {proc.returncode}:\n{output}")
     return {"wall_s": wall, "returncode": proc.returncode, "output_tail": output}
+
+
+# --- chapter 06: the best gain of the ladder (from decide) -------------------------------------------
+
+def best_gain(options: Iterable[tuple[str, float, float, float]],
+              baseline: tuple[str, float, float, float]) -> Optional[Gain]:
+    """``options`` and ``baseline`` are (name, median, p10, p90) of one figure where higher is better
+    (chapter 06: each rung's decode tokens/s, the baseline native eager's); None when no option has a
+    finite median. Two options are told apart only when their p10-p90 ranges do not overlap, the same
+    test as a speedup spread wholly above 1 (``bench.speedup``); a figure without a finite spread is
+    never called best, since its noise is unknown."""
+    rows = [(n, m, lo, hi) for n, m, lo, hi in options if decide._finite(m)]
+    found = decide.rank(rows)
+    if found is None:
+        return None
+    _, _, low, high = next(r for r in rows if r[0] == found.best)
+    others = [n for n in found.tied if n != found.best]
+    _, _, base_low, base_high = baseline
+    if not decide._finite(low, high, base_low, base_high) or decide.spreads_overlap((low, high), (base_low, base_high)) \
+            or min(low, high) < min(base_low, base_high):
+        decision = "no gain beyond the noise"
+    else:
+        decision = "best, clear" if not others else "best, tied"
+    return Gain(found.best, decision, others)
+
+
+# --- chapter 06: the greedy loop of the static rungs (from static_decode) ----------------------------
+
+def use_greedy_loop(model) -> GreedyLoop:
+    """Replace ``model.generate`` by a ``GreedyLoop`` (undo with ``restore_generate``)."""
+    restore_generate(model)
+    loop = GreedyLoop(model)
+    model.generate = loop
+    return loop
+
+
+def greedy_loop_of(model) -> Optional[GreedyLoop]:
+    found = getattr(model, "generate", None)
+    return found if isinstance(found, GreedyLoop) else None
+
+
+# --- chapter 06: a gain and its spread (from decide) -------------------------------------------------
+
+@dataclass
+class Gain:
+    """The option with the highest median, and what may be said of it against a baseline.
+
+    ``decision`` is ``best, clear`` (its spread lies above the baseline's and apart from every other
+    option's), ``best, tied`` (above the baseline's, but overlapping the options in ``tied``: none of
+    them is the best) or ``no gain beyond the noise`` (its spread overlaps the baseline's).
+    """
+
+    best: str
+    decision: str
+    tied: list
+
+
+# --- chapter 06: generate restored after the greedy loop (from static_decode) ------------------------
+
+def restore_generate(model) -> None:
+    if isinstance(getattr(model, "generate", None), GreedyLoop):
+        del model.generate  # the instance attribute: the class's generate shows again
+
+
+# --- chapter 06: the greedy loop over a static cache (from static_decode) ----------------------------
+
+class GreedyLoop:
+    """``model.generate`` replaced by a greedy loop over ``model.forward`` and a ``StaticCache``.
+
+    ``generate`` runs, for every new token, logits processors, stopping criteria, the update of its
+    keyword arguments and ``prepare_inputs_for_generation``: a few milliseconds of Python per token,
+    which a 135M-parameter model on a CPU notices. This loop does only what greedy decoding with a
+    static cache needs (one forward, an argmax, the next position) and takes the same arguments,
+    so ``helpers.generation.measure_generation`` times it with the same protocol as ``generate``.
+    It always produces ``max_new_tokens`` tokens (the workbook's protocol sets ``min_new_tokens``
+    equal to it) and needs the static cache of ``static_generate_kwargs`` (one prefill shape, one
+    decode shape: two graphs per request size, as with ``generate``).
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.cache_argument = versions.cache_argument(model)
+        params = inspect.signature(type(model).forward).parameters
+        self.keep_last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+    def __call__(self, input_ids, attention_mask=None, *, max_new_tokens: int, min_new_tokens=None,
+                 do_sample: bool = False, pad_token_id=None, **kwargs):
+        from transformers import StaticCache
+
+        if do_sample:
+            raise ValueError("do_sample=True is not valid for GreedyLoop; it decodes greedily")
+        if min_new_tokens not in (None, max_new_tokens):
+            raise ValueError(f"min_new_tokens={min_new_tokens!r}: GreedyLoop always produces "
+                             f"max_new_tokens={max_new_tokens} tokens")
+        cache = kwargs.pop(self.cache_argument, None)
+        kwargs.pop("disable_compile", None)
+        if kwargs:
+            raise ValueError(f"GreedyLoop does not take {sorted(kwargs)}; it runs greedy decoding only")
+        if not isinstance(cache, StaticCache):
+            raise ValueError("GreedyLoop needs a StaticCache: pass static_generate_kwargs(...) "
+                             "(measure_generation(static_cache=True))")
+        batch, prompt = input_ids.shape
+        length = cache_length(cache)
+        if prompt + max_new_tokens > length:
+            raise ValueError(f"max_new_tokens={max_new_tokens} does not fit the cache ({length} positions "
+                             f"for a {prompt}-token prompt)")
+        mask = positions = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            # Left padding: a mask of the cache's full length keeps one shape for every step.
+            mask = attention_mask.new_ones(batch, length)
+            mask[:, :prompt] = attention_mask
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        common = {"use_cache": True, self.cache_argument: cache, **self.keep_last_logits}
+        # The first step is the prefill of the whole prompt, every later one a decode step of one token.
+        token, position, cache_position = input_ids, positions, torch.arange(prompt, device=input_ids.device)
+        tokens = []
+        for step in range(max_new_tokens):
+            out = self.model.forward(input_ids=token, attention_mask=mask, position_ids=position,
+                                     cache_position=cache_position, **common)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(token)
+            cache_position = torch.tensor([prompt + step], device=input_ids.device)
+            position = None if positions is None else positions[:, -1:] + 1 + step
+        return torch.cat([input_ids, *tokens], dim=1)
+
+
+def cache_length(cache) -> int:
+    """The number of positions a ``StaticCache`` holds (the method's name differs between lines)."""
+    for name in ("get_max_length", "get_max_cache_shape"):
+        method = getattr(cache, name, None)
+        if callable(method):
+            value = method()
+            if isinstance(value, int) and value > 0:
+                return value
+    layers = getattr(cache, "layers", None) or [cache]
+    value = getattr(layers[0], "max_cache_len", None)
+    if isinstance(value, int) and value > 0:
+        return value
+    raise ValueError(f"cannot tell how many positions {type(cache).__name__} holds")

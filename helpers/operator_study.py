@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import backend, bench, claims, decide, ops, profiling
+from . import backend, bench, claims, decide, ops
 from .params import check_choice
 
 # --- chapters 01 and 02: each variant checked against its reference, then timed ---------------------
@@ -52,11 +52,11 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
                 else:
                     bench.assert_within(g, w, tolerance or "norm", what=" / ".join(map(str, key)))
         timing = timings[key if len(key) > 1 else key[0]] = measure(fn, " / ".join(map(str, key)))
-        row = bench.timing_row(timing, own_bytes[0] if own_bytes else nbytes, bandwidth_gbps, **labels)
+        row = timing_row(timing, own_bytes[0] if own_bytes else nbytes, bandwidth_gbps, **labels)
         row["first_call_s"] = first
         if count is not None:
             counts = count(fn)
-            row.update(ops_per_call=counts["ops"], ops=profiling.op_list(counts))
+            row.update(ops_per_call=counts["ops"], ops=op_list(counts))
         if baseline is not None:
             base = base if rows else got
             row[f"max_abs_diff_vs_{baseline}"] = max((g.float() - b.float()).abs().max().item()
@@ -131,16 +131,16 @@ def make_ffn(w_gate, w_up, w_down, variant: str, device=None) -> Callable[[torch
 
 def _ffn_variant(w_gate, w_up, w_down, variant: str, device) -> Callable[[torch.Tensor], torch.Tensor]:
     if variant == "unfused":
-        return lambda x: ops.ffn_reference(x, w_gate, w_up, w_down)
+        return lambda x: ffn_reference(x, w_gate, w_up, w_down)
     if variant == "graph":
-        compiled = ops.graph_mode(ops.ffn_reference, device, dynamic=False)[0]
+        compiled = ops.graph_mode(ffn_reference, device, dynamic=False)[0]
         return lambda x: compiled(x, w_gate, w_up, w_down)
     w_gate_up = ops.merge_gate_up(w_gate, w_up)
     if variant == "merged":
-        return lambda x: ops.ffn_merged(x, w_gate_up, w_down, impl="reference")
+        return lambda x: ffn_merged(x, w_gate_up, w_down, impl="reference")
     # npu_swiglu where this torch_npu has it (not before torch_npu 2.1.0.post4), else the reference
     act = ops.resolve_impl("auto", device, "swiglu") if backend.device_kind(device) == "npu" else "compiled"
-    return lambda x: ops.ffn_merged(x, w_gate_up, w_down, impl=act)
+    return lambda x: ffn_merged(x, w_gate_up, w_down, impl=act)
 
 
 # --- chapter 01: bytes moved, for GB/s figures --------------------------------------------------------------
@@ -343,7 +343,7 @@ def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
     w64 = [w.to("cpu", torch.float64) for w in weights]
     x64 = torch.randn(1, 1, w64[0].shape[1], generator=g, dtype=torch.float64)
     with torch.inference_mode():
-        exact = ops.ffn_reference(x64, *w64)
+        exact = ffn_reference(x64, *w64)
         w16 = [w.to(device, torch.float16) for w in w64]
         w16_nc = [w.t().contiguous().t() for w in w16]  # same values, column-major storage
         x16 = x64.to(device, torch.float16)
@@ -424,3 +424,104 @@ def check_time_count(variants: list, device, *, expected, baseline: str, measure
     (chapter 02's FFN: ``tolerance="ffn"``, ``count=profiling.count_ops``)."""
     return check_and_time(variants, device, expected=expected, measure=measure, tolerance=tolerance,
                                 baseline=baseline, count=count)
+
+
+# --- chapters 01 and 02: a timing as a table row (from bench) ----------------------------------------
+
+def timing_row(t: bench.Timing, nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
+               **labels) -> dict:
+    """One table row of a timing: its labels, median / p10 / p90 (ms), noise flag, first call, and
+    the achieved GB/s (and share of ``bandwidth_gbps``) when the bytes it moves are given."""
+    row = {**labels, "median_ms": t.median_ms, "p10_ms": t.p10 * 1e3, "p90_ms": t.p90 * 1e3,
+           "noisy": t.noisy, "first_call_s": t.first_call_s}
+    if nbytes:
+        row["GB/s"] = nbytes / t.median / 1e9
+        if bandwidth_gbps:
+            row["% of bandwidth"] = 100 * row["GB/s"] / bandwidth_gbps
+    return row
+
+
+# --- chapter 02: the FFN's plain and merged forms (from ops) -----------------------------------------
+
+def ffn_reference(x, w_gate, w_up, w_down) -> torch.Tensor:
+    """Llama's FFN as three separate matmuls: down(silu(gate(x)) * up(x)); weights are (out, in)."""
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def ffn_merged(x, w_gate_up, w_down, impl: str = "reference") -> torch.Tensor:
+    """One gate_up matmul, SwiGLU (``impl`` as in ``ops.swiglu``), then down."""
+    return F.linear(ops.swiglu(F.linear(x, w_gate_up), impl=impl), w_down)
+
+
+# --- chapters 01 and 02: the operators a call launched, as a list (from profiling) -------------------
+
+def op_list(counts: dict) -> str:
+    """``aten::add x2, aten::mul x1`` - a short text for tables."""
+    return ", ".join(f"{name} x{n}" for name, n in counts["by_op"].items())
+
+
+# --- chapters 01 and 02: their charts (from plots) ---------------------------------------------------
+
+def plot_timings(table, group: str, series: str, title: str, counts: str = "", figsize=(8, 3.2)):
+    """Median ms per ``group`` (an implementation) and ``series`` (a layout, a case) on a log axis,
+    since implementations can differ by orders of magnitude; ``counts`` labels each bar (ops/call)."""
+    import matplotlib.pyplot as plt
+
+    pivot = table.pivot_table(index=group, columns=series, values="median_ms", sort=False)
+    fig, ax = plt.subplots(figsize=figsize)
+    pivot.plot.bar(ax=ax, rot=0)
+    if counts:
+        labels = table.pivot_table(index=group, columns=series, values=counts, sort=False)
+        for bars, col in zip(ax.containers, pivot.columns):
+            ax.bar_label(bars, [f"{int(n)} ops" if n == n else "" for n in labels[col]], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("median ms, log scale (lower is better)")
+    ax.set_xlabel(group)
+    ax.legend(title=series, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over a bar
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_edge_ops(table, model_name: str, step_ms: float, figsize=(8, 3.2)):
+    """Embedding and lm_head timings per model, beside the loaded model's measured decode step."""
+    import matplotlib.pyplot as plt
+
+    labels = [f"{m}\n{o}" for m, o in zip(table["model"], table["op"])]
+    own = [i for i, m in enumerate(table["model"]) if m == model_name]
+    fig, ax = plt.subplots(figsize=figsize)
+    ax.barh(range(len(labels)), table["median_ms"],
+            color=["#69c" if i in own else "#9b9" for i in range(len(labels))])
+    ax.set_yticks(range(len(labels)), labels)
+    # The decode step was measured for the loaded model only, so its line spans that model's rows.
+    ax.plot([step_ms] * 2, [min(own) - 0.45, max(own) + 0.45], color="#c63", ls="--",
+            label=f"{model_name} decode step {step_ms:.1f} ms (measured)")
+    ax.set_xscale("log")
+    ax.set_xlabel("median ms (log scale)")
+    ax.legend(fontsize=8)
+    ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ffn_variants(table, title: str, figsize=(12, 3.2)):
+    """Chapter 02: one panel per FFN case (shape and T), a bar per variant at its median ms on a log
+    axis (variants can differ by orders of magnitude), each labelled with its operators per call."""
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(table["case"]))
+    fig, axes = plt.subplots(1, len(cases), figsize=figsize, squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        sub = table[table["case"] == case]
+        ax.bar(list(sub["variant"]), list(sub["median_ms"]), color="#69c")
+        for k, (ms, n) in enumerate(zip(sub["median_ms"], sub["ops_per_call"])):
+            ax.annotate(f"{int(n)} ops", (k, ms), ha="center", va="bottom", fontsize=7)
+        ax.set_yscale("log")
+        # headroom above the tallest bar keeps the op-count labels inside the panel
+        ax.set_ylim(0.5 * sub["median_ms"].min(), 3 * sub["median_ms"].max())
+        ax.set_title(case.replace(", T=", "\nT="), fontsize=8)
+        ax.tick_params(labelsize=7, axis="x", rotation=30)
+    axes[0][0].set_ylabel("median ms, log scale (lower is better)")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig

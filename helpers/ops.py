@@ -323,19 +323,9 @@ def swiglu(gate_up: torch.Tensor, dim: int = -1, impl: str = "auto") -> torch.Te
     return swiglu_reference(gate_up, dim)
 
 
-def ffn_reference(x, w_gate, w_up, w_down) -> torch.Tensor:
-    """Llama's FFN as three separate matmuls: down(silu(gate(x)) * up(x)); weights are (out, in)."""
-    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
-
-
 def merge_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
     """One (2I, H) weight, gate rows first, so one matmul yields the halves npu_swiglu expects."""
     return torch.cat([w_gate, w_up], dim=0).contiguous()
-
-
-def ffn_merged(x, w_gate_up, w_down, impl: str = "reference") -> torch.Tensor:
-    """One gate_up matmul, SwiGLU (``impl`` as in ``swiglu``), then down."""
-    return F.linear(swiglu(F.linear(x, w_gate_up), impl=impl), w_down)
 
 
 # --- modules for a loaded Llama -----------------------------------------------------------------

@@ -238,15 +238,6 @@ def decode_step_split(run: Callable[[int], object], new_tokens: int, device="cpu
             "names": fulls[-1]["names"]}
 
 
-def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[str]:
-    """The operators one call of ``fn`` spends its self time in, most first (children included:
-    ``aten::bmm`` under ``aten::linear`` is named, where ``count_ops`` counts the caller)."""
-    device = as_device(device)
-    fn()
-    ms = _self_cpu_ms(_profile(fn, device, device_kernels=False))
-    return sorted(ms, key=ms.get, reverse=True)[:top]
-
-
 def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="cpu", repeats: int = 3) -> dict:
     """Kernel time per decode token by kind, from the same split as the decode timing.
 
@@ -272,6 +263,3 @@ def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="c
                               + f" time, (generate {new_tokens} - generate 1) / {new_tokens - 1}, medians of {repeats}"}
 
 
-def op_list(counts: dict) -> str:
-    """``aten::add x2, aten::mul x1`` - a short text for tables."""
-    return ", ".join(f"{name} x{n}" for name, n in counts["by_op"].items())

@@ -28,7 +28,6 @@ max-autotune times its own C++ int8 GEMM against ATen's ``_weight_int8pack_mm`` 
 from __future__ import annotations
 
 import gc
-import inspect
 import logging
 import warnings
 from contextlib import contextmanager
@@ -39,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import backend, bench, versions
-from .models import load_model, weight_bytes
+from .models import weight_bytes
 from .quality import perplexity  # noqa: F401  (part of this module's public API)
 
 IMPLS = ("auto", "npu", "int8pack", "dequant", "emulate")
@@ -494,29 +493,6 @@ class Int4Linear(_QuantizedLinear):
         return y.to(x.dtype)
 
 
-def quantize_model_int4(model: nn.Module, group_size: int = INT4_GROUP, skip: Iterable[str] = ()) -> dict:
-    """Replace every ``nn.Linear`` (in place) by an ``Int4Linear``; returns what ``quantize_model_int8`` does."""
-    names = _check_model(model, skip)
-    problem = int4_problem(model.get_submodule(names[0]).weight.device)
-    if problem:
-        raise ValueError(problem)
-    # The packing needs in_features in whole groups and out_features in multiples of 16; a linear
-    # that is not stays as it is (named in the result).
-    kept = [n for n in names if model.get_submodule(n).in_features % group_size
-            or model.get_submodule(n).out_features % 16]
-    if len(kept) == len(names):
-        raise ValueError(f"no linear has in_features divisible by group_size={group_size} and "
-                         "out_features divisible by 16")
-    before = weight_bytes(model)
-    dtype = model.get_submodule(names[0]).weight.dtype
-    _replace_linears(model, [n for n in names if n not in kept],
-                     lambda _, lin: Int4Linear(lin, group_size))
-    return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names) - len(kept),
-            "kept_unquantized": kept,
-            "impl": f"_weight_int4pack_mm_for_cpu, groups of {group_size}", "scheme": "w4a16",
-            "activations": activations_label(torch.bfloat16, dtype)}
-
-
 # --- the CPU W8A16 kernel, chosen by timing at the model's shapes -----------------------------
 
 W8A16_CPU_KERNELS = ("int8pack", "dequant", "torchao")
@@ -726,35 +702,6 @@ def torchao_int8_weight_only(model: nn.Module) -> dict:
             "activations": backend.dtype_name(dtype)}
 
 
-def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
-    """``torch.ao.quantization.quantize_dynamic`` (per-tensor W8 + dynamic per-tensor A8), CPU fp32.
-
-    The cautionary case: fast, and on SmolLM2 it multiplies perplexity several times.
-    """
-    names = _check_model(model)
-    first = model.get_submodule(names[0]).weight
-    if first.device.type != "cpu" or first.dtype != torch.float32:
-        raise ValueError(f"quantize_dynamic needs a float32 model on the CPU; got {first.dtype} on "
-                         f"{first.device}")
-    before = weight_bytes(model)
-    with _quiet_imports():
-        from torch.ao.quantization import quantize_dynamic
-
-        model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
-    return model, {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
-                   "impl": "torch.ao quantize_dynamic (fbgemm)", "scheme": "w8a8",
-                   "activations": "dynamic per-tensor int8"}
-
-
-def bitsandbytes_config_takes(params=("load_in_8bit", "llm_int8_threshold")) -> dict:
-    """Does transformers' ``BitsAndBytesConfig`` take the guide's arguments? (chapter 05 records it)."""
-    from transformers import BitsAndBytesConfig
-
-    have = set(inspect.signature(BitsAndBytesConfig).parameters)
-    missing = [p for p in params if p not in have]
-    return {"takes": not missing, "missing": missing, "params": list(params)}
-
-
 # --- the chapter's variants ----------------------------------------------------------------
 
 VARIANTS = {
@@ -776,46 +723,3 @@ class VariantUnavailable(RuntimeError):
     """A variant that cannot run on this device or dtype; the message says why."""
 
 
-def check_variants(names, parameter: str = "variants") -> list[str]:
-    if isinstance(names, str) or not names:
-        raise ValueError(f"{parameter}={names!r} is not valid; give a non-empty list from "
-                         f"{', '.join(VARIANTS)}")
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise ValueError(f"{parameter} contains {', '.join(map(repr, unknown))}; choose from "
-                         f"{', '.join(VARIANTS)}")
-    return list(names)
-
-
-def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
-                  act_scales: Optional[dict] = None):
-    """Load ``model_name`` and turn it into variant ``name``; returns (model, tokenizer, info).
-
-    Raises ``VariantUnavailable`` (with the reason) where a variant cannot run here.
-    """
-    check_variants([name], "variant")
-    device = backend.as_device(device)
-    if name == "quantize_dynamic" and device.type != "cpu":
-        raise VariantUnavailable("quantize_dynamic has CPU kernels (fbgemm/qnnpack) only")
-    if name == "torchao" and device.type == "npu":
-        raise VariantUnavailable("torchao's int8 weight-only kernels do not target the NPU")
-    if name == "w8a8_static" and act_scales is None:
-        raise VariantUnavailable("w8a8_static needs act_scales from quant.calibrate")
-    load_dtype = torch.float32 if name in ("fp32", "quantize_dynamic") else dtype
-    model, tokenizer = load_model(model_name, dtype=load_dtype, device=device)
-    info = {"variant": name, "description": VARIANTS[name], "dtype": backend.dtype_name(load_dtype),
-            "device": str(device), "bytes_before": weight_bytes(model)}
-    if name in _INT8_VARIANTS:
-        impl, scheme = _INT8_VARIANTS[name]
-        scales = act_scales if name == "w8a8_static" else None
-        info.update(quantize_model_int8(model, impl, scheme, act_scales=scales))
-    elif name == "torchao":
-        info.update(torchao_int8_weight_only(model))
-    elif name == "quantize_dynamic":
-        model, extra = quantize_dynamic_cpu(model)
-        info.update(extra)
-    else:  # fp32, dense
-        info.update(bytes_after=info["bytes_before"], impl="dense", scheme="none",
-                    activations=backend.dtype_name(load_dtype))
-    info["speed_is_meaningful"] = "emulate" not in str(info.get("impl"))
-    return model, tokenizer, info

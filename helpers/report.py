@@ -9,7 +9,6 @@ index are here too; the pages themselves are ``helpers.pages`` templates.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Optional
 

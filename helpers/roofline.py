@@ -86,12 +86,6 @@ def decode_ceiling_tok_s(bandwidth_gbps: float, weight_bytes: float) -> float:
         "weight_bytes", weight_bytes)
 
 
-def required_bandwidth_gbps(tokens_per_s: float, weight_bytes: float) -> float:
-    """Bandwidth (GB/s) a single stream needs to decode ``tokens_per_s`` with these weights."""
-    return _check_positive("tokens_per_s", tokens_per_s) * _check_positive(
-        "weight_bytes", weight_bytes) / 1e9
-
-
 def llama_parameter_count(vocab_size: int, hidden_size: int, intermediate_size: int,
                           num_hidden_layers: int, num_attention_heads: int,
                           num_key_value_heads: Optional[int] = None,
@@ -115,17 +109,6 @@ def llama2_weight_bytes(dtype: str = "float16", size: str = "7b") -> int:
     if size not in LLAMA2_CONFIGS:
         raise ValueError(f"size={size!r} is not valid; choose one of {', '.join(LLAMA2_CONFIGS)}")
     return int(llama_parameter_count(**LLAMA2_CONFIGS[size]) * BYTES_PER_ELEMENT[dtype])
-
-
-def prefill_floor_ms(prompt_tokens: int, parameters: int, tflops: float) -> float:
-    """Lowest possible prefill time: 2 FLOP per parameter per prompt token at peak compute."""
-    return 2.0 * _check_positive("prompt_tokens", prompt_tokens) * _check_positive(
-        "parameters", parameters) / (_check_positive("tflops", tflops) * 1e12) * 1e3
-
-
-def claim_verdict(claimed_tok_s: float, ceiling_tok_s: float) -> str:
-    """'impossible' above the roofline, else 'plausible' (only a measurement can reproduce it)."""
-    return "impossible" if claimed_tok_s > ceiling_tok_s else "plausible"
 
 
 def _config_value(config, name: str):
@@ -160,27 +143,3 @@ def kv_cache_bytes(config, batch_size: int, context_len: int, dtype: str = "floa
     return int(kv_cache_bytes_per_token(config, dtype) * batch_size * context_len)
 
 
-def kv_memory_growth_pct(config, batch_size: int, context_len: int, weight_bytes: float,
-                         dtype: str = "float16") -> float:
-    """Memory growth over batch 1 (%) from the KV cache alone: weights + KV(B) against weights + KV(1).
-
-    The analytic counterpart of a "batch B needs x % more memory" claim; activations and
-    allocator slack come on top, so a measured growth can only be larger.
-    """
-    weight_bytes = _check_positive("weight_bytes", weight_bytes)
-    base = weight_bytes + kv_cache_bytes(config, 1, context_len, dtype)
-    return 100.0 * (weight_bytes + kv_cache_bytes(config, batch_size, context_len, dtype)) / base - 100.0
-
-
-def context_for_kv_growth(config, batch_size: int, growth_pct: float, weight_bytes: float,
-                          dtype: str = "float16") -> float:
-    """Tokens per sequence at which the KV cache alone makes batch ``batch_size`` use ``growth_pct`` % more
-    memory than batch 1 (the inverse of ``kv_memory_growth_pct``); inf if it never can."""
-    growth = _check_positive("growth_pct", growth_pct) / 100.0
-    weight_bytes = _check_positive("weight_bytes", weight_bytes)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 2:
-        raise ValueError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 2")
-    per_token = kv_cache_bytes_per_token(config, dtype)
-    # (W + B k c) = (1 + g)(W + k c)  ->  c = g W / (k (B - 1 - g))
-    denominator = per_token * (batch_size - 1 - growth)
-    return float("inf") if denominator <= 0 else growth * weight_bytes / denominator

@@ -14,10 +14,14 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+from torch import nn
 
 from . import ladder, models, ops, quant, static_decode
 from .backend import as_device, dtype_name
+from .models import weight_bytes
 
 
 @dataclass
@@ -117,7 +121,7 @@ def int4_weights(c: Climb):
         ops.apply_fused_modules(fresh)
     before = copy.deepcopy(fresh)
     # the layers' linears in INT4 groups of 32 (the GGUF's Q4_1); lm_head in INT8 (the GGUF's is Q8_0)
-    c.int4_info = quant.quantize_model_int4(fresh, skip=["lm_head"])
+    c.int4_info = quantize_model_int4(fresh, skip=["lm_head"])
     c.int4_info["lm_head"] = quant.quantize_model_int8(fresh, impl="auto")["impl"]
     c.int4_quality = ladder.weight_format_check(before, fresh, c.tokenizer)
     del before
@@ -177,3 +181,28 @@ def weight_formats(c: Climb) -> list[dict]:
     return [{"format": name, **{k: info.get(k) for k in keys},
              "kept_dense": "; ".join(f"{layer} ({why})" for layer, why in info.get("kept_dense") or ()) or None}
             for name, info in (("INT8", c.int8_info), ("INT4 g32", c.int4_info)) if info]
+
+
+# --- chapter 06: the INT4 rung's weights (from quant) ------------------------------------------------
+
+def quantize_model_int4(model: nn.Module, group_size: int = quant.INT4_GROUP, skip: Iterable[str] = ()) -> dict:
+    """Replace every ``nn.Linear`` (in place) by an ``quant.Int4Linear``; returns what ``quantize_model_int8`` does."""
+    names = quant._check_model(model, skip)
+    problem = quant.int4_problem(model.get_submodule(names[0]).weight.device)
+    if problem:
+        raise ValueError(problem)
+    # The packing needs in_features in whole groups and out_features in multiples of 16; a linear
+    # that is not stays as it is (named in the result).
+    kept = [n for n in names if model.get_submodule(n).in_features % group_size
+            or model.get_submodule(n).out_features % 16]
+    if len(kept) == len(names):
+        raise ValueError(f"no linear has in_features divisible by group_size={group_size} and "
+                         "out_features divisible by 16")
+    before = weight_bytes(model)
+    dtype = model.get_submodule(names[0]).weight.dtype
+    quant._replace_linears(model, [n for n in names if n not in kept],
+                     lambda _, lin: quant.Int4Linear(lin, group_size))
+    return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names) - len(kept),
+            "kept_unquantized": kept,
+            "impl": f"_weight_int4pack_mm_for_cpu, groups of {group_size}", "scheme": "w4a16",
+            "activations": quant.activations_label(torch.bfloat16, dtype)}

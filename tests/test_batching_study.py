@@ -158,7 +158,7 @@ def test_llama2_kv_growth_inverts_the_claimed_growth():
     assert [r["batch"] for r in rows] == [4, 8] and rows[0]["dtype"] == "float16"
     cfg, w = roofline.LLAMA2_7B_CONFIG, roofline.llama2_weight_bytes("float16")
     for r in rows:
-        at_claim = roofline.kv_memory_growth_pct(cfg, r["batch"], round(r["context_for_claim"]), w)
+        at_claim = batching_study.kv_memory_growth_pct(cfg, r["batch"], round(r["context_for_claim"]), w)
         assert at_claim == pytest.approx(r["guide_memory_pct"], abs=0.1)
-        assert r["kv_growth_pct_512"] == pytest.approx(roofline.kv_memory_growth_pct(cfg, r["batch"], 512, w))
+        assert r["kv_growth_pct_512"] == pytest.approx(batching_study.kv_memory_growth_pct(cfg, r["batch"], 512, w))
     assert rows[0]["kv_per_token_kib"] == 512  # 2 x 32 layers x 32 heads x 128 x 2 bytes

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from helpers import bench, decide
+from helpers import bench, decide, ladder
 
 
 def timing(name, samples):
@@ -98,18 +98,18 @@ EAGER = ("eager", 10.0, 9.0, 11.0)  # tok/s: median, p10, p90
 
 
 def test_best_gain_is_best_only_apart_from_the_others_and_above_the_baseline():
-    clear = decide.best_gain([("graph", 16.0, 15.0, 17.0), ("int8", 24.0, 23.0, 25.0)], EAGER)
+    clear = ladder.best_gain([("graph", 16.0, 15.0, 17.0), ("int8", 24.0, 23.0, 25.0)], EAGER)
     assert (clear.best, clear.decision, clear.tied) == ("int8", "best, clear", [])
     # chapter 06's case of issue 22: INT8 1 % above graph mode, their spreads overlapping
-    tied = decide.best_gain([("graph", 20.8, 19.5, 22.0), ("int8", 21.1, 20.0, 22.3)], EAGER)
+    tied = ladder.best_gain([("graph", 20.8, 19.5, 22.0), ("int8", 21.1, 20.0, 22.3)], EAGER)
     assert (tied.best, tied.decision, tied.tied) == ("int8", "best, tied", ["graph"])
 
 
 def test_best_gain_inside_the_noise_of_the_baseline_is_no_gain():
-    noisy = decide.best_gain([("fused", 10.5, 9.5, 12.0)], EAGER)
+    noisy = ladder.best_gain([("fused", 10.5, 9.5, 12.0)], EAGER)
     assert noisy.best == "fused" and noisy.decision == "no gain beyond the noise"
-    slower = decide.best_gain([("a", 8.0, 7.0, 8.5), ("b", 7.0, 6.0, 7.5)], EAGER)
+    slower = ladder.best_gain([("a", 8.0, 7.0, 8.5), ("b", 7.0, 6.0, 7.5)], EAGER)
     assert slower.decision == "no gain beyond the noise"
-    unknown = decide.best_gain([("a", 30.0, math.nan, math.nan)], EAGER)
+    unknown = ladder.best_gain([("a", 30.0, math.nan, math.nan)], EAGER)
     assert unknown.best == "a" and unknown.decision == "no gain beyond the noise"
-    assert decide.best_gain([("a", math.nan, 1, 2)], EAGER) is None and decide.best_gain([], EAGER) is None
+    assert ladder.best_gain([("a", math.nan, 1, 2)], EAGER) is None and ladder.best_gain([], EAGER) is None

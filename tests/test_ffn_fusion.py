@@ -66,7 +66,7 @@ def test_check_time_count_checks_times_counts_and_keeps_spreads():
     variants = operator_study.ffn_variants(x, weights, ["unfused", "merged"], "cpu", "s, T=4")
     measure = _fake_measure({"s, T=4 / unfused": (2.0, 2.0, 2.1), "s, T=4 / merged": (1.0, 1.0, 1.05)})
     rows, timings = operator_study.check_time_count(
-        variants, "cpu", expected=ops.float32_reference(ops.ffn_reference, x, *weights),
+        variants, "cpu", expected=ops.float32_reference(operator_study.ffn_reference, x, *weights),
         baseline="unfused", tolerance="ffn", measure=measure, count=lambda fn: {
             "ops": 3, "by_op": {"aten::linear": 3}})
     assert [r["variant"] for r in rows] == ["unfused", "merged"] and rows[0]["case"] == "s, T=4"
@@ -82,7 +82,7 @@ def test_check_time_count_checks_times_counts_and_keeps_spreads():
 
 def test_check_time_count_fails_a_wrong_variant_and_a_missing_baseline():
     x, weights = _ffn_case()
-    expected = ops.ffn_reference(x, *weights)
+    expected = operator_study.ffn_reference(x, *weights)
     wrong = [({"variant": "unfused"}, lambda: expected), ({"variant": "bad"}, lambda: expected * 1.1)]
     measure = _fake_measure({"unfused": (1.0,), "bad": (1.0,)})
     with pytest.raises(AssertionError):
@@ -171,7 +171,7 @@ def _ffn_table():
 
 
 def test_ffn_variant_plot_draws_each_median_with_its_op_count():
-    fig = plots.plot_ffn_variants(_ffn_table(), "title")
+    fig = operator_study.plot_ffn_variants(_ffn_table(), "title")
     for ax, medians, counts in zip(fig.axes, ([2.0, 1.5], [20.0, 30.0]), (["5 ops", "4 ops"],) * 2):
         assert [p.get_height() for p in ax.patches] == medians
         assert [t.get_text() for t in ax.texts] == counts

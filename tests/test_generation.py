@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import backend, bench, generation, models, roofline
+from helpers import backend, bench, generation, int8_study, models, roofline
 
 PROMPTS = ["hello world, this prompt is longer", "hi", "a medium prompt"]
 
@@ -195,7 +195,7 @@ def test_interleaved_measurement_pools_rounds(tiny_model):
     model, tok = tiny_model
     int8 = copy.deepcopy(model)
     quant.quantize_model_int8(int8, impl="dequant")
-    out = generation.measure_interleaved({"fp32": model, "int8": int8}, tok, ["hi"], 4, rounds=2, repeats=2)
+    out = int8_study.measure_interleaved({"fp32": model, "int8": int8}, tok, ["hi"], 4, rounds=2, repeats=2)
     assert set(out) == {"fp32", "int8"}
     for res in out.values():
         assert len(res["decode_samples_ms"]) == 4 and res["rounds"] == 2  # two rounds of two repeats
@@ -204,4 +204,4 @@ def test_interleaved_measurement_pools_rounds(tiny_model):
         assert res["ttft_ms"] == pytest.approx(generation.ttft_timing(res).median_ms)
         assert "2 interleaved rounds" in res["code_path"]
     with pytest.raises(ValueError, match="rounds"):
-        generation.measure_interleaved({"fp32": model}, tok, ["hi"], 4, rounds=0)
+        int8_study.measure_interleaved({"fp32": model}, tok, ["hi"], 4, rounds=0)

@@ -124,8 +124,8 @@ def test_npu_swiglu_and_ffn_fused_act(fake_torch_npu):
     assert fake_torch_npu.CALLS == ["npu_swiglu"]
     wg, wu, wd = _x((10, 8), torch.float32, seed=1), _x((10, 8), torch.float32, seed=2), _x((8, 10), torch.float32, seed=3)
     x = _x((1, 4, 8), torch.float32, seed=4)
-    out = ops.ffn_merged(x, ops.merge_gate_up(wg, wu), wd, impl="npu")
-    torch.testing.assert_close(out, ops.ffn_reference(x, wg, wu, wd), **TOL[torch.float32])
+    out = operator_study.ffn_merged(x, ops.merge_gate_up(wg, wu), wd, impl="npu")
+    torch.testing.assert_close(out, operator_study.ffn_reference(x, wg, wu, wd), **TOL[torch.float32])
 
 
 def test_npu_gamma_shape_checked_before_the_call(fake_torch_npu):
@@ -169,7 +169,7 @@ def test_ffn_variants_match_reference(variant):
     f = operator_study.make_ffn(wg, wu, wd, variant)
     for t in (1, 7):
         x = _x((1, t, 16), torch.float32, seed=t)
-        torch.testing.assert_close(f(x), ops.ffn_reference(x, wg, wu, wd), **TOL[torch.float32])
+        torch.testing.assert_close(f(x), operator_study.ffn_reference(x, wg, wu, wd), **TOL[torch.float32])
 
 
 def test_ffn_noncontiguous_weights_give_the_same_result():
@@ -177,7 +177,7 @@ def test_ffn_noncontiguous_weights_give_the_same_result():
     assert not wg.is_contiguous()
     x = _x((1, 3, 16), torch.bfloat16)
     wg_c, wu_c, wd_c = (w.contiguous().to(torch.bfloat16) for w in (wg, wu, wd))
-    ref = ops.ffn_reference(x, wg_c, wu_c, wd_c)
+    ref = operator_study.ffn_reference(x, wg_c, wu_c, wd_c)
     out = operator_study.make_ffn(wg.to(torch.bfloat16), wu.to(torch.bfloat16), wd.to(torch.bfloat16), "merged")(x)
     torch.testing.assert_close(out, ref, **TOL[torch.bfloat16])
 

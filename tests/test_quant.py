@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import models, operator_study, quality, quant, versions
+from helpers import int8_study, models, operator_study, quality, quant, rungs, versions
 
 
 def _linear(n=48, k=32, dtype=torch.float32, bias=False, seed=0):
@@ -206,11 +206,11 @@ def test_quantize_dynamic_cpu(tiny_model):
     import copy
 
     model, _ = tiny_model
-    q, info = quant.quantize_dynamic_cpu(copy.deepcopy(model))
+    q, info = int8_study.quantize_dynamic_cpu(copy.deepcopy(model))
     assert info["bytes_after"] < info["bytes_before"]
     assert torch.isfinite(q(input_ids=torch.randint(0, 200, (1, 8))).logits).all()
     with pytest.raises(ValueError, match="float32"):
-        quant.quantize_dynamic_cpu(copy.deepcopy(model).to(torch.bfloat16))
+        int8_study.quantize_dynamic_cpu(copy.deepcopy(model).to(torch.bfloat16))
 
 
 def test_perplexity_matches_direct_computation(tiny_model):
@@ -244,19 +244,19 @@ def test_heldout_text_is_shipped_and_long_enough():
 
 def test_variant_names_are_checked_and_unavailable_variants_say_why():
     with pytest.raises(ValueError, match="variants contains 'w4'"):
-        quant.check_variants(["dense", "w4"])
+        int8_study.check_variants(["dense", "w4"])
     with pytest.raises(ValueError, match="non-empty list"):
-        quant.check_variants([])
+        int8_study.check_variants([])
     with pytest.raises(quant.VariantUnavailable, match="CPU"):
-        quant.build_variant("quantize_dynamic", "tiny-random", "cuda", torch.float16)
+        int8_study.build_variant("quantize_dynamic", "tiny-random", "cuda", torch.float16)
     with pytest.raises(quant.VariantUnavailable, match="calibrate"):
-        quant.build_variant("w8a8_static", "tiny-random", "cpu", torch.bfloat16)
+        int8_study.build_variant("w8a8_static", "tiny-random", "cpu", torch.bfloat16)
 
 
 def test_build_variant_on_tiny_model():
-    model, _, info = quant.build_variant("w8a16", "tiny-random", "cpu", torch.bfloat16)
+    model, _, info = int8_study.build_variant("w8a16", "tiny-random", "cpu", torch.bfloat16)
     assert info["bytes_after"] < info["bytes_before"] and info["speed_is_meaningful"]
-    _, _, info = quant.build_variant("w8a8_dynamic", "tiny-random", "cpu", torch.bfloat16)
+    _, _, info = int8_study.build_variant("w8a8_dynamic", "tiny-random", "cpu", torch.bfloat16)
     assert info["impl"] == "emulate" and not info["speed_is_meaningful"]
 
 
@@ -276,8 +276,8 @@ def test_ulp_rejects_bad_input(value, dtype):
 
 
 def test_bitsandbytes_config_arguments_checked_both_ways():
-    assert quant.bitsandbytes_config_takes(("load_in_8bit", "llm_int8_threshold"))["takes"] is True
-    out = quant.bitsandbytes_config_takes(("load_in_8bit", "load_in_9bit"))
+    assert int8_study.bitsandbytes_config_takes(("load_in_8bit", "llm_int8_threshold"))["takes"] is True
+    out = int8_study.bitsandbytes_config_takes(("load_in_8bit", "load_in_9bit"))
     assert out["takes"] is False and out["missing"] == ["load_in_9bit"]
 
 
@@ -383,7 +383,7 @@ def test_quantize_model_int4_replaces_every_linear(tiny_model):
     model = copy.deepcopy(tiny_model[0])
     ids = torch.randint(0, 200, (1, 16))
     ref = model(input_ids=ids).logits
-    info = quant.quantize_model_int4(model)
+    info = rungs.quantize_model_int4(model)
     # the byte tokenizer's vocabulary is no multiple of 16: lm_head stays as it is, and says so
     assert info["kept_unquantized"] == ["lm_head"] and quant.linear_names(model) == ["lm_head"]
     assert info["layers"] == 14 and info["scheme"] == "w4a16"

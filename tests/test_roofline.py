@@ -1,7 +1,7 @@
 """Roofline arithmetic against hand-computed values, and the specs table's sourcing rules."""
 import pytest
 
-from helpers import roofline
+from helpers import batching_study, end_to_end_study, roofline
 
 
 def test_llama2_7b_parameters_match_the_published_count():
@@ -28,24 +28,24 @@ def test_ceiling_on_1_6_tbps_is_about_118_tokens_per_second():
 
 def test_required_bandwidth_for_the_guides_batch1_claim():
     weights = roofline.llama2_weight_bytes("float16")
-    assert roofline.required_bandwidth_gbps(2500, weights) == pytest.approx(33_692, rel=1e-3)
-    assert roofline.required_bandwidth_gbps(3500, weights) == pytest.approx(47_169, rel=1e-3)
+    assert end_to_end_study.required_bandwidth_gbps(2500, weights) == pytest.approx(33_692, rel=1e-3)
+    assert end_to_end_study.required_bandwidth_gbps(3500, weights) == pytest.approx(47_169, rel=1e-3)
     # round trip
-    bw = roofline.required_bandwidth_gbps(16.5, weights)
+    bw = end_to_end_study.required_bandwidth_gbps(16.5, weights)
     assert roofline.decode_ceiling_tok_s(bw, weights) == pytest.approx(16.5)
 
 
 def test_prefill_floor_and_verdicts():
     # 512 tokens x 2 x 6.738e9 FLOP at 300 TFLOPS = 23.0 ms
-    assert roofline.prefill_floor_ms(512, 6_738_415_616, 300) == pytest.approx(23.0, abs=0.05)
-    assert roofline.claim_verdict(2500, 118.7) == "impossible"
-    assert roofline.claim_verdict(16.5, 118.7) == "plausible"
+    assert end_to_end_study.prefill_floor_ms(512, 6_738_415_616, 300) == pytest.approx(23.0, abs=0.05)
+    assert end_to_end_study.claim_verdict(2500, 118.7) == "impossible"
+    assert end_to_end_study.claim_verdict(16.5, 118.7) == "plausible"
 
 
 @pytest.mark.parametrize("fn,args,name", [
     (roofline.decode_ceiling_tok_s, (0, 1e9), "bandwidth_gbps"),
     (roofline.decode_ceiling_tok_s, (100, -1), "weight_bytes"),
-    (roofline.required_bandwidth_gbps, ("fast", 1e9), "tokens_per_s"),
+    (end_to_end_study.required_bandwidth_gbps, ("fast", 1e9), "tokens_per_s"),
     (roofline.llama2_weight_bytes, ("fp8",), "dtype"),
     (roofline.llama2_weight_bytes, ("float16", "8b"), "size"),
 ])
@@ -100,11 +100,11 @@ def test_kv_cache_uses_grouped_query_heads_and_transformers_configs():
 def test_kv_growth_and_its_inverse_agree():
     w = roofline.llama2_weight_bytes()
     cfg = roofline.LLAMA2_7B_CONFIG
-    growth = roofline.kv_memory_growth_pct(cfg, 4, 2048, w)
+    growth = batching_study.kv_memory_growth_pct(cfg, 4, 2048, w)
     assert growth == pytest.approx(100 * 3 * 2048 * 524288 / (w + 2048 * 524288))
-    assert roofline.context_for_kv_growth(cfg, 4, growth, w) == pytest.approx(2048)
-    assert roofline.kv_memory_growth_pct(cfg, 1, 2048, w) == 0
-    assert roofline.context_for_kv_growth(cfg, 2, 150, w) == float("inf")  # 2 sequences never add 150 %
+    assert batching_study.context_for_kv_growth(cfg, 4, growth, w) == pytest.approx(2048)
+    assert batching_study.kv_memory_growth_pct(cfg, 1, 2048, w) == 0
+    assert batching_study.context_for_kv_growth(cfg, 2, 150, w) == float("inf")  # 2 sequences never add 150 %
 
 
 @pytest.mark.parametrize("call", [
@@ -112,8 +112,8 @@ def test_kv_growth_and_its_inverse_agree():
     lambda: roofline.kv_cache_bytes_per_token(roofline.LLAMA2_7B_CONFIG, "fp8"),
     lambda: roofline.kv_cache_bytes(roofline.LLAMA2_7B_CONFIG, -1, 10),
     lambda: roofline.kv_cache_bytes(roofline.LLAMA2_7B_CONFIG, 2, 1.5),
-    lambda: roofline.context_for_kv_growth(roofline.LLAMA2_7B_CONFIG, 1, 15, 1e9),
-    lambda: roofline.kv_memory_growth_pct(roofline.LLAMA2_7B_CONFIG, 4, 100, 0),
+    lambda: batching_study.context_for_kv_growth(roofline.LLAMA2_7B_CONFIG, 1, 15, 1e9),
+    lambda: batching_study.kv_memory_growth_pct(roofline.LLAMA2_7B_CONFIG, 4, 100, 0),
 ])
 def test_kv_functions_name_the_bad_parameter(call):
     with pytest.raises(ValueError, match="config|dtype|batch_size|context_len|weight_bytes"):

@@ -96,7 +96,7 @@ def test_ffn_variants_at_llama_7b_shape_pass(dtype):
     hidden, inter = DEFAULT_FFN
     weights = operator_study.ffn_weights(hidden, inter, "cpu", dtype, torch.Generator().manual_seed(1))
     x = torch.randn(1, 1, hidden, generator=torch.Generator().manual_seed(2)).to(dtype)
-    expected = ops.float32_reference(ops.ffn_reference, x, *weights)
+    expected = ops.float32_reference(operator_study.ffn_reference, x, *weights)
     for name in ("unfused", "merged"):
         bench.assert_within(operator_study.make_ffn(*weights, name, "cpu")(x), expected, "ffn", what=name)
 
@@ -110,7 +110,7 @@ def test_compiled_variants_pass_at_a_small_shape(dtype):
                         ops.float32_reference(ops.rms_norm_reference, x, w, 1e-5), "norm")
     weights = operator_study.ffn_weights(256, 512, "cpu", dtype, torch.Generator().manual_seed(3))
     xf = torch.randn(1, 4, 256, generator=torch.Generator().manual_seed(4)).to(dtype)
-    expected = ops.float32_reference(ops.ffn_reference, xf, *weights)
+    expected = ops.float32_reference(operator_study.ffn_reference, xf, *weights)
     bench.assert_within(operator_study.make_ffn(*weights, "fused_act", "cpu")(xf), expected, "ffn")
 
 
@@ -145,9 +145,9 @@ def test_wrong_norm_kernels_fail(dtype):
 def test_wrong_ffn_kernels_fail(dtype):
     w_gate, w_up, w_down = operator_study.ffn_weights(512, 512, "cpu", dtype, torch.Generator().manual_seed(5))
     x = torch.randn(1, 4, 512, generator=torch.Generator().manual_seed(6)).to(dtype)
-    expected = ops.float32_reference(ops.ffn_reference, x, w_gate, w_up, w_down)
-    wrong = {"transposed down weight": ops.ffn_reference(x, w_gate, w_up, w_down.t()),
-             "gate and up halves swapped": ops.ffn_reference(x, w_up, w_gate, w_down)}
+    expected = ops.float32_reference(operator_study.ffn_reference, x, w_gate, w_up, w_down)
+    wrong = {"transposed down weight": operator_study.ffn_reference(x, w_gate, w_up, w_down.t()),
+             "gate and up halves swapped": operator_study.ffn_reference(x, w_up, w_gate, w_down)}
     for what, got in wrong.items():
         with pytest.raises(AssertionError, match="ULPs"):
             bench.assert_within(got, expected, "ffn", what=what)
