@@ -30,7 +30,7 @@ DEVICE_CHOICES = ("auto", "npu", "cuda", "cpu")
 # torch_npu registers a ``torch.backends`` entry point; on a machine with the wheel but without
 # CANN, even ``import torch`` fails unless TORCH_DEVICE_BACKEND_AUTOLOAD=0. The message users see
 # names it (defined in the package so that ``import helpers`` can use it before torch loads).
-from . import TORCH_NPU_AUTOLOAD_HINT as AUTOLOAD_HINT  # noqa: E402
+from . import REPO, TORCH_NPU_AUTOLOAD_HINT as AUTOLOAD_HINT  # noqa: E402
 
 
 @dataclass
@@ -434,7 +434,7 @@ def cpu_model() -> str:
 
 
 def git_commit(repo: Optional[Path] = None) -> Optional[str]:
-    repo = repo or Path(__file__).resolve().parent.parent
+    repo = repo or REPO
     try:
         out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, timeout=5)

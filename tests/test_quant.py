@@ -484,7 +484,7 @@ def test_a_library_variant_that_overflows_is_listed_as_skipped_with_the_reason(m
     bad = torch.randn(8, 11)
     bad[0, 0] = float("inf")
     info = {"dtype": "float16", "impl": "lib", "speed_is_meaningful": False}
-    monkeypatch.setattr(quant, "build_variant", lambda name, *a, **k: (_Logits(bad.half()), None, info))
+    monkeypatch.setattr(int8_study, "build_variant", lambda name, *a, **k: (_Logits(bad.half()), None, info))
     ids = torch.randint(0, 11, (1, 8))
     rows, skipped = int8_study.measure_variants(["torchao"], "m", "cpu", torch.float16, ids, None,
                                                 prompt="p", new_tokens=2, batch_sizes=[1], repeats=1)
