@@ -376,7 +376,9 @@ def test_a_measured_rung_gets_its_step_split_and_the_loop_names_itself():
     row = measure(ladder.Variant(model, static_cache=True, greedy_loop=True))
     assert row["greedy_loop"] and "hand-written greedy loop" in row["code_path"]
     parts = [row[f"{k.split()[0]}_ms"] for k in ladder.STEP_PARTS]
-    assert row["matmul_ms"] > 0 and sum(parts) == pytest.approx(row["decode_ms_per_token"])
+    # a part is a difference of two profiled runs: on a busy machine a small model's matmul share can
+    # come out at 0 (clamped), so the test checks the split's shape, not how long a part took
+    assert all(part >= 0 for part in parts) and sum(parts) == pytest.approx(row["decode_ms_per_token"])
     plain = measure(ladder.Variant(model))  # the loop is taken off again for a rung without it
     assert not plain["greedy_loop"] and plain["code_path"].startswith("transformers generate")
 
