@@ -242,7 +242,7 @@ def llama2_kv_growth(claims_pct: dict, contexts: Iterable[int] = (512, 2048), dt
     return out
 
 
-# --- chapter 04: the context at which the KV cache grows by a share (from roofline) ------------------
+# --- chapter 04: how the KV cache grows with the context ------------------------------------------
 
 def context_for_kv_growth(config, batch_size: int, growth_pct: float, weight_bytes: float,
                           dtype: str = "float16") -> float:
@@ -257,8 +257,6 @@ def context_for_kv_growth(config, batch_size: int, growth_pct: float, weight_byt
     denominator = per_token * (batch_size - 1 - growth)
     return float("inf") if denominator <= 0 else growth * weight_bytes / denominator
 
-
-# --- chapter 04: the KV cache's growth as a share (from roofline) ------------------------------------
 
 def kv_memory_growth_pct(config, batch_size: int, context_len: int, weight_bytes: float,
                          dtype: str = "float16") -> float:

@@ -294,7 +294,7 @@ def prefill_floor_table(prompt_lengths, parameters: int, tflops: float, budget_m
     return pd.DataFrame(rows), longest
 
 
-# --- chapter 03: the prompt-length sweep's chart (from plots) ----------------------------------------
+# --- chapter 03: the prompt-length sweep's chart --------------------------------------------------
 
 def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
     """TTFT (with its p10-p90) and decode per token against the prompt length, log-2 x axis."""
@@ -317,7 +317,7 @@ def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
     return fig
 
 
-# --- chapter 03: the busiest operators of a step (from profiling) ------------------------------------
+# --- chapter 03: the busiest operators of a step --------------------------------------------------
 
 def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[str]:
     """The operators one call of ``fn`` spends its self time in, most first (children included:
@@ -328,7 +328,7 @@ def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[st
     return sorted(ms, key=ms.get, reverse=True)[:top]
 
 
-# --- chapter 03: the guide's bandwidth and prefill figures against the roofline (from roofline) ------
+# --- chapter 03: the guide's bandwidth and prefill figures against the roofline -------------------
 
 def required_bandwidth_gbps(tokens_per_s: float, weight_bytes: float) -> float:
     """Bandwidth (GB/s) a single stream needs to decode ``tokens_per_s`` with these weights."""
@@ -347,7 +347,7 @@ def claim_verdict(claimed_tok_s: float, ceiling_tok_s: float) -> str:
     return "impossible" if claimed_tok_s > ceiling_tok_s else "plausible"
 
 
-# --- chapter 03: quiet recompile warnings in the graph-count demo (from static_decode) ---------------
+# --- chapter 03: quiet recompile warnings in the graph-count demo ---------------------------------
 
 @contextmanager
 def quiet_recompile_warnings():

@@ -291,7 +291,7 @@ def emulated_w8a8(model_name: str, device, tokenizer, calibration: list, mode: s
     return lm
 
 
-# --- chapter 05: variants measured in interleaved rounds (from generation) ---------------------------
+# --- chapter 05: variants measured in interleaved rounds ------------------------------------------
 
 def measure_interleaved(models_by_name: dict, tokenizer, prompts, max_new_tokens: int, device=None, *,
                         rounds: int = 3, repeats: int = 2, **kwargs) -> dict:
@@ -311,7 +311,7 @@ def measure_interleaved(models_by_name: dict, tokenizer, prompts, max_new_tokens
     return {name: generation._pooled(parts, rounds) for name, parts in runs.items()}
 
 
-# --- chapter 05: the variants it builds (from quant) -------------------------------------------------
+# --- chapter 05: the variants it builds and checks ------------------------------------------------
 
 def bitsandbytes_config_takes(params=("load_in_8bit", "llm_int8_threshold")) -> dict:
     """Does transformers' ``BitsAndBytesConfig`` take the guide's arguments? (chapter 05 records it)."""
@@ -355,8 +355,6 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
     info["speed_is_meaningful"] = "emulate" not in str(info.get("impl"))
     return model, tokenizer, info
 
-
-# --- chapter 05: more of its variants (from quant) ---------------------------------------------------
 
 def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
     """``torch.ao.quantization.quantize_dynamic`` (per-tensor W8 + dynamic per-tensor A8), CPU fp32.

@@ -732,7 +732,7 @@ def run_script(path: str, parameter: str = "script", timeout: float = 3600.0) ->
     return {"wall_s": wall, "returncode": proc.returncode, "output_tail": output}
 
 
-# --- chapter 06: the best gain of the ladder (from decide) -------------------------------------------
+# --- chapter 06: the best gain of the ladder and its spread ---------------------------------------
 
 def best_gain(options: Iterable[tuple[str, float, float, float]],
               baseline: tuple[str, float, float, float]) -> Optional[Gain]:
@@ -756,7 +756,7 @@ def best_gain(options: Iterable[tuple[str, float, float, float]],
     return Gain(found.best, decision, others)
 
 
-# --- chapter 06: the greedy loop of the static rungs (from static_decode) ----------------------------
+# --- chapter 06: the hand-written greedy loop of the static rungs over a static cache -------------
 
 def use_greedy_loop(model) -> GreedyLoop:
     """Replace ``model.generate`` by a ``GreedyLoop`` (undo with ``restore_generate``)."""
@@ -770,8 +770,6 @@ def greedy_loop_of(model) -> Optional[GreedyLoop]:
     found = getattr(model, "generate", None)
     return found if isinstance(found, GreedyLoop) else None
 
-
-# --- chapter 06: a gain and its spread (from decide) -------------------------------------------------
 
 @dataclass
 class Gain:
@@ -787,14 +785,10 @@ class Gain:
     tied: list
 
 
-# --- chapter 06: generate restored after the greedy loop (from static_decode) ------------------------
-
 def restore_generate(model) -> None:
     if isinstance(getattr(model, "generate", None), GreedyLoop):
         del model.generate  # the instance attribute: the class's generate shows again
 
-
-# --- chapter 06: the greedy loop over a static cache (from static_decode) ----------------------------
 
 class GreedyLoop:
     """``model.generate`` replaced by a greedy loop over ``model.forward`` and a ``StaticCache``.

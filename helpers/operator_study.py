@@ -426,7 +426,7 @@ def check_time_count(variants: list, device, *, expected, baseline: str, measure
                                 baseline=baseline, count=count)
 
 
-# --- chapters 01 and 02: a timing as a table row (from bench) ----------------------------------------
+# --- chapters 01 and 02: a timing as a table row --------------------------------------------------
 
 def timing_row(t: bench.Timing, nbytes: Optional[float] = None, bandwidth_gbps: Optional[float] = None,
                **labels) -> dict:
@@ -441,7 +441,7 @@ def timing_row(t: bench.Timing, nbytes: Optional[float] = None, bandwidth_gbps: 
     return row
 
 
-# --- chapter 02: the FFN's plain and merged forms (from ops) -----------------------------------------
+# --- chapter 02: the FFN's plain and merged forms -------------------------------------------------
 
 def ffn_reference(x, w_gate, w_up, w_down) -> torch.Tensor:
     """Llama's FFN as three separate matmuls: down(silu(gate(x)) * up(x)); weights are (out, in)."""
@@ -453,14 +453,14 @@ def ffn_merged(x, w_gate_up, w_down, impl: str = "reference") -> torch.Tensor:
     return F.linear(ops.swiglu(F.linear(x, w_gate_up), impl=impl), w_down)
 
 
-# --- chapters 01 and 02: the operators a call launched, as a list (from profiling) -------------------
+# --- chapters 01 and 02: the operators a call launched, as a list ---------------------------------
 
 def op_list(counts: dict) -> str:
     """``aten::add x2, aten::mul x1`` - a short text for tables."""
     return ", ".join(f"{name} x{n}" for name, n in counts["by_op"].items())
 
 
-# --- chapters 01 and 02: their charts (from plots) ---------------------------------------------------
+# --- chapters 01 and 02: their charts -------------------------------------------------------------
 
 def plot_timings(table, group: str, series: str, title: str, counts: str = "", figsize=(8, 3.2)):
     """Median ms per ``group`` (an implementation) and ``series`` (a layout, a case) on a log axis,

@@ -183,7 +183,7 @@ def weight_formats(c: Climb) -> list[dict]:
             for name, info in (("INT8", c.int8_info), ("INT4 g32", c.int4_info)) if info]
 
 
-# --- chapter 06: the INT4 rung's weights (from quant) ------------------------------------------------
+# --- chapter 06: the INT4 rung's weights ----------------------------------------------------------
 
 def quantize_model_int4(model: nn.Module, group_size: int = quant.INT4_GROUP, skip: Iterable[str] = ()) -> dict:
     """Replace every ``nn.Linear`` (in place) by an ``quant.Int4Linear``; returns what ``quantize_model_int8`` does."""
