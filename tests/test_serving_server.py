@@ -144,6 +144,7 @@ def test_engines_that_differ_in_threads_or_isa_say_so():
     assert "vLLM ran 1 OpenMP threads, our path 2 torch threads" in caveat
     assert "built for AVX512, our torch runs AVX2" in caveat
     assert serving.engine_differences(ours, {"threads": None, "isa": ""}) == ["threads_unknown", "isa_unknown"]
+    assert serving.engine_differences(ours, other, "npu") == []  # the host's threads only feed the card
 
 
 def test_our_engine_facts_are_torch_s_own():

@@ -653,10 +653,13 @@ def vllm_engine_facts(install: Optional[VllmInstall], log_text: str, env: Option
     return facts
 
 
-def engine_differences(ours: dict, vllm: dict) -> list[str]:
+def engine_differences(ours: dict, vllm: dict, device_kind: str = "cpu") -> list[str]:
     """What differs between the two engines beyond the serving itself: ``"threads"`` (another
     number of compute threads), ``"isa"`` (another instruction set), and ``"threads_unknown"`` /
-    ``"isa_unknown"`` when vLLM's side was not read, so a ratio cannot be checked for it."""
+    ``"isa_unknown"`` when vLLM's side was not read, so a ratio cannot be checked for it. Only on a
+    CPU, where those threads and kernels do the model's work; on an accelerator they only feed it."""
+    if device_kind != "cpu":
+        return []
     out = []
     for key in ("threads", "isa"):
         theirs, mine = vllm.get(key), ours.get(key)
@@ -667,12 +670,12 @@ def engine_differences(ours: dict, vllm: dict) -> list[str]:
     return out
 
 
-def engine_caveat(ours: dict, vllm: dict) -> str:
+def engine_caveat(ours: dict, vllm: dict, device_kind: str = "cpu") -> str:
     """The sentence a ratio between the two engines carries when they differ in threads or
     instruction set (English; the chapter's template says it in each language from
     ``engine_differences``); ``""`` when they match."""
     parts = []
-    for key in engine_differences(ours, vllm):
+    for key in engine_differences(ours, vllm, device_kind):
         if key == "threads":
             parts.append(f"vLLM ran {vllm['threads']} OpenMP threads, our path {ours['threads']} torch threads")
         elif key == "isa":
@@ -701,9 +704,10 @@ def record_engines(ch, launch) -> dict:
                              loaded)
     if server is None:  # an endpoint: its log and its machine are not ours to read
         vllm = {k: (vllm[k] if k in ("wheel", "isa") else None) for k in ENGINE_FACTS}
-    differs = engine_differences(ours, vllm)
+    kind = getattr(launch, "device_kind", "cpu")
+    differs = engine_differences(ours, vllm, kind)
     ch.record("engine_facts", len(differs), "differences", vllm=vllm, ours=ours, differs=differs,
-              caveat=engine_caveat(ours, vllm), measured=server is not None,
+              caveat=engine_caveat(ours, vllm, kind), measured=server is not None,
               code_path="serving.record_engines: the server's log, its wheel's name, torch's own report")
     if install is not None and install.ascend:
         names = {**ASCEND_TUNING, **ASCEND_TP_TUNING}
