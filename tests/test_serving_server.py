@@ -101,6 +101,15 @@ def test_the_engine_log_of_older_lines_and_only_the_last_start_is_read():
     both = "$ first start\n" + LOG_OLDER + LOG_0_32
     assert serving.parse_engine_log(both)["omp_threads"] == 1  # the later start's binding
     assert serving.parse_engine_log("nothing of interest\n") == {}
+    # the same start, logged in colour (as a runner's kernel gets it), with carriage returns
+    coloured = ("\x1b[0;36m(EngineCore pid=16639)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m12-02 17:04:11\x1b[0m "
+                "\x1b[90m[ompmultiprocessing.py:185]\x1b[0m \tlocal_rank=0, core ids=[0]\r\n"
+                "\x1b[0;36m(EngineCore pid=16639)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m12-02 17:09:11\x1b[0m "
+                "\x1b[90m[kv_cache_utils.py:2327]\x1b[0m CPU KV cache size: 23,296 tokens, Maximum concurrency "
+                "for 1,024 tokens per request: 22.75x\r\n")
+    facts = serving.parse_engine_log(coloured)
+    assert facts["omp_threads"] == 1 and facts["kv_cache_tokens"] == 23296
+    assert facts["max_concurrency_line"] == "Maximum concurrency for 1,024 tokens per request: 22.75x"
 
 
 def test_the_wheel_isa_is_the_kernel_library_the_engine_loaded():

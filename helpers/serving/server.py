@@ -527,9 +527,13 @@ def loaded_kernels(pgid: int) -> list[str]:
 _LOG_PREFIX = re.compile(r"^(\(\S+ pid=\d+\)\s+)?(INFO|WARNING|DEBUG)\s+\S+\s+\S+\s+\[[^\]]+\]\s*")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _message(line: str) -> str:
-    """A log line without vLLM's ``(EngineCore_DP0 pid=1) INFO 10-28 13:27:47 [file.py:70]`` head."""
-    return _LOG_PREFIX.sub("", line.strip())
+    """A log line without its colours (vLLM colours its log when it thinks a terminal reads it) and
+    without vLLM's ``(EngineCore_DP0 pid=1) INFO 10-28 13:27:47 [file.py:70]`` head."""
+    return _LOG_PREFIX.sub("", _ANSI.sub("", line).strip())
 
 
 def last_start(log_text: str) -> str:
