@@ -162,10 +162,10 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     decode_samples = [x for run in steps[max(len(steps) - len(full.samples), 0):] for x in run]
     two_generates = [(f - p) / (max_new_tokens - 1) for f, p in zip(full.samples, prefill.samples)]
     attn = getattr(model.config, "_attn_implementation", None) or "default"
-    path = (f"transformers generate, greedy, min_new_tokens=max_new_tokens, {attn} attention, left padding, "
+    path = (f"transformers generate, greedy, decode stamped per token (device synchronised), "
+            f"min_new_tokens=max_new_tokens, {attn} attention, left padding, "
             + ("static KV cache sized for the request" if static_cache else "dynamic KV cache")
-            + (f", forward compiled ({compiled.describe()})" if compiled is not None else ", eager")
-            + f"; decode: median of every step of {repeats} generates stamped per token (device synchronised)")
+            + (f", forward compiled ({compiled.describe()})" if compiled is not None else ", eager"))
     return {
         "batch_size": int(batch),
         "prompt_tokens": int(prompt_len),
