@@ -193,3 +193,21 @@ def test_the_request_length_answer_handles_an_unresolved_cross_check():
     assert "no change beyond the noise" in text
     runs[8]["decode_ms_per_token"] = float("nan")
     assert "did not resolve at 8 new tokens" in end_to_end_study.answer_request_lengths(runs)
+
+
+@pytest.mark.parametrize("edition", ["solutions", "solutions/zh"])
+def test_the_worked_answer_cell_runs_on_a_chapter_whose_decode_is_none(edition):
+    """The cell of exercise 3 itself, run on the fixture with the batch-1 figure set to None."""
+    from IPython.display import Markdown
+
+    from helpers.results import metric
+
+    path = Path(__file__).resolve().parent.parent / edition / "03_end_to_end_solutions.ipynb"
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    cell = next("".join(c["source"]) for c in cells if c["cell_type"] == "code" and "claim = 2500" in "".join(c["source"]))
+    chapter = _fixture_03()
+    chapter["metrics"]["decode_tok_s_batch1"]["value"] = None
+    shown = []
+    exec(cell, {"end_to_end_study": end_to_end_study, "roofline": roofline, "metric": metric, "chapter": chapter,
+                "model": "smollm2-135m", "Markdown": Markdown, "display": lambda x: shown.append(x.data)})
+    assert len(shown) == 1 and "did not resolve" in shown[0]
