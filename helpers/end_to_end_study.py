@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import backend, bench, profiling, roofline
+from . import backend, bench, decide, profiling, roofline
 from .backend import as_device, dtype_name
 from .claims import claimed_range, load_claims
 from .generation import decode_step, generate_tokens, measure_generation, run_sweep, sweep_table
@@ -296,18 +296,39 @@ def prefill_floor_table(prompt_lengths, parameters: int, tflops: float, budget_m
 
 # --- chapter 03: the prompt-length sweep's chart --------------------------------------------------
 
+def unresolved_decode_lengths(sweep) -> list[int]:
+    """The prompt lengths of the sweep's finished points whose decode per token did not resolve
+    (no positive median): the plot marks them and the sentence names them, neither draws them."""
+    ok = sweep[sweep["status"] == "ok"].sort_values("prompt_tokens")
+    if "decode_resolved" in ok:
+        bad = [v != v or not bool(v) for v in ok["decode_resolved"]]  # NaN (a missing flag) counts as not
+    else:
+        bad = ~(ok["decode_ms_per_token"] > 0)
+    return [int(n) for n in ok.loc[bad, "prompt_tokens"]]
+
+
 def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
-    """TTFT (with its p10-p90) and decode per token against the prompt length, log-2 x axis."""
+    """TTFT (with its p10-p90) and decode per token against the prompt length, log-2 x axis. A
+    length whose decode did not resolve gets no point (it has no value) but a mark on the axis and
+    a note in the panel, so the line never skips it silently."""
     import matplotlib.pyplot as plt
 
     ok = sweep[sweep["status"] == "ok"].sort_values("prompt_tokens")
+    missing = unresolved_decode_lengths(sweep)
     fig, ax = plt.subplots(1, 2, figsize=figsize)
     if len(ok):
         yerr = [ok["ttft_ms"] - ok["ttft_p10_ms"], ok["ttft_p90_ms"] - ok["ttft_ms"]]
         ax[0].errorbar(ok["prompt_tokens"], ok["ttft_ms"], yerr=yerr, marker="o", capsize=3)
-        yerr = [ok["decode_ms_per_token"] - ok["decode_p10_ms"], ok["decode_p90_ms"] - ok["decode_ms_per_token"]]
-        ax[1].errorbar(ok["prompt_tokens"], ok["decode_ms_per_token"], yerr=yerr, marker="o", capsize=3,
-                       color="tab:orange")
+        dec = ok[~ok["prompt_tokens"].isin(missing)]
+        yerr = [dec["decode_ms_per_token"] - dec["decode_p10_ms"], dec["decode_p90_ms"] - dec["decode_ms_per_token"]]
+        ax[1].errorbar(dec["prompt_tokens"], dec["decode_ms_per_token"], yerr=yerr, marker="o", capsize=3,
+                       color="tab:orange", label="median, p10-p90")
+    if missing:
+        ax[1].plot(missing, [0.0] * len(missing), marker="x", ls="none", color="tab:red", clip_on=False,
+                   transform=ax[1].get_xaxis_transform(), label="decode did not resolve")
+        ax[1].text(0.02, 0.96, "decode did not resolve at " + ", ".join(map(str, missing)) + " prompt tokens",
+                   transform=ax[1].transAxes, va="top", fontsize=8, color="tab:red")
+        ax[1].legend(fontsize=7, loc="lower right")
     for a, name in zip(ax, ["TTFT (prefill)", "decode per token"]):
         a.set_xscale("log", base=2)
         a.set_xlabel("prompt tokens")
@@ -359,3 +380,95 @@ def quiet_recompile_warnings():
         yield
     finally:
         logger.setLevel(level)
+
+
+# --- chapter 03's worked answers (solutions/03): the sentences of each answer, from the data -------
+# The answers are written in English in both editions (their code cells are the same); each one
+# says so where a figure it needs did not resolve, instead of dividing by it.
+
+def _resolved(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def answer_request_lengths(runs: dict) -> str:
+    """Exercise 1: ``runs`` maps new tokens to ``measure_generation`` results (two lengths). TTFT
+    against decode per token (stamped per token), and the two-generate cross-check at each length."""
+    (short, s), (long_, l) = sorted(runs.items())[0], sorted(runs.items())[-1]
+    parts = [f"The whole request grows {l['total_ms'] / s['total_ms']:.1f}x from {short} to {long_} new tokens; "
+             f"TTFT changes by {100 * (l['ttft_ms'] / s['ttft_ms'] - 1):+.0f} %"]
+    if _resolved(s["decode_ms_per_token"]) and _resolved(l["decode_ms_per_token"]):
+        overlap = decide.spreads_overlap((s["decode_p10_ms"], s["decode_p90_ms"]), (l["decode_p10_ms"], l["decode_p90_ms"]))
+        parts.append(f" and decode per token by {100 * (l['decode_ms_per_token'] / s['decode_ms_per_token'] - 1):+.0f} %"
+                     + (" (their p10-p90 spreads overlap: no change beyond the noise)." if overlap else
+                        " (their p10-p90 spreads are apart: something besides the request length, or the longer "
+                        "KV cache, moved the step)."))
+    else:
+        parts.append("; the decode per token did not resolve at "
+                     + " and ".join(str(n) for n, r in sorted(runs.items()) if not _resolved(r["decode_ms_per_token"]))
+                     + " new tokens, so this run cannot compare it.")
+    parts.append(" TTFT is one prefill of the same prompt, so the number of new tokens does not enter it. Decode is "
+                 "timed per token inside each generate, so each sample is one step whatever N is; the longer "
+                 f"request attends over {(long_ - short) // 2} more positions on average, which adds to each step's "
+                 "attention but not to the weights it reads.")
+    checks = []
+    for n, r in sorted(runs.items()):
+        two = r.get("decode_two_generates_ms")
+        checks.append(f"{n} tokens: {two:.2f} ms against {r['decode_ms_per_token']:.2f} ms stamped" if _resolved(two)
+                      else f"{n} tokens: no figure (the one-token generates took as long as the full ones)")
+    parts.append(" The cross-check (t(N) − t(1)) / (N − 1) divides a small difference of two noisy totals by N − 1: "
+                 + "; ".join(checks) + ". The longer the request, the more decode time the difference holds "
+                 "above the noise of the totals, so it needs the longer request to resolve; the stamped steps do not.")
+    return "".join(parts)
+
+
+def answer_dtype_ratio(by_dtype: dict) -> str:
+    """Exercise 2: ``by_dtype`` maps two dtype names to ``{decode_ms_per_token, decode_p10_ms,
+    decode_p90_ms, bytes_per_step}``. The time ratio (with its spread) against the bytes ratio, and
+    what the data says: a fixed cost per step pulls the time ratio below the bytes ratio, towards 1;
+    a time ratio above the bytes ratio means the larger step moves its bytes at a lower rate."""
+    if len(by_dtype) != 2:
+        return "The chapter's dtype has no second dtype to compare with here, so this run has no ratio to read."
+    small, large = sorted(by_dtype, key=lambda n: by_dtype[n]["bytes_per_step"])
+    a, b = by_dtype[small], by_dtype[large]
+    unresolved = [n for n, r in ((small, a), (large, b)) if not _resolved(r.get("decode_ms_per_token"))]
+    bytes_ratio = b["bytes_per_step"] / a["bytes_per_step"]
+    if unresolved:
+        return (f"Bytes per step change {bytes_ratio:.2f}x ({small} to {large}), but the decode per token of "
+                f"{' and '.join(unresolved)} did not resolve in this run, so there is no time ratio to set beside it.")
+    ratio = b["decode_ms_per_token"] / a["decode_ms_per_token"]
+    low, high = b["decode_p10_ms"] / a["decode_p90_ms"], b["decode_p90_ms"] / a["decode_p10_ms"]
+    gbps = {n: r["bytes_per_step"] / r["decode_ms_per_token"] / 1e6 for n, r in ((small, a), (large, b))}
+    text = (f"Bytes per step change {bytes_ratio:.2f}x ({small} to {large}); decode time per token changes "
+            f"{ratio:.2f}x (spread {low:.2f}-{high:.2f}x from the p10-p90 of each). The steps move "
+            f"{gbps[small]:.1f} GB/s in {small} and {gbps[large]:.1f} GB/s in {large}. ")
+    if decide.spreads_overlap((low, high), (bytes_ratio, bytes_ratio)):
+        return text + ("Within the spread the time follows the bytes: both dtypes stream their bytes at about the "
+                       "same rate, as a step bound by reading its weights and KV cache would.")
+    if low > bytes_ratio:
+        return text + (f"The whole spread lies above the bytes ratio: the {large} step costs more than its extra bytes. "
+                       "That is not overhead: a fixed cost per step (launches, Python) would pull the time ratio below "
+                       f"the bytes ratio, towards 1. The {large} step moves its bytes at a lower rate than the {small} "
+                       f"one, so here the {large} kernels are the slower per byte; which kernels, the chapter's "
+                       "decode-gap decomposition in each dtype shows.")
+    return text + ("The whole spread lies below the bytes ratio: part of each step does not grow with the bytes read "
+                   "(a fixed cost per step: launches, Python, small kernels), and that part pulls the time ratio "
+                   "towards 1"
+                   + (", here all the way: within the spread the time did not change." if low <= 1 <= high else
+                      "; the rest of the step follows the bytes."))
+
+
+def answer_aggregate_users(claim_tok_s: float, per_user_tok_s, weight_bytes: float, device_row,
+                           dtype: str, model: str) -> str:
+    """Exercise 3: the bandwidth ``claim_tok_s`` needs with ``weight_bytes`` against ``device_row``
+    (a row of the specs table), and the users at ``per_user_tok_s`` (this run's batch-1 decode; None
+    or NaN when it did not resolve) that the claim's aggregate needs."""
+    need = required_bandwidth_gbps(claim_tok_s, weight_bytes)
+    text = (f"Llama-2-7B in INT8 reads {weight_bytes / 1e9:.2f} GB of weights per step, so {claim_tok_s:g} tok/s at "
+            f"batch 1 needs {need / 1e3:.1f} TB/s, {need / device_row.bandwidth_gbps:.1f}x the {device_row.variant} "
+            f"figure of the specs table ({device_row.bandwidth_gbps:.0f} GB/s, {device_row.status}). ")
+    if not _resolved(per_user_tok_s):
+        return text + (f"This run's batch-1 decode ({dtype}, {model}) did not resolve, so it gives no per-user speed "
+                       "to divide the aggregate by: rerun chapter 03 for the number of users.")
+    return text + (f"At this run's measured {per_user_tok_s:.1f} tok/s per user ({dtype}, {model}), {claim_tok_s:g} "
+                   f"tok/s of aggregate throughput needs about {claim_tok_s / per_user_tok_s:.0f} concurrent users, if "
+                   "per-user speed did not drop with the batch; chapter 04 measures how much it does drop.")

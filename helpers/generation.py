@@ -3,11 +3,16 @@ in 03_end_to_end and 04_batching).
 
 ``03_end_to_end.ipynb`` times one request with it (TTFT, decode, roofline) and ``04_batching.ipynb``
 sweeps the batch size with the same protocol; each chapter's own tables are in its study module
-(``end_to_end_study``, ``batching_study``). The split follows optimum-benchmark: the prefill is
-timed as a generate of exactly one token, a full generate of ``N`` tokens is timed with
-``min_new_tokens == N`` (so an early end-of-sequence cannot shorten it), and decode per token is
-``(t(N) - t(1)) / (N - 1)``.
-Decoding is greedy, so runs are deterministic; both timings use ``helpers.bench.measure``.
+(``end_to_end_study``, ``batching_study``). The prefill is timed as a generate of exactly one token
+(TTFT); a full generate of ``N`` tokens is timed with ``min_new_tokens == N`` (so an early
+end-of-sequence cannot shorten it), and inside it ``StepStamps`` stamps the clock after every new
+token, with the device synchronised at each stamp, the way a streaming engine times each token of a
+request (vLLM's inter-token latency). Decode per token is the median of those step intervals over
+the timed generates (the warm-up generate excluded), with their p10-p90. The difference of two
+generates, ``(t(N) - t(1)) / (N - 1)`` (optimum-benchmark's split), is kept beside it as a
+cross-check: on a loaded machine the two totals carry the noise of whole requests and their
+difference can come out at or below zero, where the step intervals still resolve.
+Decoding is greedy, so runs are deterministic; both generates are timed with ``helpers.bench.measure``.
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ from .params import check_positive_int
 from .profiling import kernel_time_by_kind
 from .roofline import kv_cache_bytes
 
+from transformers import StoppingCriteria, StoppingCriteriaList
+
 
 def _inputs(model, tokenizer, prompts, device, chat: bool):
     if isinstance(prompts, str):
@@ -41,6 +48,35 @@ def generate_tokens(model, tokenizer, inputs: dict, new_tokens: int, **generate_
                           do_sample=False, pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
 
 
+class StepStamps(StoppingCriteria):
+    """A stopping criterion that never stops: it stamps the clock each time ``generate`` has added a
+    token (after the prefill's first token, then after every decode step), with ``device``
+    synchronised first so that a stamp comes after the step's kernels and not after their launch.
+    ``start()`` stamps the moment before the call; ``decode_intervals(n)`` are the ``n - 1``
+    decode steps of an ``n``-token generate, in seconds."""
+
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, device):
+        self.device = device
+        self.stamps: list[float] = []
+
+    def start(self) -> None:
+        backend.synchronize(self.device)
+        self.stamps = [self.clock()]
+
+    def __call__(self, input_ids, scores=None, **kwargs):
+        backend.synchronize(self.device)
+        self.stamps.append(self.clock())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def decode_intervals(self, new_tokens: int) -> list[float]:
+        """Seconds between the stamps of token 1 and 2, 2 and 3, ... ``new_tokens - 1`` and
+        ``new_tokens`` (stamps past ``new_tokens``, from a generate that ran a step ahead, are left out)."""
+        after_tokens = self.stamps[1:new_tokens + 1]
+        return [b - a for a, b in zip(after_tokens, after_tokens[1:])]
+
+
 def greedy_new_tokens(model, tokenizer, prompts, max_new_tokens: int, *, chat: bool = False,
                       device=None) -> list[list[int]]:
     """The new token ids of one batched greedy generate (left padding), one list per prompt."""
@@ -55,10 +91,14 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
                        static_cache: bool = False, kernel_profile: bool = False) -> dict:
     """TTFT, decode latency per token, tokens/s per user and aggregate, and peak memory.
 
-    ``prompts`` is the batch (one string per user). ``repeats`` timed runs follow one untimed
-    warm-up, and percentiles are taken over the repeats; decode samples pair the i-th full run
-    with the i-th prefill run. Memory (``request_memory``) is what the full generates add on top of
-    what was in use before them, measured with ``backend.MemoryRegion``.
+    ``prompts`` is the batch (one string per user). ``repeats`` timed runs of each generate follow
+    one untimed warm-up. TTFT is the generate of one token, its percentiles over the repeats. Decode
+    per token is the median, p10 and p90 of every decode step of the ``repeats`` timed full
+    generates (``StepStamps``: ``repeats x (N - 1)`` samples, in ``decode_samples_ms``); the
+    difference of two generates, the i-th full run minus the i-th one-token run over ``N - 1``, is
+    the cross-check ``decode_two_generates_ms`` (NaN, with ``decode_two_generates_resolved`` false,
+    when the noise of the totals exceeds the decode time). Memory (``request_memory``) is what the
+    full generates add on top of what was in use before them, measured with ``backend.MemoryRegion``.
 
     ``static_cache=True`` is the static-shape path of ``helpers.static_decode``: one static KV
     cache sized for the request, reset before every generate. When ``model.forward`` is a
@@ -72,7 +112,7 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 2:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is not valid; it must be an integer >= 2 "
-                         "(the decode time is the difference between N tokens and 1 token)")
+                         "(decode is timed between the new tokens of one generate)")
     check_positive_int("repeats", repeats)
     device = as_device(device) if device is not None else backend.model_device(model)
     inputs = _inputs(model, tokenizer, prompts, device, chat)
@@ -85,15 +125,22 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
         cache, static_kwargs = static_decode.static_generate_kwargs(model, inputs, max_new_tokens)
         extra.update(static_kwargs)
 
-    def generate(n_tokens: int):
+    def generate(n_tokens: int, stamps: Optional[StepStamps] = None):
         if cache is not None:
             cache.reset()
-        return generate_tokens(model, tokenizer, inputs, n_tokens, **extra)
+        kwargs = dict(extra)
+        if stamps is not None:  # after any criteria of the caller's, so it stamps once they have run
+            kwargs["stopping_criteria"] = StoppingCriteriaList([*kwargs.get("stopping_criteria", []), stamps])
+        return generate_tokens(model, tokenizer, inputs, n_tokens, **kwargs)
 
     lengths: list[int] = []
+    steps: list[list[float]] = []  # the decode step intervals of each full generate, in call order
 
     def full_generate():
-        lengths.append(generate(max_new_tokens).shape[1])
+        stamps = StepStamps(device)
+        stamps.start()
+        lengths.append(generate(max_new_tokens, stamps).shape[1])
+        steps.append(stamps.decode_intervals(max_new_tokens))
 
     graphs_before = (compiled.graphs, compiled.compile_s) if compiled is not None else (0, 0.0)
     if compiled is not None:
@@ -111,16 +158,20 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     kernels = {}
     if kernel_profile:
         kernels = kernel_time_by_kind(generate, max_new_tokens, device)
-    decode_samples = [(f - p) / (max_new_tokens - 1) for f, p in zip(full.samples, prefill.samples)]
+    # The timed samples are the last calls bench.measure made; the calls before them were warm-up.
+    decode_samples = [x for run in steps[max(len(steps) - len(full.samples), 0):] for x in run]
+    two_generates = [(f - p) / (max_new_tokens - 1) for f, p in zip(full.samples, prefill.samples)]
     attn = getattr(model.config, "_attn_implementation", None) or "default"
-    path = (f"transformers generate, greedy, min_new_tokens=max_new_tokens, {attn} attention, left padding, "
+    path = (f"transformers generate, greedy, decode stamped per token (device synchronised), "
+            f"min_new_tokens=max_new_tokens, {attn} attention, left padding, "
             + ("static KV cache sized for the request" if static_cache else "dynamic KV cache")
             + (f", forward compiled ({compiled.describe()})" if compiled is not None else ", eager"))
     return {
         "batch_size": int(batch),
         "prompt_tokens": int(prompt_len),
         "new_tokens": int(max_new_tokens),
-        **timing_figures(prefill.samples, decode_samples, int(batch), str(device)),
+        **timing_figures(prefill.samples, decode_samples, int(batch), str(device), two_generates),
+        "decode_steps_per_generate": int(max_new_tokens - 1),
         "total_ms": full.median * 1e3,
         **request_memory(model, memory, batch, prompt_len + max_new_tokens),
         "dtype": dtype_name(next(model.parameters()).dtype),
@@ -137,21 +188,25 @@ def _pooled(parts: list, rounds: int) -> dict:
     out = dict(max(parts, key=lambda p: p["memory_growth_bytes"]))
     out.update(timing_figures([x / 1e3 for p in parts for x in p["ttft_samples_ms"]],
                               [x / 1e3 for p in parts for x in p["decode_samples_ms"]],
-                              out["batch_size"], out["device"]),
+                              out["batch_size"], out["device"],
+                              [x / 1e3 for p in parts for x in p.get("decode_two_generates_samples_ms", [])]),
                rounds=rounds, code_path=out["code_path"] + f", {rounds} interleaved rounds pooled")
-    out["repeats"] = len(out["decode_samples_ms"])
+    out["repeats"] = len(out["ttft_samples_ms"])  # generates of each kind; decode has a sample per step
     return out
 
 
-def timing_figures(ttft_samples: list, decode_samples: list, batch_size: int, device: str) -> dict:
-    """The one definition of the recorded TTFT and decode figures, from per-run samples in seconds:
-    medians, p10 / p90, tokens/s per user and for the batch, noise flags and the samples in ms."""
+def timing_figures(ttft_samples: list, decode_samples: list, batch_size: int, device: str,
+                   two_generates: Optional[list] = None) -> dict:
+    """The one definition of the recorded TTFT and decode figures, from samples in seconds (TTFT:
+    one per generate; decode: one per step): medians, p10 / p90, tokens/s per user and for the
+    batch, noise flags and the samples in ms. ``two_generates`` (one ``(t(N) - t(1)) / (N - 1)`` per
+    pair of generates) adds the cross-check ``decode_two_generates_ms`` with its p10 / p90."""
     ttft = bench.Timing("ttft", list(ttft_samples), device=device)
     decode = bench.Timing("decode per token", list(decode_samples), device=device)
     # A non-positive median means timing noise exceeded the decode time: report no figure.
-    resolved = decode.median > 0
+    resolved = bool(decode.samples) and decode.median > 0
     per_user = 1.0 / decode.median if resolved else math.nan
-    return {"ttft_ms": ttft.median * 1e3, "ttft_p10_ms": ttft.p10 * 1e3, "ttft_p90_ms": ttft.p90 * 1e3,
+    return {**_cross_check(two_generates),"ttft_ms": ttft.median * 1e3, "ttft_p10_ms": ttft.p10 * 1e3, "ttft_p90_ms": ttft.p90 * 1e3,
             "decode_ms_per_token": decode.median * 1e3 if resolved else math.nan,
             "decode_p10_ms": decode.p10 * 1e3 if resolved else math.nan,
             "decode_p90_ms": decode.p90 * 1e3 if resolved else math.nan,
@@ -159,6 +214,19 @@ def timing_figures(ttft_samples: list, decode_samples: list, batch_size: int, de
             "ttft_noisy": ttft.noisy, "decode_noisy": decode.noisy or not resolved,
             "decode_resolved": resolved, "ttft_samples_ms": [x * 1e3 for x in ttft.samples],
             "decode_samples_ms": [x * 1e3 for x in decode.samples]}
+
+
+def _cross_check(two_generates: Optional[list]) -> dict:
+    """The difference of two generates as a figure beside the per-step one (NaN when unresolved)."""
+    if not two_generates:
+        return {}
+    diff = bench.Timing("decode, two generates", list(two_generates))
+    ok = diff.median > 0
+    return {"decode_two_generates_ms": diff.median * 1e3 if ok else math.nan,
+            "decode_two_generates_p10_ms": diff.p10 * 1e3 if ok else math.nan,
+            "decode_two_generates_p90_ms": diff.p90 * 1e3 if ok else math.nan,
+            "decode_two_generates_resolved": ok,
+            "decode_two_generates_samples_ms": [x * 1e3 for x in diff.samples]}
 
 
 def ttft_timing(result: dict, name: str = "") -> bench.Timing:

@@ -236,6 +236,16 @@ def rmsnorm_guide_bounds(specs, claim_id: str = "C06") -> dict:
 # --- chapter 02: the guide's FFN line, the FFN variants side by side, the guide's precision claims --
 
 GUIDE_FFN_SHAPE = "x 1x4096x4096, w 4096x14336"
+GUIDE_RMS_SHAPE = (1, 4096, 4096)  # the guide's RMSNorm and add + RMSNorm input (steps 2 and 4)
+
+
+def shape_label(shape, guide=GUIDE_RMS_SHAPE) -> str:
+    """A case label that says whose shape was timed: ``guide's shape 1x4096x4096`` only when
+    ``shape`` is the guide's, else ``run's shape 1x256x2048 (the guide's is 1x4096x4096)``, so a
+    profile's smaller tensor is never labelled as the guide's."""
+    dims = [int(d) for d in shape]
+    size, theirs = "x".join(map(str, dims)), "x".join(map(str, guide))
+    return f"guide's shape {size}" if dims == list(guide) else f"run's shape {size} (the guide's is {theirs})"
 
 
 def guide_ffn_line() -> dict:

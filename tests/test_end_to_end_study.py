@@ -82,3 +82,132 @@ def test_ceilings_table_adds_the_measured_rows():
     row = table[table["device"] == "this cpu"].iloc[0]
     assert row["status"] == "measured"
     assert row["ceiling_tok_s"] == pytest.approx(30e9 / 13_476_831_232)
+
+
+# --- unresolved figures: sentences, the plot and the worked answers say so (issue fixtures) -------
+
+import copy  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pandas as pd  # noqa: E402
+
+from helpers import prose, roofline  # noqa: E402
+
+FIXTURE_03 = Path(__file__).parent / "fixtures" / "runs" / "cpu-float32" / "03_end_to_end" / "results.json"
+
+
+def _fixture_03():
+    return json.loads(FIXTURE_03.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("lang, grows", [("en", "grows"), ("zh", "增长")])
+def test_an_unresolved_sweep_point_gives_no_direction_and_is_named(lang, grows):
+    """The fixture's longest prompt (250 tokens) has no decode figure: the sentence used to say
+    '– ms after the longest, –x (grows beyond the noise)'."""
+    results = _fixture_03()
+    assert results["tables"]["prompt_length_sweep"][-1]["decode_resolved"] is False
+    text = " ".join(prose.render("03_end_to_end", "sweep", results, lang=lang).split())
+    decode = text.split("**", 4)[-1]  # the decode step's bullet
+    assert grows not in decode and "–" not in decode and "250" in decode
+    assert ("did not resolve" if lang == "en" else "没有得出") in decode
+
+
+def test_a_resolved_sweep_still_reads_its_direction_from_the_spreads():
+    results = _fixture_03()
+    for row in results["tables"]["prompt_length_sweep"]:
+        row.update(decode_ms_per_token=100.0, decode_p10_ms=99.0, decode_p90_ms=101.0, decode_resolved=True)
+    results["tables"]["prompt_length_sweep"][-1].update(decode_ms_per_token=150.0, decode_p10_ms=149.0,
+                                                        decode_p90_ms=151.0)
+    results["metrics"]["decode_growth_ratio"]["value"] = 1.5
+    text = " ".join(prose.render("03_end_to_end", "sweep", results).split())
+    assert "150 ms after the longest, 1.50x (grows" in text and "did not resolve" not in text
+
+
+@pytest.mark.parametrize("lang, says", [("en", "did not resolve"), ("zh", "没有得出")])
+def test_request_and_summary_say_when_the_batch1_decode_did_not_resolve(lang, says):
+    results = _fixture_03()
+    results["metrics"]["decode_tok_s_batch1"].update(value=None, decode_ms_per_token=None, low=None, high=None)
+    for block in ("request", "summary"):
+        text = " ".join(prose.render("03_end_to_end", block, results, lang=lang).split())
+        assert says in text, block
+
+
+def test_the_sweep_plot_marks_the_lengths_it_cannot_draw():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = pd.DataFrame(_fixture_03()["tables"]["prompt_length_sweep"])
+    assert end_to_end_study.unresolved_decode_lengths(sweep) == [250]
+    fig = end_to_end_study.plot_prompt_sweep(sweep, "fixture")
+    decode_panel = fig.axes[1]
+    texts = " ".join(t.get_text() for t in decode_panel.texts)
+    assert "did not resolve at 250" in texts
+    drawn = [list(line.get_xdata()) for line in decode_panel.get_lines()]
+    assert [16, 63] in drawn and [250] in drawn  # the resolved points, and the mark at 250
+    plt.close(fig)
+
+
+def _run(decode_ms, p10, p90, two=None, ttft=100.0, total=500.0):
+    return {"decode_ms_per_token": decode_ms, "decode_p10_ms": p10, "decode_p90_ms": p90, "ttft_ms": ttft,
+            "total_ms": total, "decode_two_generates_ms": two}
+
+
+def test_the_users_answer_says_so_when_the_chapter_figure_is_none():
+    """Chapter 03's worked answer divided the claim by None: TypeError in the quick zh run."""
+    specs = roofline.load_specs()
+    b910 = specs[specs["variant"].str.startswith("910B1")].iloc[0]
+    results = _fixture_03()
+    results["metrics"]["decode_tok_s_batch1"]["value"] = None
+    per_user = results["metrics"]["decode_tok_s_batch1"]["value"]
+    text = end_to_end_study.answer_aggregate_users(2500, per_user, roofline.llama2_weight_bytes("int8"), b910,
+                                                   "float32", "smollm2-135m")
+    assert "did not resolve" in text and "TB/s" in text
+    assert "concurrent users" in end_to_end_study.answer_aggregate_users(
+        2500, 20.0, roofline.llama2_weight_bytes("int8"), b910, "float32", "smollm2-135m")
+
+
+def test_a_time_ratio_above_the_bytes_ratio_is_not_read_as_overhead():
+    """The run that prompted this: float32 2.52x the time of the 16-bit step for 2.00x the bytes."""
+    above = {"float16": {**_run(10.0, 9.8, 10.2), "bytes_per_step": 1e8},
+             "float32": {**_run(25.2, 25.0, 25.5), "bytes_per_step": 2e8}}
+    text = end_to_end_study.answer_dtype_ratio(above)
+    assert "2.00x" in text and "2.52x" in text and "above the bytes ratio" in text
+    assert "That is not overhead" in text and "lower rate" in text
+    below = copy.deepcopy(above)
+    below["float32"].update(_run(12.0, 11.8, 12.2))
+    assert "pulls the time ratio" in end_to_end_study.answer_dtype_ratio(below)
+    within = copy.deepcopy(above)
+    within["float32"].update(_run(20.0, 18.0, 22.0))
+    assert "follows the bytes" in end_to_end_study.answer_dtype_ratio(within)
+    unresolved = copy.deepcopy(above)
+    unresolved["float32"].update(_run(float("nan"), float("nan"), float("nan")))
+    assert "did not resolve" in end_to_end_study.answer_dtype_ratio(unresolved)
+
+
+def test_the_request_length_answer_handles_an_unresolved_cross_check():
+    runs = {8: _run(30.0, 29.0, 31.0, two=None, total=300.0), 32: _run(31.0, 30.0, 32.0, two=30.5, total=1000.0)}
+    text = end_to_end_study.answer_request_lengths(runs)
+    assert "8 tokens: no figure" in text and "32 tokens: 30.50 ms against 31.00 ms" in text
+    assert "no change beyond the noise" in text
+    runs[8]["decode_ms_per_token"] = float("nan")
+    assert "did not resolve at 8 new tokens" in end_to_end_study.answer_request_lengths(runs)
+
+
+@pytest.mark.parametrize("edition", ["solutions", "solutions/zh"])
+def test_the_worked_answer_cell_runs_on_a_chapter_whose_decode_is_none(edition):
+    """The cell of exercise 3 itself, run on the fixture with the batch-1 figure set to None."""
+    from IPython.display import Markdown
+
+    from helpers.results import metric
+
+    path = Path(__file__).resolve().parent.parent / edition / "03_end_to_end_solutions.ipynb"
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    cell = next("".join(c["source"]) for c in cells if c["cell_type"] == "code" and "claim = 2500" in "".join(c["source"]))
+    chapter = _fixture_03()
+    chapter["metrics"]["decode_tok_s_batch1"]["value"] = None
+    shown = []
+    exec(cell, {"end_to_end_study": end_to_end_study, "roofline": roofline, "metric": metric, "chapter": chapter,
+                "model": "smollm2-135m", "Markdown": Markdown, "display": lambda x: shown.append(x.data)})
+    assert len(shown) == 1 and "did not resolve" in shown[0]

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -326,3 +328,15 @@ def test_llama_rmsnorm_formula_check_can_fail(monkeypatch):
     monkeypatch.setattr(modeling_llama, "LlamaRMSNorm", Biased)
     out = operator_study.llama_rmsnorm_matches_formula()
     assert out["has_bias"] is True and out["matches"] is False
+
+
+def test_a_case_label_names_the_guides_shape_only_when_it_was_timed():
+    """The quick profile's add + RMSNorm case read "guide shape 1x256x2048": the guide's tensor is
+    1x4096x4096, so the label must say which shape the run timed."""
+    run = operator_study.shape_label([1, 256, 2048])
+    assert run == "run's shape 1x256x2048 (the guide's is 1x4096x4096)" and not run.startswith("guide")
+    assert operator_study.shape_label(torch.Size([1, 4096, 4096])) == "guide's shape 1x4096x4096"
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_operator_verification.ipynb")
+                       .read_text(encoding="utf-8"))["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert '"guide shape"' not in code and "operator_study.shape_label(rms_shape)" in code
