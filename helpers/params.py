@@ -94,6 +94,19 @@ def number(allow_zero: bool = False):
     return lambda name, value: check_positive_float(name, value, allow_zero)
 
 
+def numbers(allow_empty: bool = True):
+    """A list of numbers > 0 (``[]`` too with ``allow_empty``): chapter 07's request rates."""
+    def rule(name, values):
+        if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or (
+                not values and not allow_empty):
+            raise ValueError(f"{name}={values!r} is not valid; give a list of numbers > 0")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise ValueError(f"{name}={values!r} is not valid: {v!r} is not a number > 0")
+        return [float(v) for v in values]
+    return rule
+
+
 def text(allow_empty: bool = True):
     def rule(name, value):
         if not isinstance(value, str) or (not allow_empty and not value.strip()):
@@ -156,7 +169,8 @@ CHECKS = {
     "tensor_parallel_size": at_least(1), "start_timeout_s": at_least(1), "request_timeout_s": number(),
     "input_len": at_least(1), "output_len": at_least(2), "concurrency": ints_at_least(1), "bench_serve": FLAG,
     "bench_concurrency": at_least(1), "bench_timeout_s": at_least(1), "ttft_target_ms": number(),
-    "tpot_target_ms": number(),
+    "tpot_target_ms": number(), "min_requests": at_least(1), "users_limit": at_least(1),
+    "request_rates": numbers(), "prompt_seed": at_least(0),
 }
 
 

@@ -189,28 +189,143 @@ def test_run_level_works_inside_a_running_event_loop(stream_server):
     assert results[0].ok
 
 
+def test_no_prompt_repeats_within_a_run_across_levels(stream_server):
+    """A whole sweep (warm-up rounds, every run of every level, two prompt lengths) against the local
+    server: every prompt the server received is different, and each level counted min_requests."""
+    from helpers.model_files import byte_tokenizer
+
+    url, server = stream_server
+    prompts = serving.PromptSource(byte_tokenizer(), seed=3)
+    before = len(server.seen)
+    levels, requests = serving.measure_sweep(url, "ok", prompts, [(1, 8, 3), (2, 8, 3), (3, 12, 3), (2, 8, 3)],
+                                             min_requests=3, targets=(1000, 1000), repeats=2,
+                                             request_timeout_s=10)
+    sent = [tuple(r["prompt"]) for r in server.seen[before:]]
+    assert len(sent) == sum(c + 2 * serving.requests_for(c, 3) for c in (1, 2, 3, 2))  # warm-ups included
+    assert len(set(sent)) == len(sent), "a prompt was sent twice in one run"
+    assert len(prompts.seen) == len(sent)
+    assert (levels["counted"] >= 2 * 3).all() and (levels["failed"] == 0).all()
+    assert list(levels["repeats"]) == [2] * 4 and levels["ttft_p50_lo_ms"].notna().all()
+    assert (levels["good_fraction"] == 1.0).all() and levels["meets_targets"].all()
+    assert set(requests["run"]) == {0, 1} and requests["counted"].sum() == levels["counted"].sum()
+    # the same seed gives the same prompts; a new source starts a new run
+    again = serving.PromptSource(byte_tokenizer(), seed=3).take(2, 8)
+    assert again == serving.PromptSource(byte_tokenizer(), seed=3).take(2, 8)
+    # past the text's offsets the prompts are drawn from its tokens, still never the same twice
+    small = serving.PromptSource(byte_tokenizer(), text="abcdefghij")
+    drawn = small.take(20, 8)
+    assert len({tuple(x) for x in drawn}) == 20 and all(len(x) == 8 for x in drawn)
+
+
+def test_poisson_arrivals_and_a_request_rate_level(stream_server):
+    times = serving.poisson_arrivals(2000, 4.0, seed=1)
+    gaps = np.diff(times)
+    assert times[0] == 0.0 and (gaps > 0).all() and np.mean(gaps) == pytest.approx(0.25, rel=0.1)
+    assert serving.poisson_arrivals(5, 4.0, seed=1) == times[:5]
+    with pytest.raises(ValueError, match="request rate 0 is not valid"):
+        serving.poisson_arrivals(5, 0)
+    from helpers.model_files import byte_tokenizer
+
+    url, _ = stream_server
+    row, results = serving.measure_rate(url, "ok", serving.PromptSource(byte_tokenizer()), rate=10.0, requests=5,
+                                        input_len=6, output_len=3, targets=(1000, 1000), request_timeout_s=10,
+                                        seed=2)
+    arrivals = serving.poisson_arrivals(5, 10.0, seed=2)
+    starts = sorted(r.start_s for r in results)
+    sent = [t - starts[0] for t in starts]
+    assert all(s >= a - 0.02 for s, a in zip(sent, arrivals))  # nobody is sent before its arrival
+    assert row["request_rate"] == 10.0 and row["requests"] == 5 and row["counted"] == 5
+    assert row["concurrency"] is None and row["mean_in_flight"] > 0 and row["good_fraction"] == 1.0
+    with pytest.raises(ValueError, match="arrivals has 1 times for 2 prompts"):
+        serving.run_level(url, "ok", [[1], [2]], 2, 2, request_timeout_s=5, arrivals=[0.0])
+
+
 # --- the sweep metrics -----------------------------------------------------------------------------
 
 
-def _result(ttft, itl, tokens=None, ok=True):
+def _result(ttft, itl, tokens=None, ok=True, start=0.0):
     tokens = tokens if tokens is not None else len(itl) + 1
     return serving.RequestResult(ok=ok, ttft_s=ttft, itl_s=list(itl), e2e_s=ttft + sum(itl), output_tokens=tokens,
-                                 chunks=len(itl) + 1)
+                                 chunks=len(itl) + 1, start_s=start, end_s=start + ttft + sum(itl))
 
 
 def test_summarize_uses_vllm_bench_serve_definitions():
     results = [_result(0.1, [0.02] * 4), _result(0.3, [0.04] * 4), _result(0.2, [0.03, 0.03]),
                serving.RequestResult(ok=False, error="x")]
-    row = serving.summarize(results, duration_s=2.0, concurrency=2)
-    assert row["completed"] == 3 and row["failed"] == 1
+    row = serving.summarize(results, duration_s=2.0, concurrency=2, counted=[True] * 4)
+    assert row["completed"] == 3 and row["failed"] == 1 and row["counted"] == 3
     assert row["output_tokens"] == 5 + 5 + 3 and row["output_tok_s"] == pytest.approx(13 / 2.0)
     tpots = [0.08 / 4 * 1e3, 0.16 / 4 * 1e3, 0.06 / 2 * 1e3]
     assert row["tpot_median_ms"] == pytest.approx(np.median(tpots))
-    assert row["ttft_p99_ms"] == pytest.approx(np.percentile([100, 300, 200], 99))
+    assert row["ttft_median_ms"] == pytest.approx(200) and row["ttft_p90_ms"] is None  # p90 needs 10 samples
     assert row["itl_p90_ms"] == pytest.approx(np.percentile([20] * 4 + [40] * 4 + [30] * 2, 90))
+    assert not row["enough_for_p95"]
     assert row["decode_tok_s_aggregate"] == pytest.approx(2 * 1e3 / np.median(tpots))
     one = serving.summarize([_result(0.1, [], tokens=1)], 1.0, 1)
     assert one["tpot_median_ms"] is None and one["decode_tok_s_per_user"] is None  # TPOT needs 2 tokens
+
+
+def test_a_percentile_is_read_only_from_enough_samples():
+    assert [serving.min_samples(q) for q in (10, 50, 90, 95, 99)] == [10, 2, 10, 20, 100]
+    assert serving.percentile(list(range(19)), 95, enough=True) is None
+    assert serving.percentile(list(range(20)), 95, enough=True) == pytest.approx(np.percentile(range(20), 95))
+    many = [_result(0.1 + i / 1e3, [0.02] * 3) for i in range(20)]
+    row = serving.summarize(many, 1.0, 1)
+    assert row["enough_for_p95"] and row["ttft_p95_ms"] is not None and row["ttft_p99_ms"] is None
+
+
+def _timed(start, end, ok=True):
+    return serving.RequestResult(ok=ok, ttft_s=0.1 if ok else 0.0, e2e_s=end - start if ok else 0.0,
+                                 output_tokens=4 if ok else 0, itl_s=[0.01] * 3 if ok else [], chunks=4 if ok else 0,
+                                 start_s=start, end_s=end)
+
+
+def test_the_first_wave_and_the_drain_are_left_out_and_counted():
+    # concurrency 2: requests 0 and 1 start together, each later one when another ends; the last is
+    # sent at 5, the first reply after it (6) leaves one in flight: request 5 (ends at 7) drains
+    results = [_timed(0, 2), _timed(0, 3), _timed(2, 4), _timed(3, 5), _timed(4, 6), _timed(5, 7)]
+    counted, warm, drain = serving.steady_state(results, 2)
+    assert (warm, drain) == (2, 1) and counted == [False, False, True, True, True, False]
+    row = serving.summarize(results, 7.0, 2)
+    assert (row["counted"], row["warmup_excluded"], row["drain_excluded"]) == (3, 2, 1)
+    # at concurrency 1 nothing is a first wave or a drain
+    assert serving.steady_state([_timed(0, 1), _timed(1, 2)], 1) == ([True, True], 0, 0)
+    # enough requests are sent for min_requests to remain
+    for c in (1, 2, 3, 8):
+        n = serving.requests_for(c, 20)
+        starts = [0.0] * c + [float(i) for i in range(1, n - c + 1)]
+        rs = [_timed(t, t + c) for t in starts]
+        assert sum(serving.steady_state(rs, c)[0]) >= 20, c
+
+
+def test_a_request_is_good_only_when_it_succeeded_and_met_both_targets():
+    fast = _result(0.1, [0.02] * 4)
+    assert serving.is_good(fast, 1000, 100)
+    assert not serving.is_good(fast, 50, 100)      # TTFT 100 ms > 50 ms
+    assert not serving.is_good(fast, 1000, 10)     # TPOT 20 ms > 10 ms
+    assert not serving.is_good(serving.RequestResult(ok=False, error="x"), 1e9, 1e9)
+    assert serving.is_good(_result(0.1, [], tokens=1), 1000, 1)  # one token: no TPOT to miss
+
+
+def test_a_level_with_half_its_requests_failed_is_not_served():
+    """The old rule read the latencies of the requests that succeeded; the failures are counted now."""
+    good = [_result(0.1, [0.02] * 4) for _ in range(10)]
+    failed = [serving.RequestResult(ok=False, error="timed out") for _ in range(10)]
+    row = serving.summarize(good + failed, 1.0, 1, targets=(1000, 100))
+    assert row["ttft_p90_ms"] == pytest.approx(100)  # what succeeded met the targets
+    assert row["good"] == 10 and row["judged"] == 20 and row["good_fraction"] == 0.5
+    assert row["meets_targets"] is False
+    # a failure in the first wave is not hidden by the steady-state window either
+    first_failed = serving.summarize(good, 1.0, 1, counted=[False] + [True] * 9, targets=(1000, 100))
+    assert first_failed["judged"] == 9
+    hidden = [serving.RequestResult(ok=False, error="x", start_s=0.0, end_s=0.1)] + good
+    row = serving.summarize(hidden, 1.0, 2, counted=[False] + [True] * 10, targets=(1000, 100))
+    assert row["judged"] == 11 and row["good"] == 10 and row["meets_targets"] is False  # 10 / 11 < 95 %
+    level1 = {"concurrency": 1, **serving.summarize(good, 1.0, 1, targets=(1000, 100))}
+    level2 = {"concurrency": 2, **serving.summarize(good + failed, 1.0, 2, counted=[True] * 20,
+                                                   targets=(1000, 100))}
+    found = serving.users_served([level1, level2])
+    assert found["users"] == 1 and found["first_failing"] == 2 and "10 failed" in found["limit"]
 
 
 def test_make_prompts_gives_exact_lengths_without_shared_prefixes():
@@ -239,21 +354,59 @@ def test_bench_row_maps_vllm_bench_serve_json():
     assert cmd[cmd.index("--random-output-len") + 1] == "9" and "add_cli_args" in cmd[2]
 
 
-# --- users served ----------------------------------------------------------------------------------
+# --- users within targets ------------------------------------------------------------------------
 
-LEVELS = [{"concurrency": 1, "ttft_p95_ms": 100, "tpot_p95_ms": 40},
-          {"concurrency": 2, "ttft_p95_ms": 150, "tpot_p95_ms": 60},
-          {"concurrency": 4, "ttft_p95_ms": 400, "tpot_p95_ms": 120}]
+LEVELS = [{"concurrency": 1, "meets_targets": True}, {"concurrency": 2, "meets_targets": True},
+          {"concurrency": 4, "meets_targets": False}]
 
 
-def test_users_served_is_the_largest_level_within_both_targets():
-    found = serving.users_served(LEVELS, 1000, 100)
-    assert found["users"] == 2 and not found["at_least"] and "TPOT 120 ms > 100 ms" in found["limit"]
-    assert serving.users_served(LEVELS, 120, 100)["users"] == 1  # TTFT limits first here
-    assert serving.users_served(LEVELS, 50, 100) == {"users": 0, "at_least": False, "levels": [1, 2, 4],
-                                                   "limit": "at concurrency 1: TTFT 100 ms > 50 ms"}
-    top = serving.users_served(LEVELS, 1000, 200)
+def test_users_served_counts_up_to_the_first_level_that_misses():
+    found = serving.users_served(LEVELS)
+    assert (found["users"], found["first_failing"], found["at_least"]) == (2, 4, False)
+    assert serving.users_served([{**LEVELS[0], "meets_targets": False}] + LEVELS[1:])["users"] == 0
+    top = serving.users_served([{**lv, "meets_targets": True} for lv in LEVELS])
     assert top["users"] == 4 and top["at_least"]  # the sweep ended inside the targets
+
+
+def test_a_lower_failing_level_stops_the_count():
+    levels = [{"concurrency": 1, "meets_targets": True}, {"concurrency": 2, "meets_targets": False},
+              {"concurrency": 4, "meets_targets": True}]
+    found = serving.users_served(levels)
+    assert found["users"] == 1 and found["first_failing"] == 2 and not found["at_least"]
+    calls = []
+    searched = serving.search_users(lambda c: calls.append(c) or True, {1: True, 2: False, 4: True}, 64)
+    assert searched["users"] == 1 and searched["first_failing"] == 2 and calls == []  # already closed
+
+
+def test_search_users_bisects_to_one_user_between_powers_of_two():
+    calls = []
+
+    def meets(c):
+        calls.append(c)
+        return c <= 5
+
+    found = serving.search_users(meets, {1: True, 2: True, 4: True, 8: False}, 64)
+    assert (found["users"], found["first_failing"], found["resolution"]) == (5, 6, 1)
+    assert calls == [6, 5] and found["probes"] == [(6, False), (5, True)]
+    # past the sweep's end it doubles first, then bisects
+    calls.clear()
+    found = serving.search_users(lambda c: calls.append(c) or c <= 11, {1: True, 2: True}, 64)
+    assert found["users"] == 11 and calls == [4, 8, 16, 12, 10, 11]
+    # and stops at the limit still passing: a lower bound, no resolution
+    found = serving.search_users(lambda c: True, {1: True, 2: True}, 8)
+    assert found["users"] == 8 and found["at_least"] and found["resolution"] is None
+    assert serving.search_users(lambda c: False, {1: False}, 8)["users"] == 0
+
+
+def test_our_path_is_judged_at_its_batch_sizes_and_says_its_resolution():
+    points = [{"chapter": "04_batching", "concurrency": b, "prompt_tokens": 20, "new_tokens": 8,
+               "ttft_p90_ms": 50.0 * b, "tpot_p90_ms": 40.0 + b} for b in (1, 2, 4, 8)]
+    row = serving.users_of_ours(points, 1000, 45)  # batch 8: TPOT p90 48 ms > 45 ms
+    assert row["users_served"] == 4 and row["upper"] == 7 and row["shown"] == "4-7"
+    assert row["resolution"] == "chapter 04's batch sizes" and "p90" in row["rule"]
+    assert serving.users_of_ours(points, 1000, 41.5)["shown"] == "1"  # batch 2 fails: 1 exactly
+    assert serving.users_of_ours(points, 1000, 100)["shown"] == ">= 8"
+    assert serving.users_of_ours([], 1000, 45) is None
 
 
 def test_users_served_ratio_only_between_bounded_counts():
@@ -261,13 +414,13 @@ def test_users_served_ratio_only_between_bounded_counts():
     assert serving.users_served_ratio({"users": 4, "at_least": True}, {"users": 2, "at_least": False})[0] is None
     assert serving.users_served_ratio({"users": 4, "at_least": False}, {"users": 0, "at_least": False}) == (
         None, serving.NO_USERS_RATIO_BASELINE)
-    table = serving.users_table([{"engine": serving.VLLM_AT_04, "lengths": "", "percentile": "p90",
-                                  "levels": LEVELS, "ttft_key": "ttft_p95_ms", "tpot_key": "tpot_p95_ms"},
-                                 {"engine": serving.OURS_04, "lengths": "", "percentile": "p90",
-                                  "levels": LEVELS[:1] + [{**LEVELS[1], "tpot_p95_ms": 101}, LEVELS[2]],
-                                  "ttft_key": "ttft_p95_ms", "tpot_key": "tpot_p95_ms"}], 1000, 100)
-    assert list(table["users_served"]) == [2, 1]
-    assert serving.users_ratio(table) == (2.0, "")
+    vllm = serving.users_row(serving.VLLM_AT_04, "20 + 8", "rule", {"users": 5, "first_failing": 6,
+                                                                   "at_least": False}, "1 user")
+    ours = serving.users_row(serving.OURS_04, "20 + 8", "rule", {"users": 2, "first_failing": 4,
+                                                                "at_least": False}, "batch sizes")
+    table = serving.users_table([vllm, ours])
+    assert list(table["shown"]) == ["5", "2-3"]
+    assert serving.users_ratio(table) == (2.5, "")
     assert serving.users_ratio(table.iloc[:1]) == (None, serving.NO_USERS_RATIO_MISSING)
 
 
@@ -602,18 +755,28 @@ def test_the_chapter_records_the_engine_ratio_and_users_served(tmp_path):
     ttft = metrics["engine_batch1_ttft_ratio"]
     assert (ttft["low"], ttft["high"]) == pytest.approx((70 / 45, 90 / 38))
     assert "matched" in ch.results.data["tables"] and "comparison" in ch.results.data["tables"]
-    users = serving.users_table(serving.users_entries(pd.DataFrame(), None, comparison, points), 1000, 45)
-    by = dict(zip(users["engine"], users["users_served"]))
-    assert by[serving.VLLM_AT_04] == 4 and by[serving.OURS_04] == 2  # batch 4's p90 TPOT is 46 ms > 45
-    ratio, why = serving.record_users(ch, users)
+    ours = serving.users_of_ours(points, 1000, 45)  # batch 4's p90 TPOT is 46 ms > 45
+    assert (ours["users_served"], ours["upper"]) == (2, 3)
+    vllm = serving.users_row(serving.VLLM_AT_04, "20 + 8", serving.goodput_rule(1000, 45),
+                             {"users": 4, "first_failing": None, "at_least": True, "probes": [], "levels": [1, 2, 4]},
+                             "searched up to concurrency 4")
+    ratio, why = serving.record_users(ch, serving.users_table([vllm, ours]))
     assert ratio is None and why == serving.NO_USERS_RATIO_BOUND  # vLLM still met the targets at its top
     assert metrics["users_served_our_path_chapter_04_batch_sweep"]["value"] == 2
+    assert metrics["users_served_our_path_chapter_04_batch_sweep"]["shown"] == "2-3"
     assert metrics["users_served_no_ratio"]["value"] == serving.NO_USERS_RATIO_BOUND
     # the note the claims audit quotes is the sentence, not the decision key
     assert "users_served_ratio not recorded: a sweep ended while its largest level still met both targets" in \
         " ".join(ch.results.data["notes"])
-    tight = serving.users_table(serving.users_entries(pd.DataFrame(), None, comparison, points), 1000, 20.5)
-    ratio, why = serving.record_users(_chapter(tmp_path / "tight", tpot_target_ms=20.5), tight)
+    closed = serving.users_row(serving.VLLM_AT_04, "20 + 8", "rule", {"users": 5, "first_failing": 6,
+                                                                     "at_least": False}, "1 user (bisection)")
+    ch2 = _chapter(tmp_path / "closed")
+    ratio, why = serving.record_users(ch2, serving.users_table([closed, ours]))
+    figure = ch2.results.data["metrics"]["users_served_ratio"]
+    assert (ratio, why) == (2.5, "") and figure["low"] == pytest.approx(5 / 3) and figure["high"] == 2.5
+    none = serving.users_of_ours(points, 1000, 20.5)
+    ratio, why = serving.record_users(_chapter(tmp_path / "tight", tpot_target_ms=20.5),
+                                      serving.users_table([closed, none]))
     assert (ratio, why) == (None, serving.NO_USERS_RATIO_BASELINE)  # our path meets 20.5 ms nowhere
 
 

@@ -8,6 +8,11 @@ level's metrics in ``vllm bench serve``'s terms, and vLLM's own benchmark run be
 4. **The sweep metrics** (``summarize``): the definitions of ``vllm bench serve``
    (``vllm/benchmarks/serve.py::calculate_metrics``): TPOT = (latency - TTFT) / (output tokens - 1),
    ITL = the gaps between streamed chunks, output throughput = output tokens / wall time of the level.
+   The latencies are read from the level's steady state (``steady_state``: the first wave and the
+   drain left out and counted), a percentile only from enough samples (``MIN_SAMPLES``), and each
+   request is judged against the targets as ``vllm bench serve --goodput`` judges it (``is_good``).
+   Prompts are fresh for every request of a run (``PromptSource``); ``poisson_arrivals`` gives the
+   send times of a request-rate level (``vllm bench serve --request-rate``).
    ``run_bench_serve`` runs vLLM's own benchmark against the same server for the side-by-side.
 
 Imports ``server`` (its errors and its log's tail); ``study`` imports this module.
@@ -70,7 +75,8 @@ class RequestResult:
     output_tokens: int = 0       # the server's usage.completion_tokens
     prompt_tokens: int = 0       # the server's usage.prompt_tokens
     chunks: int = 0              # streamed chunks that carried a choice
-    start_s: float = 0.0
+    start_s: float = 0.0         # perf_counter when it was sent
+    end_s: float = 0.0           # perf_counter when it ended (last chunk, failure or timeout)
     error: str = ""
 
     @property
@@ -148,8 +154,10 @@ async def stream_completion(client, url: str, model: str, prompt, output_len: in
         result.error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, StreamError) else str(exc)
         if isinstance(exc, httpx.TimeoutException):
             result.error = f"timed out ({type(exc).__name__}): no data within request_timeout_s"
+        result.end_s = time.perf_counter()
         return result
     result.ok = True
+    result.end_s = last
     result.e2e_s = last - start
     result.output_tokens = int(usage["completion_tokens"])
     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -210,76 +218,193 @@ def _run_coroutine(coro, unwind_s: float = UNWIND_S):
 
 
 async def _run_level(url: str, model: str, prompts: Sequence, output_len: int, concurrency: int,
-                     timeout_s: float, request_timeout_s: float, input_len: Optional[int]):
+                     timeout_s: float, request_timeout_s: float, input_len: Optional[int],
+                     arrivals: Optional[Sequence[float]] = None):
     """Send every prompt, at most ``concurrency`` in flight (``vllm bench serve --max-concurrency``
-    with an infinite request rate): (results, wall seconds from the first send to the last reply)."""
+    with an infinite request rate), or, with ``arrivals`` (seconds after the level's start, one per
+    prompt), each at its time (``--request-rate``): (results, wall seconds from the first send to the
+    last reply)."""
     import httpx
 
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     timeout = httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s))
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        async def one(prompt):
+        async def one(prompt, at):
+            if at is not None:  # a request-rate level: this request arrives at its time
+                await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
             async with gate:
+                sent = time.perf_counter()
                 try:
                     return await asyncio.wait_for(
                         stream_completion(client, url, model, prompt, output_len, input_len), timeout_s)
                 except asyncio.TimeoutError:
-                    return RequestResult(ok=False, error=f"timed out: the request took over {timeout_s:.0f} s "
-                                                         "(request_timeout_s x output tokens bound)")
+                    return RequestResult(ok=False, start_s=sent, end_s=time.perf_counter(),
+                                         error=f"timed out: the request took over {timeout_s:.0f} s "
+                                               "(request_timeout_s x output tokens bound)")
         start = time.perf_counter()
-        results = await asyncio.gather(*(one(p) for p in prompts))
+        times = list(arrivals) if arrivals is not None else [None] * len(prompts)
+        if len(times) != len(prompts):
+            raise ValueError(f"arrivals has {len(times)} times for {len(prompts)} prompts")
+        results = await asyncio.gather(*(one(p, at) for p, at in zip(prompts, times)))
         return list(results), time.perf_counter() - start
 
 
 def run_level(url: str, model: str, prompts: Sequence, output_len: int, concurrency: int, *,
-              request_timeout_s: float = 60.0, input_len: Optional[int] = None):
+              request_timeout_s: float = 60.0, input_len: Optional[int] = None,
+              arrivals: Optional[Sequence[float]] = None):
     """``_run_level`` from sync code; each request is bounded by ``request_timeout_s`` between two
     chunks and by ``request_timeout_s x (output_len + 1)`` in all, so a hung server cannot hang the cell."""
     total = request_timeout_s * (output_len + 1)
     return _run_coroutine(_run_level(url, model, prompts, output_len, concurrency, total,
-                                     request_timeout_s, input_len))
+                                     request_timeout_s, input_len, arrivals))
 
 
-def make_prompts(tokenizer, count: int, input_len: int, text: Optional[str] = None) -> list[list[int]]:
-    """``count`` prompts of exactly ``input_len`` token ids, each cut from another place of the shipped
-    held-out text, so that no two share a prefix (vLLM's prefix cache would otherwise skip their prefill)."""
-    if text is None:
-        text = (REPO / "data" / "heldout_text.txt").read_text(encoding="utf-8")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) < input_len + count:
-        ids = ids * ((input_len + count) // max(len(ids), 1) + 2)
-    stride = max(1, (len(ids) - input_len) // max(count, 1))
-    return [ids[i * stride: i * stride + input_len] for i in range(count)]
+class PromptSource:
+    """Fresh prompts for a whole run: every prompt it hands out is ``input_len`` token ids cut from
+    the shipped held-out text at an offset drawn (seeded) from those not used yet, and no two prompts
+    of the run are the same (a repeat would let vLLM's prefix cache skip its prefill). When the text's
+    offsets run out, prompts are seeded random draws of the text's tokens, still never repeating."""
+
+    def __init__(self, tokenizer, seed: int = 0, text: Optional[str] = None):
+        import numpy as np
+
+        if text is None:
+            text = (REPO / "data" / "heldout_text.txt").read_text(encoding="utf-8")
+        self.ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not self.ids:
+            raise ValueError("the prompt text has no tokens")
+        self.rng = np.random.default_rng(seed)
+        self.offsets: dict[int, list] = {}
+        self.seen: set = set()
+
+    def _one(self, input_len: int) -> list[int]:
+        if input_len < 1:
+            raise ValueError(f"input_len={input_len} is not valid; choose a whole number of at least 1")
+        if input_len not in self.offsets:
+            self.offsets[input_len] = list(self.rng.permutation(max(0, len(self.ids) - input_len + 1)))
+        left = self.offsets[input_len]
+        for _ in range(10000):
+            if left:
+                start = int(left.pop())
+                prompt = self.ids[start:start + input_len]
+            else:
+                prompt = [int(x) for x in self.rng.choice(self.ids, input_len)]
+            if tuple(prompt) not in self.seen:
+                self.seen.add(tuple(prompt))
+                return prompt
+        raise ValueError(f"no new prompt of {input_len} tokens could be drawn from the text")
+
+    def take(self, count: int, input_len: int) -> list[list[int]]:
+        """``count`` prompts of exactly ``input_len`` tokens, none handed out before in this run."""
+        return [self._one(int(input_len)) for _ in range(int(count))]
+
+
+def make_prompts(tokenizer, count: int, input_len: int, text: Optional[str] = None,
+                 seed: int = 0) -> list[list[int]]:
+    """``count`` different prompts of exactly ``input_len`` token ids (one ``PromptSource``'s)."""
+    return PromptSource(tokenizer, seed=seed, text=text).take(count, input_len)
+
+
+def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list[float]:
+    """Send times (seconds after the level's start) of ``count`` requests arriving as a Poisson
+    process of ``rate`` requests per second: exponential gaps of mean 1 / rate, the first at 0
+    (``vllm bench serve --request-rate`` draws its gaps the same way, with burstiness 1)."""
+    import numpy as np
+
+    if not rate or rate <= 0:
+        raise ValueError(f"request rate {rate!r} is not valid; choose a positive number of requests per second")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, max(int(count) - 1, 0))
+    return [0.0] + [float(x) for x in np.cumsum(gaps)]
 
 
 # --- 4. the sweep metrics (vllm bench serve's definitions) -----------------------------------------
 
-def percentile(values: Sequence[float], q: float) -> Optional[float]:
-    """numpy's linear-interpolation percentile (the one ``vllm bench serve`` uses); None when empty."""
+# A percentile needs at least one sample beyond it on each side: p95 from 20 samples, p99 from 100.
+def min_samples(q: float) -> int:
+    """The fewest samples a ``q``-th percentile is read from: 100 / min(q, 100 - q), rounded up
+    (p10 and p90 from 10, p95 from 20, p99 from 100); below it ``summarize`` gives None. The
+    median is read from any number of samples."""
+    import math
+
+    return max(1, math.ceil(100.0 / max(min(q, 100.0 - q), 1e-9) - 1e-9))
+
+
+def percentile(values: Sequence[float], q: float, enough: bool = False) -> Optional[float]:
+    """numpy's linear-interpolation percentile (the one ``vllm bench serve`` uses); None when empty,
+    and with ``enough`` also when there are fewer than ``min_samples(q)`` values."""
     import numpy as np
 
-    return float(np.percentile(values, q)) if len(values) else None
+    if not len(values) or (enough and len(values) < min_samples(q)):
+        return None
+    return float(np.percentile(values, q))
+
+
+def steady_state(results: Sequence[RequestResult], concurrency: int) -> tuple[list[bool], int, int]:
+    """Which requests of a closed-loop level ran in its steady state: (one flag per request, how many
+    were left out as the first wave, how many as the drain).
+
+    The first wave (the first ``concurrency`` sent, when more than one) started together, so their
+    prefills were batched at once. The drain: once the last request is sent, the first reply after
+    it leaves fewer than ``concurrency`` in flight, and every request still running then finished
+    under a lighter load. At concurrency 1 neither exists. A failed request is flagged like any other;
+    ``summarize`` counts failures wherever they fell.
+    """
+    n = len(results)
+    order = sorted(range(n), key=lambda i: results[i].start_s)
+    warm = set(order[:concurrency]) if concurrency > 1 else set()
+    drain = set()
+    if n and concurrency > 1:
+        last_send = max(r.start_s for r in results)
+        after = [r.end_s for r in results if r.end_s > last_send]
+        first_reply = min(after) if after else last_send
+        drain = {i for i in range(n) if results[i].end_s > first_reply and i not in warm}
+    return [i not in warm and i not in drain for i in range(n)], len(warm), len(drain)
+
+
+GOOD_SHARE = 0.95  # a level meets the targets when this share of its requests is good
+
+
+def is_good(result: RequestResult, ttft_target_ms: float, tpot_target_ms: float) -> bool:
+    """``vllm bench serve --goodput ttft:T tpot:P``'s rule: a request is good when it succeeded and
+    met every target (a one-token reply has no TPOT and is judged on its TTFT); a failure never is."""
+    if not result.ok or result.ttft_s * 1e3 > ttft_target_ms:
+        return False
+    return result.tpot_s is None or result.tpot_s * 1e3 <= tpot_target_ms
 
 
 def summarize(results: Sequence[RequestResult], duration_s: float, concurrency: int,
-              percentiles: Sequence[int] = PERCENTILES) -> dict:
+              percentiles: Sequence[int] = PERCENTILES, *, counted: Optional[Sequence[bool]] = None,
+              targets: Optional[tuple] = None) -> dict:
     """One level of the sweep in ``vllm bench serve``'s terms (milliseconds, tokens per second).
 
-    Failed requests count as failed and stay out of every latency, as in vLLM's benchmark.
+    The latencies come from the ``counted`` requests that succeeded (default: ``steady_state``'s);
+    ``warmup_excluded`` / ``drain_excluded`` say how many were left out, and a percentile needs
+    ``min_samples`` values (else None; ``enough_for_p95`` says whether TTFT and TPOT had 20).
+    Failed requests stay out of every latency, as in vLLM's benchmark, but never out of the good
+    fraction: with ``targets`` = (TTFT ms, TPOT ms), ``good_fraction`` = good counted requests /
+    (counted requests + failed requests outside them), and ``meets_targets`` is that share reaching
+    ``GOOD_SHARE``. Throughput is over the whole level.
     ``decode_tok_s_aggregate`` = concurrency x 1000 / median TPOT: the decode-only rate that our own
     path's batch figures measure (``output_tok_s`` includes the prefills and the ramp).
     """
     import numpy as np
 
+    warm = drain = 0
+    if counted is None:
+        counted, warm, drain = steady_state(results, concurrency)
     ok = [r for r in results if r.ok]
-    ttft = [r.ttft_s * 1e3 for r in ok]
-    tpot = [r.tpot_s * 1e3 for r in ok if r.tpot_s is not None]
-    itl = [x * 1e3 for r in ok for x in r.itl_s]
-    e2el = [r.e2e_s * 1e3 for r in ok]
+    steady = [r for r, c in zip(results, counted) if r.ok and c]
+    failed = [r for r in results if not r.ok]
+    ttft = [r.ttft_s * 1e3 for r in steady]
+    tpot = [r.tpot_s * 1e3 for r in steady if r.tpot_s is not None]
+    itl = [x * 1e3 for r in steady for x in r.itl_s]
+    e2el = [r.e2e_s * 1e3 for r in steady]
     out = sum(r.output_tokens for r in ok)
     row = {"concurrency": concurrency, "requests": len(results), "completed": len(ok),
-           "failed": len(results) - len(ok), "duration_s": duration_s,
+           "failed": len(failed), "counted": len(steady), "warmup_excluded": warm, "drain_excluded": drain,
+           "enough_for_p95": min(len(ttft), len(tpot)) >= min_samples(95),
+           "duration_s": duration_s,
            "output_tokens": out, "output_tok_s": out / duration_s if duration_s > 0 else None,
            "request_per_s": len(ok) / duration_s if duration_s > 0 else None,
            "chunks_per_token": (sum(r.chunks for r in ok) / out) if out else None,
@@ -288,7 +413,12 @@ def summarize(results: Sequence[RequestResult], duration_s: float, concurrency: 
         row[f"{name}_mean_ms"] = float(np.mean(values)) if values else None
         row[f"{name}_median_ms"] = percentile(values, 50)
         for q in percentiles:
-            row[f"{name}_p{q}_ms"] = percentile(values, q)
+            row[f"{name}_p{q}_ms"] = percentile(values, q) if q == 50 else percentile(values, q, enough=True)
+    if targets is not None:
+        judged = len(steady) + len(failed)
+        good = sum(1 for r in steady if is_good(r, *targets))
+        row.update(good=good, judged=judged, good_fraction=good / judged if judged else None,
+                   meets_targets=bool(judged) and good >= GOOD_SHARE * judged)
     median_tpot = row["tpot_median_ms"]
     row["decode_tok_s_per_user"] = 1e3 / median_tpot if median_tpot else None
     row["decode_tok_s_aggregate"] = concurrency * row["decode_tok_s_per_user"] if median_tpot else None
