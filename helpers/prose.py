@@ -2,7 +2,9 @@
 (layer: foundations; taught in every chapter from 00_environment_check on).
 
 Each chapter's summary cell is ``chapter.summary()``; the templates live in
-``helpers/templates/<chapter>.<lang>.md.j2``, one ``{% block %}`` per paragraph. A template sees
+``helpers/templates/<chapter>.md.j2`` (one template for every language: English ``{% trans %}``
+messages translated by the gettext catalog ``helpers/locale/<lang>/LC_MESSAGES/<chapter>.po``) or,
+for a chapter not converted yet, ``<chapter>.<lang>.md.j2``; one ``{% block %}`` per paragraph. A template sees
 only what the chapter recorded (``results.json``: figures ``m``, tables ``t``, parameters ``p``, the
 environment ``env``, and other chapters of the run as ``run``), never the notebook's variables, so
 the same text renders from a fixture of any device in the tests.
