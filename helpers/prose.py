@@ -2,7 +2,9 @@
 (layer: foundations; taught in every chapter from 00_environment_check on).
 
 Each chapter's summary cell is ``chapter.summary()``; the templates live in
-``helpers/templates/<chapter>.<lang>.md.j2``, one ``{% block %}`` per paragraph. A template sees
+``helpers/templates/<chapter>.md.j2`` (one template for every language: English ``{% trans %}``
+messages translated by the gettext catalog ``helpers/locale/<lang>/LC_MESSAGES/<chapter>.po``) or,
+for a chapter not converted yet, ``<chapter>.<lang>.md.j2``; one ``{% block %}`` per paragraph. A template sees
 only what the chapter recorded (``results.json``: figures ``m``, tables ``t``, parameters ``p``, the
 environment ``env``, and other chapters of the run as ``run``), never the notebook's variables, so
 the same text renders from a fixture of any device in the tests.
@@ -22,8 +24,13 @@ over recorded runs of a float32 CPU, a bf16 CPU, an NPU and a CUDA GPU:
 """
 from __future__ import annotations
 
+import functools
+import gettext
+import io
 import math
 import operator
+import re
+from pathlib import Path
 from typing import Any, Optional
 
 from . import decide, pages
@@ -31,6 +38,10 @@ from . import decide, pages
 TEMPLATES = pages.TEMPLATES  # one folder for the pages' templates and the chapters'
 WORDS = TEMPLATES  # the phrase tables (words.<lang>.yaml) stay with the package's templates
 LANGUAGES = ("en", "zh")
+SOURCE_LANGUAGE = "en"  # a one-file template is written in English; the catalogs translate it
+# gettext catalogs of the one-file templates: locale/<lang>/LC_MESSAGES/<chapter>.po, one domain per
+# chapter, so that a chapter's messages are extracted and translated on their own
+LOCALE = Path(__file__).resolve().parent / "locale"
 AUDIT_OPEN, AUDIT_CLOSE = "\u27e6", "\u27e7"  # ⟦source=text⟧ around each figure in audit mode
 
 
@@ -225,10 +236,47 @@ def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = 
             "decision": f"{kind}, {'clear' if found.clear else 'tied'}"}
 
 
-def environment(renderer: Renderer, lang: str = "en"):
+def catalog_path(chapter: str, lang: str) -> Path:
+    """The gettext catalog (``.po``) that translates a one-file chapter template into ``lang``."""
+    return LOCALE / lang / "LC_MESSAGES" / f"{chapter}.po"
+
+
+@functools.lru_cache(maxsize=None)
+def _catalog(path: Path, stamp: float) -> gettext.GNUTranslations:
+    # The .po is read as it is committed (no compiled .mo to keep in step): Babel parses it and writes
+    # the .mo in memory, without fuzzy entries, exactly as `pybabel compile` would. Only the
+    # translated editions need Babel, so it is imported here.
+    from babel.messages import mofile, pofile
+
+    with open(path, "rb") as handle:
+        catalog = pofile.read_po(handle, domain=path.stem)
+    compiled = io.BytesIO()
+    mofile.write_mo(compiled, catalog)
+    compiled.seek(0)
+    return gettext.GNUTranslations(compiled)
+
+
+def translations(chapter: Optional[str], lang: str = "en") -> gettext.NullTranslations:
+    """What ``{% trans %}`` says in ``lang`` for ``chapter``'s template: the English source itself for
+    English and for a chapter that still has one template per language, else the chapter's catalog
+    (a missing catalog is an error: a Chinese page never falls back to English silently)."""
+    if lang == SOURCE_LANGUAGE or chapter is None or not is_single(chapter):
+        return gettext.NullTranslations()
+    path = catalog_path(chapter, lang)
+    if not path.exists():
+        raise FileNotFoundError(f"{chapter}.md.j2 has no {lang} catalog: write {path.relative_to(LOCALE.parent)} "
+                                "(see CONTRIBUTING.md, 'One template, two languages')")
+    return _catalog(path, path.stat().st_mtime)
+
+
+def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = None):
     """The chapters' Jinja2 environment: the pages' one (``pages.template_environment``: strict about
-    missing names, ``label``), plus filters for figures, ``say`` for decisions, ``decide`` as globals."""
+    missing names, ``label``), plus filters for figures, ``say`` for decisions, ``decide`` as globals,
+    and ``jinja2.ext.i18n`` with ``chapter``'s catalog in ``lang`` (newstyle gettext: every message
+    is formatted with its named placeholders, so ``%`` is written ``%%`` in every msgid alike)."""
     env = pages.template_environment(lang, autoescape=False, folder=TEMPLATES)
+    env.add_extension("jinja2.ext.i18n")
+    env.install_gettext_translations(translations(chapter, lang), newstyle=True)
     env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size,
                        count=renderer.count)
     plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
@@ -264,10 +312,19 @@ def environment(renderer: Renderer, lang: str = "en"):
     return env
 
 
+def is_single(chapter: str) -> bool:
+    """Whether ``chapter`` has one template for every language (``<chapter>.md.j2`` and catalogs)
+    rather than one per language (``<chapter>.<lang>.md.j2``, the older form, converted one chapter
+    at a time)."""
+    return (TEMPLATES / f"{chapter}.md.j2").exists()
+
+
 def template_name(chapter: str, lang: str = "en") -> str:
+    """The file that holds ``chapter``'s paragraphs in ``lang``: its one template, or its template
+    for that language."""
     if lang not in LANGUAGES:
         raise ValueError(f"lang={lang!r} is not valid; choose one of {', '.join(LANGUAGES)}")
-    return f"{chapter}.{lang}.md.j2"
+    return f"{chapter}.md.j2" if is_single(chapter) else f"{chapter}.{lang}.md.j2"
 
 
 def blocks(chapter: str, lang: str = "en") -> list[str]:
@@ -287,8 +344,22 @@ def render(chapter: str, block: str, results: dict, run: Optional[dict] = None, 
             raise TypeError(f"{key}={value!r}: numbers reach a template only as recorded figures")
     renderer = Renderer(audit)
     name = template_name(chapter, lang)  # checks lang first
-    template = environment(renderer, lang).get_template(name)
+    template = environment(renderer, lang, chapter).get_template(name)
     if block not in template.blocks:
         raise KeyError(f"{template_name(chapter, lang)} has no block {block!r}; it has {list(template.blocks)}")
     context = template.new_context({**context_of(results, run), **extra})
-    return "".join(template.blocks[block](context)).strip()
+    text = "".join(template.blocks[block](context)).strip()
+    return join_wide_lines(text) if lang != SOURCE_LANGUAGE and is_single(chapter) else text
+
+
+# A line break between two East Asian wide characters is dropped, not shown as a space (the rule of
+# CSS Text 3 for segment breaks, which browsers and Jupyter do not apply): a translated sentence
+# that follows another on the template's next source line joins it.
+_WIDE = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
+_WIDE_BREAK = re.compile(f"(?<=[{_WIDE}])\n[ \t]*(?=[{_WIDE}])")
+
+
+def join_wide_lines(text: str) -> str:
+    """``text`` with every line break between two wide (CJK) characters removed, with the next
+    line's indentation; a blank line (a new paragraph) and a break beside Latin text or code stay."""
+    return _WIDE_BREAK.sub("", text)

@@ -15,7 +15,7 @@ from helpers import prose
 CHAPTER = "02_ffn_fusion"
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "fixtures" / "runs" / "cpu-quick" / CHAPTER / "results.json"
-SOURCE = (prose.TEMPLATES / f"{CHAPTER}.en.md.j2").read_text(encoding="utf-8")
+SOURCE = (prose.TEMPLATES / prose.template_name(CHAPTER)).read_text(encoding="utf-8")  # one file, both languages
 # Words that state a direction or name a dtype: a template only says them through a decision
 # (``| say``) or a recorded field, so none may appear in its literal text.
 DIRECTION_WORDS = ("faster", "slower", "fastest", "slowest", "best", "worst", "same effect",
@@ -68,7 +68,7 @@ def test_the_number_check_can_fail():
 @pytest.mark.parametrize("word", DIRECTION_WORDS + DTYPE_WORDS)
 def test_no_direction_or_dtype_word_is_literal_template_text(word):
     found = re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", _literal_text(SOURCE), re.I)
-    assert not found, f"{CHAPTER}.en.md.j2 spells {word!r}; say it through a decision or a recorded field"
+    assert not found, f"{prose.template_name(CHAPTER)} spells {word!r}; say it through a decision or a recorded field"
 
 
 def test_a_ratio_inside_its_noise_is_never_called_faster():
