@@ -500,8 +500,9 @@ def rule_speedup_every_shape(claim: dict, args: dict, ev: Evidence) -> Verdict:
     shown = "; ".join(f"{case}: {r:.2f}x" for case, r in ratios.items())
     detail = f"{slow} / {fast} time per shape: {shown} (the claim needs > 1 at each)"
     noise = float(args.get("noise", 0.05))
-    sides = {decide.effect(2.0, r, 1.0, noise=noise, factor=math.inf, samples=ev.samples(chapter))
-             for r in ratios.values()}
+    counts = [ev.samples(chapter, row) for row in ev.rows(chapter, name)]
+    samples = None if any(c is None for c in counts) else min(counts, default=None)
+    sides = {decide.effect(2.0, r, 1.0, noise=noise, factor=math.inf, samples=samples) for r in ratios.values()}
     seen = sides.pop() if len(sides) == 1 else "mixed effect"
     ok = all(r > 1 for r in ratios.values())
     entry = {"device": ev.chapter_device(chapter)}
