@@ -240,7 +240,7 @@ def samples_in(values: Any) -> Optional[float]:
 
 
 def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = "p90_ms",
-            higher_is_better: bool = False) -> dict:
+            higher_is_better: bool = False, mark=lambda fig, text: text) -> dict:
     """``decide.rank`` over table rows: ``names`` (the best, or every option tied with it, as one
     text) and ``decision`` (a key of the phrase table: ``least time, clear`` / ``least time, tied`` or,
     for ``higher_is_better``, ``most, clear`` / ``most, tied``; a ``decide.too_few`` decision when
@@ -251,10 +251,13 @@ def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = 
                         samples=samples_in([[r.get(low), r.get(high)] for r in rows]))
     if found is None:
         return {"names": "", "decision": "not measured", "clear": False}
+    # each name is a recorded word (marked as one in audit mode, like ``| text``)
+    source = {str(_plain(r[name])): r[name] for r in rows}
+    shown = lambda names: ", ".join(f"`{mark(source.get(n), n)}`" for n in names)  # noqa: E731
     if found.too_few:
-        return {"names": ", ".join(f"`{n}`" for n in found.tied), "clear": False, "decision": found.too_few}
+        return {"names": shown(found.tied), "clear": False, "decision": found.too_few}
     kind = "most" if higher_is_better else "least time"
-    return {"names": ", ".join(f"`{n}`" for n in found.tied), "clear": found.clear,
+    return {"names": shown(found.tied), "clear": found.clear,
             "decision": f"{kind}, {'clear' if found.clear else 'tied'}"}
 
 
@@ -280,7 +283,7 @@ def environment(renderer: Renderer, lang: str = "en"):
         return call
 
     env.globals.update({name: unwrap(fn) for name, fn in plain.items()})
-    env.globals.update(pct=pct, ranking=ranking,
+    env.globals.update(pct=pct, ranking=lambda *a, **k: ranking(*a, mark=renderer.mark, **k),
                        column=lambda rows, name: [r[name] for r in rows],
                        spreads=lambda rows, low, high: [(r[low], r[high]) for r in rows],
                        rows_where=lambda rows, name, value: [r for r in rows if r.get(name) == value])
@@ -294,8 +297,10 @@ def environment(renderer: Renderer, lang: str = "en"):
         few = decide.parse_too_few(key)
         if few is not None:  # "too few samples: 2 of 5": the phrase with the counts put in
             count, need = few
+            # both counts are figures of the run's record and of decide's rule: marked as such
             return table[decide.TOO_FEW if count is not None else f"{decide.TOO_FEW}, {decide.UNKNOWN_COUNT}"
-                         ].format(n=count, need=need)
+                         ].format(n=renderer.mark(Fig(count, "count of samples"), format_number(count)),
+                                  need=renderer.mark(Fig(need, "count needed (decide)"), format_number(need)))
         if key not in table:
             raise KeyError(f"words.{lang}.yaml has no phrase for the decision {key!r}")
         return table[key]
