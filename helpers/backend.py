@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from .results import LOAD_PER_CORE_WARNING  # the one load threshold every page warns at
 from .versions import installed_version, npu_op_missing
 
 DEVICE_CHOICES = ("auto", "npu", "cuda", "cpu")
@@ -186,7 +187,7 @@ def cpu_contention(device) -> Optional[str]:
         return None
     load = os.getloadavg()[0]
     cores = os.cpu_count() or 1
-    if load <= cores:
+    if load <= cores * LOAD_PER_CORE_WARNING:
         return None
     return (f"CPU load average {load:.1f} on {cores} cores with {torch.get_num_threads()} torch threads: "
             "timings are inflated by other processes; run alone or set OMP_NUM_THREADS to the free cores")

@@ -9,7 +9,8 @@ It checks every parameter by its name (``helpers.params.CHECKS``, so the same na
 rule in every chapter) before any heavy work, picks the device (``backend.pick_device``) and the
 working dtype with the reason (``dtype=auto``: chapter 00's measured choice of this run, see
 ``resolve_dtype``), opens the chapter's ``results.json`` with the parameters and the
-environment, notes CPU contention, and shows one line saying what it picked and why (``import
+environment, records the machine's load (``results.machine_load``: load average and the busiest
+other processes, again when the chapter finishes), and shows one line saying what it picked and why (``import
 helpers`` has already quieted the known noise of executed notebooks). ``ch.summary(block)``
 renders a paragraph of the chapter's template (``helpers.prose``) from what the chapter recorded.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import REPO, backend, bench, dtype_choice, params, prose
+from . import REPO, backend, bench, dtype_choice, pages, params, prose
 from .results import Results, read_run
 from .run import declared_parameters
 
@@ -146,11 +147,14 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
                                   "dtype": backend.dtype_name(dtype), "dtype_reason": dtype_reason,
                                   "dtype_source": dtype_source})
 
-    contention = backend.cpu_contention(choice.device)
+    # the machine's load as the measurements start (Results.finish records it as they end): every
+    # figure of the chapter was taken under it, so the header and the index warn beside them
+    results.record_load("start")
+    contention = pages.load_warning(results.data.get("load"), lang)
     if contention:
         results.note(contention)
-    chapter = Chapter(name, choice.device, choice.reason, dtype, dtype_reason, results, dict(parameters), lang,
-                      picked)
+    chapter = Chapter(name, choice.device, choice.reason, dtype, dtype_reason, results, dict(parameters),
+                      lang, picked)
     _show_choice(chapter, contention)
     return chapter
 

@@ -102,11 +102,18 @@ GUIDE_LADDER = [dict(zip(("rung", "label", "latency_ms", "tokens_per_s", "memory
                             ("+MindSpeed+INT8", "+ MindSpeed + INT8", 2100, 47.2, 7.8))]
 
 
+# What a claim's ``unlike=`` argument makes of a measurement: the figure the claim is checked against
+# measures something else (another engine, another rung), so it shows no effect of the claim's
+# technique, in either direction, and the claim is not "measured on other hardware".
+UNLIKE = "unlike evidence"
+
+
 def verdict_class(verdict: str, elsewhere: str = "") -> str:
-    """The class of a verdict; a "needs ..." verdict splits on whether another device measured it."""
+    """The class of a verdict; a "needs ..." verdict splits on whether another device measured it
+    (the same technique: evidence ``UNLIKE`` the claim does not count)."""
     if verdict not in VERDICTS:
         raise ValueError(f"unknown verdict {verdict!r}; known: {', '.join(VERDICTS)}")
-    if verdict in NEEDS.values() and elsewhere:
+    if verdict in NEEDS.values() and elsewhere and not elsewhere.startswith(UNLIKE):
         return "measured on other hardware"
     return VERDICTS[verdict]
 
@@ -250,6 +257,12 @@ class Evidence:
                 return str(model)
         return ""
 
+    def samples(self, chapter: str, entry: Optional[dict] = None) -> Optional[float]:
+        """How many samples a chapter's figure stands on: its own count, else the chapter's
+        ``repeats`` / ``rounds`` / ``min_iters`` (``decide.samples_of``, ``decide.chapter_samples``)."""
+        default = decide.chapter_samples((self.results.get(chapter) or {}).get("parameters"))
+        return default if entry is None else decide.samples_of(entry, default)
+
     def entry(self, dotted: str) -> Optional[dict]:
         """``"04_batching.batch_throughput_ratio_4"`` -> the metric entry, if the chapter recorded it."""
         chapter, _, key = dotted.partition(".")
@@ -337,6 +350,12 @@ def _judged(claim: dict, ev: Evidence, chapter: str, entry: dict, ok: bool, deta
     model = ev.chapter_model(chapter)
     target, want_model = claim.get("hardware", ""), claim.get("model", "")
     on = _context(entry) or device
+    unlike = parse_args(claim.get("args", "")).get("unlike", "")
+    if unlike:  # the figure measures something else than the claim: it neither reproduces nor contradicts
+        seen = f"{UNLIKE} ({unlike}): {seen.partition(': ')[2] or seen}"
+        if not target or (cls == target and comparable_model(want_model, model)):
+            return Verdict(NOT_MEASURED, f"{detail}; model {model or '?'}; {UNLIKE}: {unlike}", "measured",
+                           measured, on, ratio, device_class=cls)
     if not target or (cls == target and comparable_model(want_model, model)):
         return Verdict("reproduced" if ok else "contradicted", f"{detail}; model {model or '?'}", "measured",
                        measured, on, ratio, device_class=cls)
@@ -348,10 +367,12 @@ def _judged(claim: dict, ev: Evidence, chapter: str, entry: dict, ok: bool, deta
                    device_class=cls)
 
 
-def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[dict] = None) -> str:
+def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[dict] = None,
+          samples: Optional[float] = None) -> str:
     """What a measurement elsewhere shows (``decide.effect``): same / smaller / larger / opposite
     effect, or none beyond the noise, from the recorded spread (else ``noise`` around the value);
-    for figures that are not ratios or percentages, holds / does not hold."""
+    for figures that are not ratios or percentages, holds / does not hold. ``samples``: how many
+    samples the figure stands on (``decide.samples_of``); from too few no effect is read."""
     unit = claim.get("unit", "")
     neutral = float(args["neutral"]) if "neutral" in args else {"x": 1.0, "%": 0.0}.get(unit)
     if neutral is None:
@@ -364,7 +385,8 @@ def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[di
         factor = math.inf
     low, high = _spread(entry)
     text = decide.effect(claimed, measured, neutral, low=low, high=high,
-                         noise=noise * abs(neutral) if neutral else noise, factor=factor)
+                         noise=noise * abs(neutral) if neutral else noise, factor=factor,
+                         samples=samples if entry is not None and decide.has_spread(entry) else decide.EXACT)
     shown = (f"{args['op']} " if "op" in args else "") + f"{number(claim['claimed_value']):.3g}"
     spread = f" (spread {low:.3g}-{high:.3g})" if low is not None else ""
     size = "" if math.isinf(factor) else f"; same effect means within {factor:g}x of the claimed size"
@@ -456,7 +478,7 @@ def rule_measured(claim: dict, args: dict, ev: Evidence) -> Verdict:
         unit = claim["unit"] and " " + claim["unit"]
         detail = f"measured {measured:.3g}{unit} vs claimed {claimed:.3g}: {rule_text}; on {on}{note}"
     return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured, ratio,
-                   _seen(claim, args, measured, ok, entry))
+                   _seen(claim, args, measured, ok, entry, ev.samples(args["metric"].partition(".")[0], entry)))
 
 
 def rule_speedup_every_shape(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -478,7 +500,9 @@ def rule_speedup_every_shape(claim: dict, args: dict, ev: Evidence) -> Verdict:
     shown = "; ".join(f"{case}: {r:.2f}x" for case, r in ratios.items())
     detail = f"{slow} / {fast} time per shape: {shown} (the claim needs > 1 at each)"
     noise = float(args.get("noise", 0.05))
-    sides = {decide.effect(2.0, r, 1.0, noise=noise, factor=math.inf) for r in ratios.values()}
+    counts = [ev.samples(chapter, row) for row in ev.rows(chapter, name)]
+    samples = None if any(c is None for c in counts) else min(counts, default=None)
+    sides = {decide.effect(2.0, r, 1.0, noise=noise, factor=math.inf, samples=samples) for r in ratios.values()}
     seen = sides.pop() if len(sides) == 1 else "mixed effect"
     ok = all(r > 1 for r in ratios.values())
     entry = {"device": ev.chapter_device(chapter)}

@@ -166,7 +166,10 @@ def best_batch1_speedup(table) -> Optional[dict]:
             return 1e3 / ms if ms > 0 else math.nan
         return (row["rung"], float(row["tokens_per_s"]), per_s("decode_p90_ms"), per_s("decode_p10_ms"))
 
-    found = best_gain([option(r) for _, r in same.iloc[1:].iterrows()], option(same.iloc[0]))
+    # the fewest decode samples of any rung compared (its timing summary's iterations)
+    counts = [decide.samples_of(dict(r), None) for _, r in same.iterrows()]
+    samples = None if any(c is None for c in counts) else min(counts)
+    found = best_gain([option(r) for _, r in same.iloc[1:].iterrows()], option(same.iloc[0]), samples=samples)
     if found is None:
         return None
     best, base = same[same["rung"] == found.best].iloc[0], ok.iloc[0]
@@ -299,7 +302,10 @@ def decode_ratio(row, reference) -> Optional[dict]:
         return None
     if not all(v > 0 for v in (ms, ref, p10, p90, r10, r90)):
         return None
-    return {"ratio": ref / ms, "low": r10 / p90, "high": r90 / p10}
+    # the fewer samples of the two sides (None when either does not say): what decide needs
+    counts = [decide.samples_of(dict(x), None) for x in (row, reference)]
+    return {"ratio": ref / ms, "low": r10 / p90, "high": r90 / p10,
+            "n_samples": None if any(c is None for c in counts) else min(counts)}
 
 
 def reference_columns(table, reference: Optional[dict], name: str):
@@ -324,7 +330,8 @@ def fraction_verdict(ratio: Optional[dict], fraction: float = GOAL_FRACTION_OF_L
     in chapter 06's words."""
     if not ratio:
         return "not_measured"
-    return FRACTION_VERDICTS[met(ratio["low"], ratio["high"], fraction)]
+    verdict = met(ratio["low"], ratio["high"], fraction, samples=ratio.get("n_samples"))
+    return "too_few" if decide.is_too_few(verdict) else FRACTION_VERDICTS[verdict]
 
 
 def rung_effect(table, rung: str) -> Optional[dict]:
@@ -333,8 +340,10 @@ def rung_effect(table, rung: str) -> Optional[dict]:
     step = next((s for s in ladder_steps(table) if s["rung"] == rung), None)
     if step is None:
         return None
-    verdict = direction(step["low"], step["high"])
+    verdict = direction(step["low"], step["high"], samples=step.get("n_samples"))
     step.pop("rung")
+    if decide.is_too_few(verdict):
+        return {**step, "verdict": "too_few", "decision": verdict}
     return {**step, "verdict": "no_difference" if verdict == SAME else verdict}
 
 
@@ -735,16 +744,19 @@ def run_script(path: str, parameter: str = "script", timeout: float = 3600.0) ->
 # --- chapter 06: the best gain of the ladder and its spread ---------------------------------------
 
 def best_gain(options: Iterable[tuple[str, float, float, float]],
-              baseline: tuple[str, float, float, float]) -> Optional[Gain]:
+              baseline: tuple[str, float, float, float], *, samples: Optional[float] = None) -> Optional[Gain]:
     """``options`` and ``baseline`` are (name, median, p10, p90) of one figure where higher is better
     (chapter 06: each rung's decode tokens/s, the baseline native eager's); None when no option has a
     finite median. Two options are told apart only when their p10-p90 ranges do not overlap, the same
     test as a speedup spread wholly above 1 (``bench.speedup``); a figure without a finite spread is
-    never called best, since its noise is unknown."""
+    never called best, since its noise is unknown; from fewer than ``decide.MIN_SAMPLES``
+    ``samples`` per rung the decision is ``decide.too_few``."""
     rows = [(n, m, lo, hi) for n, m, lo, hi in options if decide._finite(m)]
-    found = decide.rank(rows)
+    found = decide.rank(rows, samples=samples)
     if found is None:
         return None
+    if found.too_few:
+        return Gain(found.best, found.too_few, [])
     _, _, low, high = next(r for r in rows if r[0] == found.best)
     others = [n for n in found.tied if n != found.best]
     _, _, base_low, base_high = baseline

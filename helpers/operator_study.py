@@ -330,7 +330,8 @@ def elementwise_share_rows(cases: dict, timings: dict, names, measure: Callable)
         act = measure(lambda: ops.swiglu_reference(gate_up), f"silu*mul / {case}")
         total = timings[case, "unfused"]
         found = decide.rank([(v, timings[case, v].median, timings[case, v].p10, timings[case, v].p90)
-                             for v in names], higher_is_better=False)
+                             for v in names], higher_is_better=False,
+                            samples=min(len(timings[case, v].samples) for v in names))
         best = bench.speedup(total, timings[case, found.best])
         rows.append({"case": case, "elementwise_ms": act.median_ms, "unfused_ffn_ms": total.median_ms,
                      "elementwise_share_pct": 100 * act.median / total.median,

@@ -20,6 +20,9 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Optional
+
+from .results import load_warning as _load_sentences
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 KINDS = ("index", "claims", "compare")
@@ -55,6 +58,15 @@ def say(path: str, key, lang: str = "en") -> str:
             raise KeyError(f"labels.{lang}.yaml has no table {path!r}")
         table = table[part]
     return str(table.get(str(key), key))
+
+
+def load_warning(load: Optional[dict], lang: str = "en") -> str:
+    """The warning a chapter's header and the index show beside figures taken under load ('' when
+    none was): one sentence per reading of ``results.json``'s ``load`` above
+    ``results.LOAD_PER_CORE_WARNING`` per core (``results.load_warning``), in ``lang``."""
+    return _load_sentences(load, say("common", "load_warning", lang),
+                     {w: say("common.load_when", w, lang) for w in ("start", "end")},
+                     say("common", "list_separator", lang))
 
 
 HTML_LANG = {"zh": "zh-CN"}  # the simplified-Chinese glyphs of a CJK font, not the Japanese ones

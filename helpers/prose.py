@@ -58,10 +58,13 @@ class Fig:
     Comparisons work (templates choose between sentences on recorded facts); arithmetic does not.
     """
 
-    __slots__ = ("value", "source", "unit")
+    __slots__ = ("value", "source", "unit", "samples")
 
-    def __init__(self, value: Any, source: str, unit: str = ""):
+    def __init__(self, value: Any, source: str, unit: str = "", samples: Optional[float] = decide.EXACT):
         self.value, self.source, self.unit = value, source, unit or ""
+        # how many samples the figure stands on (decide.samples_of of its record): the decide
+        # functions a template calls get it, so no direction is said from too few
+        self.samples = samples
 
     __eq__, __lt__, __le__ = _compare(operator.eq), _compare(operator.lt), _compare(operator.le)
     __gt__, __ge__ = _compare(operator.gt), _compare(operator.ge)
@@ -89,10 +92,11 @@ class Fig:
 class Record(dict):
     """A recorded entry or table row: keys read as attributes, values wrapped as ``Fig``."""
 
-    def __init__(self, data: dict, source: str, unit: str = ""):
+    def __init__(self, data: dict, source: str, unit: str = "", samples: Optional[float] = None):
         super().__init__()
+        count = decide.samples_of(data or {}, samples)
         for key, value in (data or {}).items():
-            self[key] = _wrap(value, f"{source}.{key}", unit if key == "value" else "")
+            self[key] = _wrap(value, f"{source}.{key}", unit if key == "value" else "", count)
 
     def __getattr__(self, name):
         try:
@@ -101,20 +105,23 @@ class Record(dict):
             raise AttributeError(name) from None
 
 
-def _wrap(value: Any, source: str, unit: str = ""):
+def _wrap(value: Any, source: str, unit: str = "", samples: Optional[float] = None):
     if isinstance(value, dict):
-        return Record(value, source, value.get("unit", "") if isinstance(value.get("unit"), str) else "")
+        return Record(value, source, value.get("unit", "") if isinstance(value.get("unit"), str) else "",
+                      samples)
     if isinstance(value, list):
-        return [_wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
-    return Fig(value, source, unit)
+        return [_wrap(v, f"{source}[{i}]", "", samples) for i, v in enumerate(value)]
+    return Fig(value, source, unit, samples)
 
 
 def context_of(results: dict, run: Optional[dict] = None) -> dict:
     """The template context for one chapter's ``results.json`` (and, optionally, its run's others)."""
     chapter = results.get("chapter", "chapter")
-    metrics = {key: Record(entry, f"{chapter}.{key}", entry.get("unit", ""))
+    count = decide.chapter_samples(results.get("parameters"))
+    metrics = {key: Record(entry, f"{chapter}.{key}", entry.get("unit", ""), count)
                for key, entry in (results.get("metrics") or {}).items()}
-    tables = {name: _wrap(rows, f"{chapter}.{name}") for name, rows in (results.get("tables") or {}).items()}
+    tables = {name: _wrap(rows, f"{chapter}.{name}", "", count)
+              for name, rows in (results.get("tables") or {}).items()}
     return {"m": metrics, "t": tables, "p": Record(results.get("parameters") or {}, f"{chapter}.parameters"),
             "env": Record(results.get("environment") or {}, f"{chapter}.environment"),
             "chapter": chapter,
@@ -222,17 +229,46 @@ def words(lang: str = "en") -> dict:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
+def samples_in(values: Any) -> Optional[float]:
+    """The fewest samples of the recorded figures among ``values`` (nested lists and figures'
+    records included; plain numbers, a template's literals, count for nothing); None when no
+    recorded figure is among them, so a comparison of unrecorded numbers claims no direction."""
+    counts = []
+
+    def walk(value):
+        if isinstance(value, Record):
+            value = value.get("value", None)
+        if isinstance(value, Fig):
+            counts.append(value.samples)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    walk(values)
+    if not counts:
+        return None
+    return None if any(c is None for c in counts) else min(counts)
+
+
 def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = "p90_ms",
-            higher_is_better: bool = False) -> dict:
+            higher_is_better: bool = False, mark=lambda fig, text: text) -> dict:
     """``decide.rank`` over table rows: ``names`` (the best, or every option tied with it, as one
     text) and ``decision`` (a key of the phrase table: ``least time, clear`` / ``least time, tied`` or,
-    for ``higher_is_better``, ``most, clear`` / ``most, tied``)."""
+    for ``higher_is_better``, ``most, clear`` / ``most, tied``; a ``decide.too_few`` decision when
+    the rows have too few samples)."""
+    rows = list(rows)
     found = decide.rank([(str(_plain(r[name])), _plain(r[value]), _plain(r.get(low)), _plain(r.get(high)))
-                         for r in rows], higher_is_better)
+                         for r in rows], higher_is_better,
+                        samples=samples_in([[r.get(low), r.get(high)] for r in rows]))
     if found is None:
         return {"names": "", "decision": "not measured", "clear": False}
+    # each name is a recorded word (marked as one in audit mode, like ``| text``)
+    source = {str(_plain(r[name])): r[name] for r in rows}
+    shown = lambda names: ", ".join(f"`{mark(source.get(n), n)}`" for n in names)  # noqa: E731
+    if found.too_few:
+        return {"names": shown(found.tied), "clear": False, "decision": found.too_few}
     kind = "most" if higher_is_better else "least time"
-    return {"names": ", ".join(f"`{n}`" for n in found.tied), "clear": found.clear,
+    return {"names": shown(found.tied), "clear": found.clear,
             "decision": f"{kind}, {'clear' if found.clear else 'tied'}"}
 
 
@@ -287,12 +323,15 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
 
     def unwrap(fn):
         def call(*args, **kwargs):
+            # the count behind the figures compared: the fewest samples of any of them
+            if fn is not decide.bandwidth_regime and "samples" not in kwargs:
+                kwargs["samples"] = samples_in(list(args) + list(kwargs.values()))
             return fn(*[deep(a) for a in args], **{k: deep(v) for k, v in kwargs.items()})
         call.__name__ = fn.__name__
         return call
 
     env.globals.update({name: unwrap(fn) for name, fn in plain.items()})
-    env.globals.update(pct=pct, ranking=ranking,
+    env.globals.update(pct=pct, ranking=lambda *a, **k: ranking(*a, mark=renderer.mark, **k),
                        column=lambda rows, name: [r[name] for r in rows],
                        spreads=lambda rows, low, high: [(r[low], r[high]) for r in rows],
                        rows_where=lambda rows, name, value: [r for r in rows if r.get(name) == value])
@@ -303,11 +342,26 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
 
     def say(decision: Any) -> str:
         key = decision["decision"] if isinstance(decision, dict) else str(_plain(decision))
+        few = decide.parse_too_few(key)
+        if few is not None:  # "too few samples: 2 of 5": the phrase with the counts put in
+            count, need = few
+            # both counts are figures of the run's record and of decide's rule: marked as such
+            return table[decide.TOO_FEW if count is not None else f"{decide.TOO_FEW}, {decide.UNKNOWN_COUNT}"
+                         ].format(n=renderer.mark(Fig(count, "count of samples"), format_number(count)),
+                                  need=renderer.mark(Fig(need, "count needed (decide)"), format_number(need)))
         if key not in table:
             raise KeyError(f"words.{lang}.yaml has no phrase for the decision {key!r}")
         return table[key]
 
     env.filters["say"] = say
+
+    def plural(value: Any, one: str, other: str) -> str:
+        """``one`` for a count of exactly 1 (a recorded figure, or a list: its length), else
+        ``other``: "1 claim", "2 claims" (a language without plurals passes the same word twice)."""
+        n = len(value) if isinstance(value, (list, tuple)) else _plain(value)
+        return one if n == 1 else other
+
+    env.filters["plural"] = plural
     env.tests["startswith"] = lambda value, prefix: str(_plain(value)).startswith(prefix)
     return env
 

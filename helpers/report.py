@@ -262,8 +262,18 @@ def key_figure_label(key: str, lang: str = "en") -> tuple[str, str]:
     return key.replace("_", " "), ""
 
 
-def describe_key_figure(key: str, entry: dict, lang: str = "en") -> dict:
-    """What the index prints for one figure: label, rounded value with unit, direction, context."""
+def counted(word, n) -> str:
+    """A counted word in the number ``n`` asks for: a label that is ``{one: ..., other: ...}`` gives
+    ``one`` for exactly 1 ("1 claim", "1 op"), ``other`` otherwise; a plain label is the same for all."""
+    if isinstance(word, dict):
+        return str(word["one"] if n == 1 else word["other"])
+    return str(word)
+
+
+def describe_key_figure(key: str, entry: dict, lang: str = "en", samples: Optional[float] = None) -> dict:
+    """What the index prints for one figure: label, rounded value with unit, direction, context.
+    ``samples``: the chapter's count when the figure does not record its own (``decide.samples_of``);
+    a ratio's spread says "too few samples" from fewer than ``decide.MIN_SAMPLES``."""
     label, direction = key_figure_label(key, lang)
     unit = str(entry.get("unit") or "")
     raw = entry.get("value")
@@ -271,14 +281,23 @@ def describe_key_figure(key: str, entry: dict, lang: str = "en") -> dict:
         "common", "boolean_yes" if raw else "boolean_no", lang)
     labels = pages.labels("index", lang)
     unit = UNIT_WORDS.get(unit, unit)
-    shown_unit = labels["units"].get(unit, unit)  # a counted word (claims) in the page's language
+    # a counted word (claims, ops) in the page's language and in the number the value asks for
+    shown_unit = counted(labels["units"].get(unit, unit), raw)
     shown = f"{value}{unit}" if unit in ("×", "%") else f"{value} {shown_unit}".strip()
-    context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape") if entry.get(k))
+    # the context says where the figure was taken; a word the value already shows is not repeated
+    context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape")
+                        if entry.get(k) and str(entry[k]) != str(raw))
     spread = ""
     low, high = entry.get("low"), entry.get("high")
     if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not isinstance(low, bool):
         bounds = {"low": format_number(float(low)), "high": format_number(float(high))}
-        if unit == "×" and decide.direction(low, high) == decide.SAME:
+        decision = decide.direction(low, high, samples=decide.samples_of(entry, samples))
+        few = decide.parse_too_few(decision)
+        if unit == "×" and few is not None:
+            # too few samples for any word about the ratio's direction
+            phrase = labels["too_few"] if few[0] is not None else labels["too_few_unknown"]
+            spread = labels["spread_noise"].format(**bounds, noise=phrase.format(n=few[0], need=few[1]))
+        elif unit == "×" and decision == decide.SAME:
             # a ratio whose spread holds 1: no direction to read
             spread = labels["spread_noise"].format(**bounds, noise=labels["within_noise"])
         else:

@@ -109,6 +109,102 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+# --- the machine's load while a chapter measures ---------------------------------------------------
+
+# Load average per core above which a page warns that its figures were taken under load: more
+# runnable processes than cores, so the chapter's threads wait for the others' (the threshold
+# backend.cpu_contention has always used, now for every chapter and the index).
+LOAD_PER_CORE_WARNING = 1.0
+BUSY_SHOWN = 5  # the busiest other processes a load record keeps
+
+
+def _proc_times() -> dict[int, tuple[str, int, float]]:
+    """``{pid: (name, parent pid, CPU seconds so far)}`` of every process, from ``/proc`` (Linux)."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        # the name is in parentheses and may hold spaces: split after the last ')'
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        out[int(entry.name)] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    return out
+
+
+def _this_run(procs: dict) -> set[int]:
+    """This process, its ancestors (the runner, the Jupyter kernel's launcher) and its descendants
+    (a vLLM server it started): the processes of this run, which are not competing with it."""
+    mine, pid = set(), os.getpid()
+    while pid > 1 and pid not in mine:
+        mine.add(pid)
+        pid = procs.get(pid, ("", 0, 0.0))[1]
+    children = {pid: [] for pid in procs}
+    for pid, (_, parent, _) in procs.items():
+        children.setdefault(parent, []).append(pid)
+    todo = [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in mine:
+                mine.add(child)
+                todo.append(child)
+    return mine
+
+
+def busy_processes(interval: float = 0.2, top: int = BUSY_SHOWN) -> Optional[list[dict]]:
+    """The ``top`` processes not of this run that used the most CPU over ``interval`` seconds:
+    ``[{"pid", "name", "cpu_pct"}]`` (100 % is one core), busiest first; None where ``/proc`` cannot
+    be read (not Linux). ``psutil`` is not needed: two readings of ``/proc/<pid>/stat``."""
+    if not os.path.isdir("/proc"):
+        return None
+    try:
+        before = _proc_times()
+        time.sleep(interval)
+        after = _proc_times()
+    except (OSError, ValueError, IndexError):
+        return None
+    ours = _this_run(after)
+    used = [{"pid": pid, "name": name, "cpu_pct": round(100.0 * (cpu - before[pid][2]) / interval, 1)}
+            for pid, (name, _, cpu) in after.items() if pid in before and pid not in ours]
+    return sorted((u for u in used if u["cpu_pct"] > 0), key=lambda u: -u["cpu_pct"])[:top]
+
+
+def machine_load(interval: float = 0.2) -> dict:
+    """The machine's load now: ``load_1m`` (the 1-minute load average), ``cores``, ``load_per_core``,
+    ``under_load`` (above ``LOAD_PER_CORE_WARNING``) and ``busy`` (``busy_processes``), with the time."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    per_core = load / cores if load is not None else None
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_1m": load, "cores": cores,
+            "load_per_core": per_core, "threshold_per_core": LOAD_PER_CORE_WARNING,
+            "under_load": per_core is not None and per_core > LOAD_PER_CORE_WARNING,
+            "busy": busy_processes(interval) or []}
+
+
+def under_load(load: Optional[dict]) -> list[tuple[str, dict]]:
+    """The readings of a chapter's ``load`` record (``{"start": ..., "end": ...}``) taken under
+    load, as ``(when, reading)``: what a page warns about."""
+    return [(when, reading) for when, reading in (load or {}).items()
+            if isinstance(reading, dict) and reading.get("under_load")]
+
+
+def load_warning(load: Optional[dict], phrase: str, when_words: dict, separator: str = ", ") -> str:
+    """One sentence for every reading of a chapter's ``load`` taken under load ('' when none):
+    ``phrase`` (a page's or a chapter's words) filled with ``when`` (``when_words`` of start / end),
+    ``load``, ``cores``, ``per_core``, ``threshold`` and ``busy`` (the busiest other processes)."""
+    texts = []
+    for when, r in under_load(load):
+        busy = separator.join(f"{b['name']} ({b['pid']}, {b['cpu_pct']:.0f} %)" for b in r.get("busy") or [])
+        texts.append(phrase.format(when=when_words.get(when, when), load=f"{r['load_1m']:.1f}", cores=r["cores"],
+                                   per_core=f"{r['load_per_core']:.2f}", threshold=f"{r['threshold_per_core']:g}",
+                                   busy=busy or "–"))
+    return " ".join(texts)
+
+
 class Results:
     """Figures of one chapter, saved to ``<run_dir>/<chapter>/results.json`` as they come.
 
@@ -166,6 +262,16 @@ class Results:
         self.data["artifacts"].append({"path": rel, "label": label or Path(path).name})
         self.save()
 
+    def record_load(self, when: str) -> dict:
+        """The machine's load (``machine_load``) at the ``start`` or ``end`` of the chapter's
+        measurements, kept under ``load``: every page shows a warning beside figures taken under load."""
+        if when not in ("start", "end"):
+            raise ValueError(f"when={when!r} is not valid; choose one of start, end")
+        reading = machine_load()
+        self.data.setdefault("load", {})[when] = reading
+        self.save()
+        return reading
+
     def set(self, field: str, value: Any) -> None:
         self.data[field] = value
         self.save()
@@ -177,6 +283,8 @@ class Results:
         self.data["status"] = status
         if reason:
             self.data["status_reason"] = reason
+        if "load" in self.data:  # a chapter that recorded the load as it opened records it as it ends
+            self.data["load"]["end"] = machine_load()
         self.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.save()
 

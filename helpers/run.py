@@ -35,7 +35,9 @@ import yaml
 
 from . import REPO, pages
 from .claims import CLASS_COLOURS
-from .results import REPORT_CHAPTER, RESULTS_NAME, load_results, read_run, write_json_atomic
+from .decide import chapter_samples
+from .results import (LOAD_PER_CORE_WARNING, REPORT_CHAPTER, RESULTS_NAME, load_results, read_run,
+                      write_json_atomic)
 
 NOTEBOOKS = REPO / "notebooks"
 PROFILES = REPO / "profiles"
@@ -251,26 +253,32 @@ def write_index(run_dir: Path, run: dict) -> Path:
         rels = {"notebook": entry.get("output"), "html": entry.get("html"), "results": results}
         return [(text[f"link_{kind}"], rel) for kind, rel in rels.items() if rel]
 
-    rows = []
+    rows, loaded = [], []  # loaded: the chapters with figures measured under load
     for chapter in folder.chapters.values():
         data, entry = chapter.data or {}, chapter.entry
         metrics = data.get("metrics", {})
         results = f"{chapter.name}/{RESULTS_NAME}" if chapter.data else None
+        samples = chapter_samples(data.get("parameters"))
+        load = pages.load_warning(data.get("load"), lang)
+        if load:
+            loaded.append(chapter.name)
         rows.append({"name": chapter.name, "status": chapter.status, "entry": entry, "solution_of": "",
-                     "figures": [describe_key_figure(k, metrics[k], lang) for k in data.get("key_figures", [])
+                     "figures": [describe_key_figure(k, metrics[k], lang, samples) for k in data.get("key_figures", [])
                                  if k in metrics],
+                     "load": load,
                      "detail": "" if chapter.reason == "it wrote no results.json" else chapter.reason,
                      "links": links(entry, results)
                      + [(art["label"], art["path"]) for art in data.get("artifacts", [])]})
         solution = entry.get("solution")
         if solution:
             rows.append({"name": solution["notebook"], "status": solution["status"], "entry": solution,
-                         "solution_of": chapter.name, "figures": [],
+                         "solution_of": chapter.name, "figures": [], "load": "",
                          "detail": solution.get("error") or solution.get("reason") or "",
                          "links": links(solution)})
     return pages.write(Path(run_dir) / "index.html", "index", lang=lang, folder=folder, run=folder.run, rows=rows,
                        counts=index_verdict_counts(folder), colours=CLASS_COLOURS,
-                       report_chapter=REPORT_CHAPTER)
+                       report_chapter=REPORT_CHAPTER, loaded=loaded,
+                       threshold=f"{LOAD_PER_CORE_WARNING:g}")
 
 
 def _environment_summary() -> dict:

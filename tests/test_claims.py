@@ -252,6 +252,11 @@ def test_no_measurement_off_the_claimed_hardware_reproduces_or_contradicts(table
     assert len(measured) >= 8  # the fixture did reach the rules
     assert not measured["verdict"].isin(["reproduced", "contradicted"]).any(), \
         measured[["id", "verdict", "detail"]].to_string()
+    # a claim checked against a figure of another technique (unlike=) shows no effect of its own
+    unlike = measured["args"].str.contains("unlike=")
+    assert unlike.sum() == 2 and (measured[unlike]["verdict_class"] == "needs the claimed hardware").all()
+    assert measured[unlike]["elsewhere"].str.startswith(claims.UNLIKE).all()
+    measured = measured[~unlike]
     assert (measured["verdict_class"] == "measured on other hardware").all()
     assert measured["elsewhere"].str.contains(cls).all()
     # the measurement elsewhere did not decide the claim: no deciding run, but the run that showed it
@@ -263,7 +268,24 @@ def test_same_values_on_the_claimed_hardware_do_decide(table, tmp_path):
     _fill_every_metric(table, tmp_path, "npu:0", LLAMA)
     out = claims.verdicts(tmp_path, table)
     npu = out[(out["hardware"] == "npu") & (out["evidence"] == "measured")]
-    assert len(npu) >= 8 and npu["verdict"].isin(["reproduced", "contradicted"]).all()
+    unlike = npu["args"].str.contains("unlike=")
+    assert len(npu) >= 8 and npu[~unlike]["verdict"].isin(["reproduced", "contradicted"]).all()
+    # on the claimed hardware too, a figure of another technique neither reproduces nor contradicts
+    assert (npu[unlike]["verdict"] == claims.NOT_MEASURED).all() and npu[unlike]["detail"].str.contains("unlike").all()
+
+
+def test_a_claim_measured_only_on_unlike_evidence_says_so_not_opposite_effect(table, tmp_path):
+    """C82: MindSpeed's 1.84x against vLLM-on-CPU's 0.712x over our path; C58: the guide's
+    "+MindSpeed+INT8" rung against whichever rung of ours is best. Neither is the claim's technique."""
+    _chapter(tmp_path, "07_serving", {"engine_batch1_decode_ratio": (0.712, "cpu")})
+    _chapter(tmp_path, "06_optimization_ladder", {"ladder_best_batch1_speedup": (1.16, "cpu")})
+    out = claims.verdicts(tmp_path, table[table["id"].isin(["C82", "C58"])]).set_index("id")
+    for cid in ("C82", "C58"):
+        assert out.loc[cid, "verdict"] == "needs an NPU to check"
+        assert out.loc[cid, "verdict_class"] == "needs the claimed hardware"
+        assert out.loc[cid, "elsewhere"].startswith("unlike evidence (")
+        assert "opposite effect" not in out.loc[cid, "elsewhere"]
+    assert "0.712x" in out.loc["C82", "elsewhere"] and "MindSpeed" in out.loc["C82", "elsewhere"]
 
 
 def test_several_runs_each_claim_decided_by_the_matching_device(table, tmp_path):

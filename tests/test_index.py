@@ -94,9 +94,70 @@ def test_index_prints_labels_and_the_report_chapters_own_verdict_counts(tmp_path
     assert "merged gate/up FFN speedup at decode shape: <b>0.975×</b>" in page
     assert "higher is better" in page
     assert "0.9747" not in page
-    assert '<td class="verdict" data-verdict-class="measured on other hardware"' in page and "<td>9</td>" in page
-    assert '<td class="verdict" data-verdict-class="reproduced"' in page and "<td>2</td>" in page
+    assert ('<td class="verdict v-measured-on-other-hardware" data-verdict-class="measured on other hardware"'
+            in page and "<td>9</td>" in page)
+    assert '<td class="verdict v-reproduced" data-verdict-class="reproduced"' in page and "<td>2</td>" in page
     assert "(11 claims)" in page
+
+
+def test_one_claim_is_one_claim_in_both_languages(tmp_path):
+    data = _small_run(tmp_path, True, [("reproduced", 1)])
+    page = run.write_index(tmp_path, data).read_text()
+    assert "(1 claim)" in page and "1 claims" not in page
+    entry = {"value": 1, "unit": "claims"}
+    assert report.describe_key_figure("claims_reproduced", entry)["value"] == "1 claim"
+    assert report.describe_key_figure("claims_reproduced", {"value": 3, "unit": "claims"})["value"] == "3 claims"
+    assert report.describe_key_figure("decode_step_launches", {"value": 1, "unit": "ops"})["value"] == "1 op"
+    assert report.describe_key_figure("claims_reproduced", entry, lang="zh")["value"] == "1 条"
+    data["lang"] = "zh"
+    assert "（共 1 条）" in run.write_index(tmp_path, data).read_text()
+
+
+def test_a_verdict_class_is_one_css_class_whatever_its_words():
+    """``class="measured on other hardware"`` would be four classes, and ``.contradicted`` would match
+    "contradicted by sources": every badge carries the class's slug as one class."""
+    from helpers import pages
+
+    html = pages.environment("en").from_string(
+        '{% import "macros.html.j2" as m with context %}{{ m.badge(c, c, {}) }}').render(
+        c="contradicted by sources", C={}, L={})
+    classes = re.search(r'class="([^"]*)"', html).group(1).split()
+    assert classes == ["badge", "v-contradicted-by-sources"]
+    assert 'data-verdict-class="contradicted by sources"' in html
+
+
+def test_the_device_figure_does_not_repeat_its_device():
+    d = report.describe_key_figure("device", {"value": "cpu", "unit": "", "device": "cpu", "dtype": "bfloat16"})
+    assert d["value"] == "cpu" and d["context"] == "bfloat16"  # was "cpu" beside "cpu, bfloat16": "cpu cpu"
+
+
+def test_a_ratio_from_too_few_samples_says_so_on_the_index():
+    entry = {"value": 1.6, "unit": "x", "low": 1.5, "high": 1.7}
+    few = report.describe_key_figure("graph_mode_decode_speedup", entry, samples=2)
+    assert few["spread"] == "(p10–p90 1.50–1.70: too few samples to say a direction: 2 of 5)"
+    assert report.describe_key_figure("graph_mode_decode_speedup", entry, samples=5)["spread"] == "(p10–p90 1.50–1.70)"
+    assert "count not recorded" in report.describe_key_figure("graph_mode_decode_speedup", entry)["spread"]
+
+
+def test_the_index_warns_beside_the_figures_of_a_chapter_measured_under_load(tmp_path):
+    data = _small_run(tmp_path, with_report=False)
+    path = tmp_path / "02_ffn_fusion" / "results.json"
+    recorded = json.loads(path.read_text())
+    busy = [{"pid": 4242, "name": "stress-ng", "cpu_pct": 97.0}]
+    recorded["load"] = {"start": {"load_1m": 4.8, "cores": 2, "load_per_core": 2.4, "threshold_per_core": 1.0,
+                                  "under_load": True, "busy": busy},
+                        "end": {"load_1m": 0.4, "cores": 2, "load_per_core": 0.2, "threshold_per_core": 1.0,
+                                "under_load": False, "busy": []}}
+    write_json_atomic(path, recorded)
+    page = run.write_index(tmp_path, data).read_text()
+    assert "CPU load average 4.8 on 2 cores (2.40 per core, above 1) at the start" in page
+    assert "stress-ng (4242, 97 %)" in page and "at the end" not in page
+    assert "measured under load (load average per core above 1): 02_ffn_fusion" in page
+    data["lang"] = "zh"
+    assert "CPU 平均负载 4.8" in run.write_index(tmp_path, data).read_text()
+    recorded["load"]["start"]["under_load"] = False
+    write_json_atomic(path, recorded)
+    assert "under load" not in run.write_index(tmp_path, {**data, "lang": "en"}).read_text()
 
 
 def test_index_without_a_finished_report_chapter_has_no_verdict_section(tmp_path):
@@ -144,9 +205,9 @@ def test_report_pages_are_readable_by_others_under_the_usual_umask(tmp_path):
 
 def test_a_ratio_inside_its_noise_says_so_on_the_index():
     inside = report.describe_key_figure("ffn_merged_speedup_decode",
-                                        {"value": 1.05, "unit": "x", "low": 0.91, "high": 1.23})
+                                        {"value": 1.05, "unit": "x", "low": 0.91, "high": 1.23}, samples=5)
     assert inside["spread"] == "(p10–p90 0.910–1.23: no difference beyond the noise)"
     apart = report.describe_key_figure("graph_mode_decode_speedup",
-                                       {"value": 1.6, "unit": "x", "low": 1.5, "high": 1.7})
+                                       {"value": 1.6, "unit": "x", "low": 1.5, "high": 1.7}, samples=5)
     assert apart["spread"] == "(p10–p90 1.50–1.70)"
     assert report.describe_key_figure("ttft_ms", {"value": 80.0, "unit": "ms"})["spread"] == ""

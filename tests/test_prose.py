@@ -5,7 +5,7 @@ import pytest
 
 from helpers import prose
 
-RESULTS = {"chapter": "99_demo", "parameters": {"repeats": 3},
+RESULTS = {"chapter": "99_demo", "parameters": {"repeats": 5},
            "metrics": {"speedup": {"value": 1.05, "unit": "x", "low": 0.91, "high": 1.23, "dtype": "float32"},
                        "ttft_ms": {"value": 83.456, "unit": "ms"}},
            "tables": {"rows": [{"path": "eager", "step_ms": 45.5}, {"path": "graph", "step_ms": 26.5}]}}
@@ -37,6 +37,16 @@ def test_audit_mode_names_the_source_of_every_number(templates):
     assert ("99_demo.speedup.value", "1.05x") in marks and ("99_demo.rows[1].step_ms", "26.5") in marks
     outside = re.sub(r"⟦[^⟧]*⟧", "", text)
     assert not re.search(r"\d", outside)
+
+
+def test_too_few_samples_is_said_with_its_counts_marked(templates):
+    (templates / "99_demo.en.md.j2").write_text(
+        "{% block summary %}{{ direction(m.speedup.low, m.speedup.high) | say }}{% endblock %}", encoding="utf-8")
+    few = {**RESULTS, "parameters": {"repeats": 3}}
+    assert prose.render("99_demo", "summary", few) == "too few samples to say a direction (3 of the 5 needed)"
+    text = prose.render("99_demo", "summary", few, audit=True)
+    assert not re.search(r"\d", re.sub(r"⟦[^⟧]*⟧", "", text))
+    assert prose.render("99_demo", "summary", RESULTS) == prose.words("en")["no difference beyond the noise"]
 
 
 def test_templates_cannot_compute_numbers_or_take_them_from_the_notebook(templates):
