@@ -56,8 +56,23 @@ class Climb:
         if self.model is None:
             self.model = self.load()
 
+    weights: Optional[str] = None  # the label of a quantized rung's weights (None: the working dtype)
+
     def variant(self, prompts=None) -> ladder.Variant:
-        return ladder.Variant(self.model, prompts, static_cache=self.static, greedy_loop=self.loop)
+        return ladder.Variant(self.model, prompts, static_cache=self.static, greedy_loop=self.loop,
+                              weights=self.weights)
+
+    def eager_copy(self):
+        """A copy of the current model with its eager forward, for a rung that changes the model:
+        the earlier rungs keep theirs, so the ladder can time them all again, interleaved."""
+        compiled = static_decode.compiled_forward_of(self.model)
+        if compiled is not None:  # copy the eager module, not the compiled graphs
+            static_decode.restore_eager(self.model)
+        try:
+            return copy.deepcopy(self.model)
+        finally:
+            if compiled is not None:
+                self.model.forward = compiled
 
     def compile(self) -> None:
         static_decode.compile_model(self.model, self.device, npu_mode=self.npu_graph_mode)
@@ -83,6 +98,7 @@ def greedy_loop(c: Climb):
 
 
 def fused_operators(c: Climb):
+    c.model = c.eager_copy()
     c.fusion = ops.apply_fused_modules(c.model)
     return c.variant()
 
@@ -90,6 +106,7 @@ def fused_operators(c: Climb):
 def graph_mode(c: Climb):
     if not c.graph_mode:
         raise ladder.RungSkipped("graph_mode is off in this profile; each compile costs minutes on a CPU")
+    c.model = c.eager_copy()
     c.compile()
     c.graph = True
     return c.variant()
@@ -98,13 +115,15 @@ def graph_mode(c: Climb):
 def int8_weights(c: Climb):
     if not c.int8:
         raise ladder.RungSkipped("int8 is off in this profile")
-    static_decode.restore_eager(c.model)  # quantize the eager model, then compile it once more
+    model = c.eager_copy()  # quantize an eager copy, then compile it once more
     # on a CPU the int8 kernel is timed at this model's shapes, then kept; never slower than dense
     if as_device(c.device).type == "cpu":
-        c.int8_kernels = quant.choose_cpu_w8a16_kernel(c.model)
-        if c.int8_kernels["decision"]["loses_to_dense"]:
+        c.int8_kernels = quant.choose_cpu_w8a16_kernel(model)
+        if not c.int8_kernels["decision"]["beats_dense"]:
             raise ladder.RungSkipped(ladder.int8_skip_reason(c.int8_kernels["rows"]))
-    c.int8_info = quant.quantize_model_int8(c.model, impl="auto")
+    c.int8_info = quant.quantize_model_int8(model, impl="auto")
+    c.model = model
+    c.weights = f"int8 weights ({c.int8_info['impl']}), {c.int8_info.get('activations') or dtype_name(c.dtype)} activations"
     if c.graph:
         c.compile()
     return c.variant()
@@ -126,6 +145,7 @@ def int4_weights(c: Climb):
     c.int4_quality = ladder.weight_format_check(before, fresh, c.tokenizer)
     del before
     c.model = fresh
+    c.weights = f"int4 g32 weights, {c.int4_info['activations']} activations"
     if c.graph:
         c.compile()
     return c.variant()
@@ -133,6 +153,7 @@ def int4_weights(c: Climb):
 
 def batched(c: Climb):
     if c.graph:
+        c.model = c.eager_copy()  # the batch-1 rung keeps its graphs for the rounds
         c.compile()  # a fresh count: the batch shapes get their own two graphs
     return c.variant([c.prompt] * c.batch_size)
 
