@@ -48,6 +48,7 @@ class Climb:
     int8_kernels: Optional[dict] = None
     int8_info: Optional[dict] = None
     int4_info: Optional[dict] = None
+    int4_kernels: Optional[dict] = None  # the INT4 kernel timed per activation dtype (quant.time_int4_activations)
     int4_quality: Optional[dict] = None
 
     def __post_init__(self):
@@ -139,8 +140,10 @@ def int4_weights(c: Climb):
     if c.fusion:
         ops.apply_fused_modules(fresh)
     before = copy.deepcopy(fresh)
-    # the layers' linears in INT4 groups of 32 (the GGUF's Q4_1); lm_head in INT8 (the GGUF's is Q8_0)
-    c.int4_info = quantize_model_int4(fresh, skip=["lm_head"])
+    # the layers' linears in INT4 groups of 32 (the GGUF's Q4_1); lm_head in INT8 (the GGUF's is Q8_0).
+    # The kernel's activations: the 16-bit dtype it was timed fastest with at this model's shapes.
+    c.int4_kernels = quant.time_int4_activations(fresh, skip=["lm_head"])
+    c.int4_info = quantize_model_int4(fresh, skip=["lm_head"], act_dtype=c.int4_kernels["act_dtype"])
     c.int4_info["lm_head"] = quant.quantize_model_int8(fresh, impl="auto")["impl"]
     c.int4_quality = ladder.weight_format_check(before, fresh, c.tokenizer)
     del before
@@ -206,8 +209,10 @@ def weight_formats(c: Climb) -> list[dict]:
 
 # --- chapter 06: the INT4 rung's weights ----------------------------------------------------------
 
-def quantize_model_int4(model: nn.Module, group_size: int = quant.INT4_GROUP, skip: Iterable[str] = ()) -> dict:
-    """Replace every ``nn.Linear`` (in place) by an ``quant.Int4Linear``; returns what ``quantize_model_int8`` does."""
+def quantize_model_int4(model: nn.Module, group_size: int = quant.INT4_GROUP, skip: Iterable[str] = (),
+                        act_dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Replace every ``nn.Linear`` (in place) by an ``quant.Int4Linear`` computing in ``act_dtype``;
+    returns what ``quantize_model_int8`` does."""
     names = quant._check_model(model, skip)
     problem = quant.int4_problem(model.get_submodule(names[0]).weight.device)
     if problem:
@@ -222,8 +227,8 @@ def quantize_model_int4(model: nn.Module, group_size: int = quant.INT4_GROUP, sk
     before = weight_bytes(model)
     dtype = model.get_submodule(names[0]).weight.dtype
     quant._replace_linears(model, [n for n in names if n not in kept],
-                     lambda _, lin: quant.Int4Linear(lin, group_size))
+                     lambda _, lin: quant.Int4Linear(lin, group_size, act_dtype))
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names) - len(kept),
             "kept_unquantized": kept,
             "impl": f"_weight_int4pack_mm_for_cpu, groups of {group_size}", "scheme": "w4a16",
-            "activations": quant.activations_label(torch.bfloat16, dtype)}
+            "activations": quant.activations_label(act_dtype, dtype)}
