@@ -25,7 +25,7 @@ from . import claims, decide, llamacpp, profiling, static_decode, versions
 from .backend import as_device
 from .bench import Timing, speedup
 from .decide import SAME, direction, met
-from .generation import decode_bytes_per_step, generate_tokens, measure_generation
+from .generation import _pooled, decode_bytes_per_step, generate_tokens, measure_generation
 from .model_files import EMBEDDED_MODEL, locate_embedded_gguf
 from .models import chat_inputs, weight_bytes
 from .quality import encode, evaluate, load_heldout_text
@@ -63,16 +63,26 @@ def _known(value) -> bool:
 def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
                roofline_tok_s: Optional[float] = None,
                cleanup: Optional[Callable[[Any], None]] = None,
-               on_rung: Optional[Callable[[dict], None]] = None):
+               on_rung: Optional[Callable[[dict], None]] = None,
+               rounds: int = 0, between_rounds: Optional[Callable[[int], None]] = None):
     """Prepare and measure each rung; a failing rung is recorded and the ladder continues.
 
     ``measure(variant)`` returns at least ``latency_ms`` (the whole request) and ``tokens_per_s``;
     optional ``roofline_tok_s`` (overrides the ladder's, e.g. fewer weight bytes after INT8),
     ``batch_size`` and ``timing`` (a ``bench.Timing``: the speedup and its spread then come from
-    ``bench.speedup``). Speedup is over the first rung that succeeded at the same batch size, the
-    throughput ratio when the batch differs (the guide's "+ best batch size" rung). Extra keys are
-    kept as columns. ``cleanup(variant)`` frees a variant before the next rung; ``on_rung(row)``
-    sees each row as it is done. Returns a pandas DataFrame with ``COLUMNS`` first.
+    ``bench.speedup``). Speedup is over the first rung that succeeded at the same batch size; a rung
+    at another batch size gets the throughput ratio over the batch-1 rung just before it (the same
+    weights and code path, only the batch changed: like with like). Extra keys are kept as columns.
+
+    ``rounds`` > 0 measures the rungs interleaved: every rung is first built and measured once (its
+    warm-up, and the profile of its step), all variants are kept, then each round times every ok
+    rung once more, round robin, so a change of machine state (load, clocks, another process) hits
+    every rung alike; the figures and ratios are those of the rounds, pooled
+    (``measure.again(variant)`` and ``measure.pooled(variant, outs, row)``, as
+    ``generation_measure`` gives them). ``between_rounds(i)`` runs before round ``i`` (chapter 06
+    times llama.cpp and float32 eager there, so they are interleaved with the rungs too).
+    ``cleanup(variant)`` frees each variant once the ladder is done; ``on_rung(row)`` sees each row
+    as it is built. Returns a pandas DataFrame with ``COLUMNS`` first.
     """
     import pandas as pd
 
@@ -82,50 +92,94 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
     names = [r.name for r in rungs]
     if len(set(names)) != len(names):
         raise ValueError(f"rung names must be unique, got {names}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ValueError(f"rounds={rounds!r} is not valid; give an integer >= 0 (0: each rung timed once, "
+                         "as it is built)")
+    if rounds and not (callable(getattr(measure, "again", None)) and callable(getattr(measure, "pooled", None))):
+        raise ValueError("rounds > 0 needs a measure with .again(variant) and .pooled(variant, outs, row), "
+                         "e.g. ladder.generation_measure(...)")
     rows: list[dict] = []
-    baseline: Optional[dict] = None
-    for rung in rungs:
-        row: dict = {"rung": rung.name, "description": rung.description, "status": "ok", "error": ""}
-        variant = None
-        start = time.perf_counter()
-        try:
-            variant = rung.prepare()
-            row["prepare_s"] = time.perf_counter() - start
-            metrics = dict(measure(variant))
-            for key in ("latency_ms", "tokens_per_s"):
-                if key not in metrics:
-                    raise KeyError(f"measure() returned no {key!r}; it returned {sorted(metrics)}")
-            row.update(metrics)
-        except RungSkipped as exc:
-            row.update(status="skipped", error=str(exc))
-        except Exception as exc:  # noqa: BLE001  (one broken rung must not stop the ladder)
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            row.update(status="failed", error=f"{type(exc).__name__}: {first_line}"[:300],
-                       traceback=traceback.format_exc(limit=3))
-        finally:
-            if cleanup is not None and variant is not None:
+    kept: list = []  # (row, variant) of the ok rungs, timed again in the rounds
+    try:
+        for rung in rungs:
+            row: dict = {"rung": rung.name, "description": rung.description, "status": "ok", "error": ""}
+            variant = None
+            start = time.perf_counter()
+            try:
+                variant = rung.prepare()
+                row["prepare_s"] = time.perf_counter() - start
+                metrics = dict(measure(variant))
+                for key in ("latency_ms", "tokens_per_s"):
+                    if key not in metrics:
+                        raise KeyError(f"measure() returned no {key!r}; it returned {sorted(metrics)}")
+                row.update(metrics)
+            except RungSkipped as exc:
+                row.update(status="skipped", error=str(exc))
+            except Exception as exc:  # noqa: BLE001  (one broken rung must not stop the ladder)
+                _failed(row, exc)
+            if variant is not None and rounds:
+                kept.append((row, variant))
+            elif variant is not None and cleanup is not None:
                 with contextlib.suppress(Exception):
                     cleanup(variant)
-        if row["status"] == "ok":
-            ceiling = row.get("roofline_tok_s", roofline_tok_s)
-            row["roofline_pct"] = 100.0 * row["tokens_per_s"] / ceiling if ceiling else None
-            baseline = baseline or row
-            same_batch = row.get("batch_size", 1) == baseline.get("batch_size", 1)
-            if same_batch and isinstance(row.get("timing"), Timing) and isinstance(baseline.get("timing"), Timing):
-                s = speedup(baseline["timing"], row["timing"])
-                row.update(speedup=s.ratio, speedup_low=s.low, speedup_high=s.high)
-            elif same_batch:
-                row["speedup"] = baseline["latency_ms"] / row["latency_ms"]
-            else:  # a bigger batch serves more users per call: compare throughput, not latency
-                row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
-        rows.append(row)
-        if on_rung is not None:
-            on_rung(row)
+            rows.append(row)
+            if on_rung is not None:
+                on_rung(row)
+        outs: dict = {id(row): [] for row, _ in kept}
+        for i in range(rounds):
+            if between_rounds is not None:
+                between_rounds(i)
+            for row, variant in kept:
+                if row["status"] != "ok":
+                    continue
+                try:
+                    outs[id(row)].append(measure.again(variant))
+                except Exception as exc:  # noqa: BLE001
+                    _failed(row, exc)
+        for row, variant in kept:
+            if rounds and row["status"] == "ok":
+                row.update(measure.pooled(variant, outs[id(row)], row), rounds=rounds)
+    finally:
+        if cleanup is not None:
+            for _, variant in kept:
+                with contextlib.suppress(Exception):
+                    cleanup(variant)
+    _ratios(rows, roofline_tok_s)
     table = pd.DataFrame(rows)
     table = table.assign(**{col: None for col in COLUMNS if col not in table.columns})
     if "timing" in table.columns:
         table["timing"] = table["timing"].map(lambda t: t.summary() if isinstance(t, Timing) else t)
     return table[list(COLUMNS) + [c for c in table.columns if c not in COLUMNS]]
+
+
+def _failed(row: dict, exc: Exception) -> None:
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    row.update(status="failed", error=f"{type(exc).__name__}: {first_line}"[:300],
+               traceback=traceback.format_exc(limit=3))
+
+
+def _ratios(rows: list, roofline_tok_s: Optional[float]) -> None:
+    """Each ok row's roofline share and speedup: over the first ok row at its batch size, or (another
+    batch size) its throughput over the ok batch-1 row just before it."""
+    baseline: Optional[dict] = None
+    previous: Optional[dict] = None
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        ceiling = row.get("roofline_tok_s", roofline_tok_s)
+        row["roofline_pct"] = 100.0 * row["tokens_per_s"] / ceiling if ceiling else None
+        baseline = baseline or row
+        same_batch = row.get("batch_size", 1) == baseline.get("batch_size", 1)
+        if same_batch and isinstance(row.get("timing"), Timing) and isinstance(baseline.get("timing"), Timing):
+            s = speedup(baseline["timing"], row["timing"])
+            row.update(speedup=s.ratio, speedup_low=s.low, speedup_high=s.high)
+        elif same_batch:
+            row["speedup"] = baseline["latency_ms"] / row["latency_ms"]
+        else:  # a bigger batch serves more users per call: throughput over the rung it builds on
+            ref = previous or baseline
+            row.update(speedup=row["tokens_per_s"] / ref["tokens_per_s"], speedup_over=ref["rung"])
+        if same_batch:
+            previous = row
 
 
 def _ok_rows(table):
@@ -204,18 +258,25 @@ def graph_count_problems(table, max_graphs: int = 2) -> list:
 
 
 def batch_throughput_ratio(table) -> Optional[dict]:
-    """The last rung serving more users than the baseline: its aggregate tok/s over the baseline's
-    (more users per call, never to be compared with a batch-1 latency ladder)."""
+    """The last rung serving more users than the baseline: its aggregate tok/s over that of the ok
+    batch-1 rung just before it (``over``: the same weights and code path, only the batch changed,
+    so the ratio is batching's alone), never to be compared with a batch-1 latency speedup."""
     ok, base_batch = _ok_rows(table)
     if len(ok) < 2 or "batch_size" not in ok:
         return None
-    bigger = ok[ok["batch_size"].fillna(1) > base_batch]
+    sizes = ok["batch_size"].fillna(1)
+    bigger = ok[sizes > base_batch]
     if not len(bigger):
         return None
-    row, base = bigger.iloc[-1], ok.iloc[0]
+    row = bigger.iloc[-1]
+    position = list(ok.index).index(bigger.index[-1])
+    before = ok.iloc[:position][sizes.iloc[:position] == base_batch]
+    if not len(before):
+        return None
+    base = before.iloc[-1]
     return {"rung": row["rung"], "ratio": float(row["tokens_per_s"] / base["tokens_per_s"]),
             "tokens_per_s": float(row["tokens_per_s"]), "baseline_tokens_per_s": float(base["tokens_per_s"]),
-            "batch_size": int(row["batch_size"])}
+            "over": base["rung"], "weights": row.get("dtype"), "batch_size": int(row["batch_size"])}
 
 
 COUNT_COLUMNS = ("batch_size", "prompt_tokens", "new_tokens", "compiled_graphs")  # recorded as integers
@@ -257,10 +318,11 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
                                           "baseline_tokens_per_s")})
     batch = batch_throughput_ratio(table)
     if batch is not None:
-        ch.record("ladder_batch_throughput_ratio", batch["ratio"], "x", key_figure=True,
+        ch.record("ladder_batch_throughput_ratio", batch["ratio"], "x", key_figure=True, dtype=batch["weights"],
                   shape=f"batch {batch['batch_size']} vs batch 1, {new_tokens} new tokens",
-                  code_path="aggregate tokens/s of the batch rung over native eager batch-1 tokens/s, same run",
-                  **{k: batch[k] for k in ("rung", "batch_size", "tokens_per_s", "baseline_tokens_per_s")})
+                  code_path=f"aggregate tokens/s of the batch rung over batch-1 tokens/s of {batch['over']!r}, "
+                            "the rung it builds on (same weights and code path), same run",
+                  **{k: batch[k] for k in ("rung", "batch_size", "tokens_per_s", "baseline_tokens_per_s", "over")})
     problems = graph_count_problems(table)
     for problem in problems:
         ch.results.note(problem)
@@ -270,9 +332,37 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
 
 
 # The columns chapter 06 shows: the ladder, then the references and the split of each step.
-LADDER_COLUMNS = ("rung", "status", "batch_size", "prompt_tokens", "new_tokens", "latency_ms", "tokens_per_s",
-                  "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "speedup", "speedup_low",
-                  "speedup_high", "roofline_pct", "compiled_graphs", "compile_s", "peak_memory_bytes", "error")
+LADDER_COLUMNS = ("rung", "status", "dtype", "batch_size", "prompt_tokens", "new_tokens", "latency_ms", "tokens_per_s",
+                  "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "decode_samples", "speedup", "speedup_low",
+                  "speedup_high", "speedup_over", "bytes_per_step", "achieved_gbps", "roofline_share",
+                  "compiled_graphs", "compile_s", "peak_memory_bytes", "error")
+ROOFLINE_COLUMNS = ("rung", "dtype", "batch_size", "tokens_per_s", "decode_ms_per_token", "bytes_per_step",
+                    "achieved_gbps", "roofline_share")
+
+
+def roofline_rows(table, llama: Optional[dict] = None) -> list[dict]:
+    """Each ok rung and llama.cpp against one limit: bytes per decode step, the GB/s that step
+    reaches and its share of the measured read bandwidth (``roofline_share``), one row each."""
+    rows = [{k: row.get(k) for k in ROOFLINE_COLUMNS} for row in ladder_rows(table) if row["status"] == "ok"]
+    if llama and llama.get("status") == "ok" and llama.get("bytes_per_step"):
+        rows.append({"rung": "llama.cpp", "dtype": f"{llama.get('quantization')} weights (GGUF)", "batch_size": 1,
+                     "tokens_per_s": llama["tokens_per_s"], "decode_ms_per_token": llama["decode_ms_per_token"],
+                     "bytes_per_step": llama["bytes_per_step"], "achieved_gbps": llama.get("achieved_gbps"),
+                     "roofline_share": llama.get("roofline_share")})
+    return rows
+
+
+def roofline_runs(rows: list, bandwidth_gbps: Optional[float]) -> list:
+    """``roofline_rows`` as ``plots.plot_roofline``'s runs: per row its decode tok/s (aggregate), the
+    tok/s its bytes per step allow at the measured bandwidth, and its share of that ceiling."""
+    runs = []
+    for r in rows:
+        batch = r.get("batch_size") or 1
+        ceiling = batch * bandwidth_gbps * 1e9 / r["bytes_per_step"] if bandwidth_gbps and r.get("bytes_per_step") else None
+        share = r.get("roofline_share")
+        runs.append((f"{r['rung']} ({r.get('dtype')}, batch {batch})", r.get("tokens_per_s"), ceiling,
+                     100 * share if _known(share) else None))
+    return runs
 REFERENCE_COLUMNS = ("rung", "status", "tokens_per_s", "decode_ms_per_token", "ttft_ms", "vs_llamacpp",
                      "vs_llamacpp_low", "vs_llamacpp_high", "vs_float32_eager", "matmul_ms", "attention_ms",
                      "other_ms", "framework_ms")
@@ -285,7 +375,7 @@ def shown(table, columns: Sequence[str]):
 
 # --- beside the ladder: a float32 eager run and llama.cpp, never in the ladder's own ratios ------
 
-GOAL_FRACTION_OF_LLAMACPP = 0.5  # the best batch-1 rung should reach half of llama.cpp's decode
+GOAL_FRACTION_OF_LLAMACPP = 1.0  # the best batch-1 rung should decode at least as fast as llama.cpp
 # decide.met's words for a goal, as chapter 06 records them
 FRACTION_VERDICTS = {"met": "reached", "not met": "missed",
                      "within the noise of the goal": "within_noise", "not measured": "not_measured"}
@@ -420,11 +510,13 @@ def int8_skip_reason(kernel_rows: list) -> str:
     pick = pick_w8a16_kernel(kernel_rows)
     dense = next(r for r in kernel_rows if r["kernel"].startswith("dense"))
     best = next(r for r in kernel_rows if r["kernel"] == pick["kernel"])
-    return (f"the {dense['kernel']} linears were faster than every int8 kernel beyond the spread at this "
+    how = ("were faster than every int8 kernel beyond the spread" if pick["loses_to_dense"]
+           else "were not slower than the fastest int8 kernel beyond the spread")
+    return (f"the {dense['kernel']} linears {how} at this "
             f"model's shapes (fastest {best['kernel']} {best['decode_ms']:.2f} ms, p10-p90 {best['decode_p10_ms']:.2f}-"
             f"{best['decode_p90_ms']:.2f}, against {dense['decode_ms']:.2f} ms, p10-p90 "
             f"{dense['decode_p10_ms']:.2f}-{dense['decode_p90_ms']:.2f}, per decode step), so INT8 "
-            "would make this rung slower")
+            + ("would make this rung slower" if pick["loses_to_dense"] else "could not be shown to make it faster"))
 
 
 def int8_kernel_saving(kernel_rows: Optional[list]) -> Optional[dict]:
@@ -462,6 +554,48 @@ def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens
     return {"status": "skipped", "reason": reason}
 
 
+class References:
+    """llama.cpp and a float32 eager run, timed between the ladder's rounds (``run_ladder``'s
+    ``between_rounds``), so the ratios to them come from the same stretch of machine state as the
+    rungs'. ``llama()`` and ``fp32()`` pool the rounds (``llamacpp.pool``, ``measure.pooled``); a
+    reference that does not run here is asked once and says why (``llamacpp_reference``).
+
+    ``fp32_model`` is None when the working dtype is float32 (the first rung is float32 eager) or
+    the reference is off. With ``rounds=0`` call ``measure_once()`` after the ladder instead.
+    """
+
+    def __init__(self, measure, *, llamacpp_on: bool, device, model: str, prompt_ids, new_tokens: int,
+                 repeats: int, fp32_model=None, bandwidth_gbps: Optional[float] = None):
+        self.measure, self.fp32_model, self.bandwidth = measure, fp32_model, bandwidth_gbps
+        self.args = (llamacpp_on, device, model, prompt_ids, new_tokens, repeats)
+        self.new_tokens, self.prompt_tokens = new_tokens, len(prompt_ids)
+        self.llama_runs: list = []
+        self.fp32_runs: list = []
+
+    def __call__(self, round_index: int = 0) -> None:
+        if not self.llama_runs or self.llama_runs[-1].get("status") == "ok":
+            self.llama_runs.append(llamacpp_reference(*self.args))
+        if self.fp32_model is not None:
+            self.fp32_runs.append(self.measure.again(Variant(self.fp32_model)))
+
+    measure_once = __call__
+
+    def llama(self) -> dict:
+        out = llamacpp.pool(self.llama_runs)
+        if out.get("status") == "ok":  # its bytes per step beside the rungs', at the same mean context
+            gguf = locate_embedded_gguf()
+            out.update(llamacpp.bytes_per_step(gguf, self.prompt_tokens + self.new_tokens // 2))
+            out.update(roofline_share(out["bytes_per_step"], out["decode_ms_per_token"], self.bandwidth))
+        return out
+
+    def fp32(self) -> Optional[dict]:
+        if self.fp32_model is None or not self.fp32_runs:
+            return None
+        out = _pooled(self.fp32_runs, len(self.fp32_runs))
+        out["code_path"] = out.get("code_path", "") + ", float32 eager, timed between the ladder's rounds"
+        return out
+
+
 def reference_facts(table, llama: dict, fp32: Optional[dict],
                     fraction: float = GOAL_FRACTION_OF_LLAMACPP, int8_kernels: Optional[list] = None) -> dict:
     """Everything the references paragraph states, each decided by a named function above.
@@ -480,9 +614,11 @@ def reference_facts(table, llama: dict, fp32: Optional[dict],
                          "decode_ms": float(best["decode_ms_per_token"]), "ratio": ratio,
                          "verdict": fraction_verdict(ratio, fraction)}
         parts = {k: best.get(f"{k.split()[0]}_ms") for k in STEP_PARTS}
+        facts["best"].update(bytes_per_step=best.get("bytes_per_step"), roofline_share=best.get("roofline_share"),
+                             dtype=best.get("dtype"))
         if ratio and facts["best"]["verdict"] != "reached" and all(_known(v) for v in parts.values()):
-            facts["blocker"] = {**what_stands_in_the_way(parts, float(llama["decode_ms_per_token"]), fraction),
-                                "parts": parts}
+            found = what_stands_in_the_way(parts, float(llama["decode_ms_per_token"]), fraction)
+            facts["blocker"] = {**found, "parts": parts, "instead": llamacpp.KERNELS[found["blocker"]]}
     if fp32 and best is not None:
         first = table[table["status"] == "ok"].iloc[0]
         facts["fp32"] = {"tok_s": 1e3 / float(fp32["decode_ms_per_token"]),
@@ -508,6 +644,12 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
                        system_info=llama.get("system_info", ""), **ctx)
         results.record("llamacpp_ttft_ms", llama["ttft_ms"], "ms", p10=llama["ttft_p10_ms"],
                        p90=llama["ttft_p90_ms"], **ctx)
+        if _known(llama.get("roofline_share")):
+            results.record("llamacpp_roofline_share", llama["roofline_share"], "fraction",
+                           bytes_per_step=llama["bytes_per_step"], achieved_gbps=llama["achieved_gbps"],
+                           **{**ctx, "code_path": "llamacpp.bytes_per_step (the GGUF's tensors in their own "
+                              "formats + float16 KV cache at the mean context) x decode steps/s, over the "
+                              "measured read bandwidth"})
     else:
         results.record("llamacpp_decode_tok_s", None, "tok/s", device=device, status=llama.get("status"),
                        reason=llama.get("reason", "") or llama.get("error", ""))
@@ -521,7 +663,9 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
                        tok_s=best["tok_s"], code_path="decode tok/s of the batch-1 rung with the highest median "
                        "over llama.cpp's, same run (not part of the ladder's own ratios)",
                        blocker=blocker.get("blocker"), step_ms=blocker.get("step_ms"),
-                       target_ms=blocker.get("target_ms"), **parts)
+                       target_ms=blocker.get("target_ms"), instead=blocker.get("instead"),
+                       weights=best.get("dtype"), roofline_share=best.get("roofline_share"),
+                       samples=len(llama.get("decode_samples_ms") or ()), **parts)
     if fp32:
         results.record("float32_eager_decode_tok_s", 1e3 / float(fp32["decode_ms_per_token"]), "tok/s",
                        device=device, dtype="float32", shape=shape,
@@ -547,12 +691,15 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
 
 @dataclass
 class Variant:
-    """What a rung measures: a model, the batch of prompts (None: the ladder's), the cache kind and
-    whether ``generate`` is replaced by the hand-written greedy loop (``GreedyLoop``)."""
+    """What a rung measures: a model, the batch of prompts (None: the ladder's), the cache kind,
+    whether ``generate`` is replaced by the hand-written greedy loop (``GreedyLoop``), and the label
+    of its weights when they are not the working dtype (``weights``: e.g. "int4 g32 weights,
+    float16 activations"; None: the model's parameter dtype)."""
     model: Any
     prompts: Optional[Sequence[str]] = None
     static_cache: bool = False
     greedy_loop: bool = False
+    weights: Optional[str] = None
 
 
 # A ladder row's keys from measure_generation's, in the table's column order (the first two and the
@@ -561,6 +708,21 @@ _ROW_KEYS = ("latency_ms", "tokens_per_s", "peak_memory_bytes", "batch_size", "t
              "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms", "ttft_p10_ms", "ttft_p90_ms",
              "dtype", "code_path", "greedy_loop", "prompt_tokens", "new_tokens", "weight_bytes",
              "compiled_graphs", "compile_s")
+_TIMING_KEYS = ("latency_ms", "tokens_per_s", "ttft_ms", "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms",
+                "ttft_p10_ms", "ttft_p90_ms", "timing", "decode_samples", "bytes_per_step", "achieved_gbps",
+                "roofline_tok_s", "roofline_share")
+
+
+def roofline_share(bytes_per_step: Optional[float], decode_ms: Optional[float],
+                   bandwidth_gbps: Optional[float]) -> dict:
+    """``achieved_gbps`` (the bytes a decode step reads, per second of decode) and ``roofline_share``
+    (achieved over the measured read bandwidth: 1.0 is the machine's limit); None where a figure is
+    missing. The same count for every rung and for llama.cpp, so the two stand against one limit."""
+    if not (_known(bytes_per_step) and _known(decode_ms) and decode_ms > 0):
+        return {"achieved_gbps": None, "roofline_share": None}
+    achieved = float(bytes_per_step) / (float(decode_ms) / 1e3) / 1e9
+    return {"achieved_gbps": achieved,
+            "roofline_share": achieved / bandwidth_gbps if bandwidth_gbps else None}
 
 
 def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, device, *,
@@ -570,43 +732,86 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
 
     A variant is a ``Variant``, a model, or ``(model, prompts)`` for a rung that changes the batch.
     ``latency_ms`` is one full ``generate`` of ``max_new_tokens``; ``tokens_per_s`` is the aggregate
-    over the batch; the roofline is ``batch x bandwidth / bytes per step`` of that variant (memory-bound
-    decode; ``generation.decode_bytes_per_step``, chapter 03's count: its weights plus the batch's KV
-    cache at the mean context of the decode), so an INT8 rung gets its own, higher ceiling. A compiled forward
-    (``helpers.static_decode``) adds ``compiled_graphs`` and ``compile_s``. With ``profile_steps``,
-    a batch-1 rung also gets the ms per step in each of ``STEP_PARTS`` (``decode_step_parts``),
-    profiled on the same shapes after the timed runs.
+    over the batch; ``bytes_per_step`` is what one decode step of that variant reads
+    (``generation.decode_bytes_per_step``, chapter 03's count: its weights plus the batch's KV cache
+    at the mean context of the decode), so an INT8 rung reads its own, fewer bytes; the roofline is
+    ``batch x bandwidth / bytes per step`` and ``roofline_share`` the achieved GB/s over the
+    measured bandwidth (``roofline_share``). A compiled forward (``helpers.static_decode``) adds
+    ``compiled_graphs`` and ``compile_s``. With ``profile_steps``, a batch-1 rung also gets the ms
+    per step in each of ``STEP_PARTS`` (``decode_step_parts``), profiled on the same shapes after
+    the timed runs.
+
+    The returned ``measure`` also has ``again(variant)`` (one more timed ``measure_generation``,
+    no profile: a round of ``run_ladder(rounds=...)``) and ``pooled(variant, outs, row)`` (the row's
+    timing figures from those rounds' samples pooled; the profiled parts keep their shares of the
+    step, scaled to the pooled step).
     """
-    def measure(variant) -> dict:
+    def as_variant(variant) -> Variant:
         if not isinstance(variant, Variant):
             variant = Variant(*variant) if isinstance(variant, tuple) else Variant(variant)
-        model, batch, static = variant.model, list(variant.prompts or prompts), variant.static_cache
         if not variant.greedy_loop:
-            restore_generate(model)
-        elif greedy_loop_of(model) is None:
-            use_greedy_loop(model)
-        out = measure_generation(model, tokenizer, batch, max_new_tokens, device, repeats=repeats,
-                                 static_cache=static)
+            restore_generate(variant.model)
+        elif greedy_loop_of(variant.model) is None:
+            use_greedy_loop(variant.model)
+        return variant
+
+    def again(variant) -> dict:
+        variant = as_variant(variant)
+        out = measure_generation(variant.model, tokenizer, list(variant.prompts or prompts), max_new_tokens,
+                                 device, repeats=repeats, static_cache=variant.static_cache)
         if variant.greedy_loop:  # same protocol; the tokens come from the loop, not from generate
             out["code_path"] = out["code_path"].replace(
                 "transformers generate", "hand-written greedy loop (helpers.static_decode.GreedyLoop)", 1)
+        return out
+
+    def row_of(variant: Variant, out: dict) -> dict:
+        model = variant.model
         row = {k: out.get(k) for k in _ROW_KEYS}
         row.update(latency_ms=out["total_ms"], tokens_per_s=out["tokens_per_s_aggregate"],
-                   greedy_loop=variant.greedy_loop, weight_bytes=weight_bytes(model))
+                   greedy_loop=variant.greedy_loop, weight_bytes=weight_bytes(model),
+                   dtype=variant.weights or out.get("dtype"))
         if out.get("decode_resolved"):  # run_ladder's speedup and spread: decode time per token
             row["timing"] = Timing("decode per token", [x / 1e3 for x in out["decode_samples_ms"]],
                                    device=str(device))
+        row["decode_samples"] = len(out.get("decode_samples_ms") or ())
+        sequences = out.get("batch_size") or len(variant.prompts or prompts)
+        row["bytes_per_step"] = decode_bytes_per_step(model, sequences, out["prompt_tokens"] + max_new_tokens // 2)
+        row.update(roofline_share(row["bytes_per_step"], out.get("decode_ms_per_token"), bandwidth_gbps))
         if bandwidth_gbps:
-            sequences = out.get("batch_size") or len(batch)
-            step_bytes = decode_bytes_per_step(model, sequences, out["prompt_tokens"] + max_new_tokens // 2)
-            row["roofline_tok_s"] = sequences * bandwidth_gbps * 1e9 / step_bytes
+            row["roofline_tok_s"] = sequences * bandwidth_gbps * 1e9 / row["bytes_per_step"]
+        return row
+
+    def measure(variant) -> dict:
+        variant = as_variant(variant)
+        out = again(variant)
+        row = row_of(variant, out)
         if profile_steps and row["batch_size"] == 1 and out.get("decode_resolved"):
-            parts = decode_step_parts(model, tokenizer, batch, decode_ms=out["decode_ms_per_token"],
-                                      steps=min(profile_steps, max_new_tokens - 1), static_cache=static,
-                                      cache_tokens=max_new_tokens, device=device)
+            parts = decode_step_parts(variant.model, tokenizer, list(variant.prompts or prompts),
+                                      decode_ms=out["decode_ms_per_token"],
+                                      steps=min(profile_steps, max_new_tokens - 1),
+                                      static_cache=variant.static_cache, cache_tokens=max_new_tokens, device=device)
             row.update({f"{k.split()[0]}_ms": parts[k] for k in STEP_PARTS})
         return row
 
+    def pooled(variant, outs: list, row: dict) -> dict:
+        if not outs:
+            raise ValueError("outs is empty; give the rounds' measure_generation results")
+        variant = as_variant(variant)
+        out = _pooled(outs, len(outs))
+        out["total_ms"] = float(sorted(o["total_ms"] for o in outs)[len(outs) // 2])
+        new = {k: v for k, v in row_of(variant, out).items() if k in _TIMING_KEYS}
+        new["code_path"] = out["code_path"]
+        new["compiled_graphs"] = (row.get("compiled_graphs") or 0) + sum(o.get("compiled_graphs") or 0 for o in outs) \
+            if row.get("compiled_graphs") is not None else None
+        before, after = row.get("decode_ms_per_token"), out.get("decode_ms_per_token")
+        if _known(before) and _known(after) and before > 0:  # the profiled shares, on the pooled step
+            for k in STEP_PARTS:
+                key = f"{k.split()[0]}_ms"
+                if _known(row.get(key)):
+                    new[key] = row[key] * after / before
+        return new
+
+    measure.again, measure.pooled = again, pooled
     return measure
 
 

@@ -152,6 +152,64 @@ def summarize(raw: dict, new_tokens: int) -> dict:
             "load_s": raw.get("load_s")}
 
 
+def pool(runs: list) -> dict:
+    """The ok runs of ``measure`` (one per round, interleaved with the ladder's rounds) as one row:
+    their decode and TTFT samples pooled, medians with p10 / p90 of all of them; the first run that
+    was not ok when none was (its reason then stands)."""
+    from .bench import Timing
+
+    ok = [r for r in runs if r.get("status") == "ok"]
+    if not ok:
+        return next(iter(runs), {"status": "skipped", "reason": "llama.cpp was not run"})
+    decode = Timing("decode", [x for r in ok for x in r["decode_samples_ms"]])
+    first = Timing("ttft", [x for r in ok for x in r["ttft_samples_ms"]])
+    return {**ok[0], "ttft_ms": first.median, "ttft_p10_ms": first.p10, "ttft_p90_ms": first.p90,
+            "decode_ms_per_token": decode.median, "decode_p10_ms": decode.p10, "decode_p90_ms": decode.p90,
+            "tokens_per_s": 1e3 / decode.median if decode.median > 0 else float("nan"),
+            "decode_samples_ms": decode.samples, "ttft_samples_ms": first.samples, "rounds": len(ok),
+            "repeats": sum(r.get("repeats", 0) for r in ok),
+            "code_path": ok[0].get("code_path", "") + f", {len(ok)} runs interleaved with the ladder's rounds, pooled"}
+
+
+# What llama.cpp runs per weight format on a CPU, for the step part that stands in a rung's way.
+KERNELS = {
+    "matmul kernels": ("ggml's quantized dot products: the activations are quantized to 8 bits per block of 32 "
+                       "(Q8_0 / Q8_1) once per step, and each Q4_0 / Q4_1 / Q8_0 weight block is multiplied "
+                       "with them in integer SIMD (vec_dot_q4_1_q8_1, vec_dot_q8_0_q8_0; AVX2 / AVX-512 VNNI, "
+                       "repacked or AMX tiles where the CPU has them), never dequantizing a weight to 16 bits"),
+    "the rest of the step": ("one ggml graph per step in C, its nodes run by one pool of threads with no Python, "
+                             "no per-operator dispatch and the norms, RoPE and attention as single fused loops"),
+}
+
+
+def bytes_per_step(gguf, context_len: int) -> dict:
+    """What one llama.cpp decode step reads (batch 1): every tensor of the GGUF once, in its own
+    format (Q4_1 blocks, Q8_0, F32 norms), except an input embedding with a separate output matrix
+    (then one row of it), plus the KV cache in float16 (llama.cpp's default) at ``context_len``
+    tokens. Read with the ``gguf`` package from the file llama.cpp runs."""
+    import gguf as gguf_lib
+
+    if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 0:
+        raise ValueError(f"context_len={context_len!r} must be an integer >= 0")
+    reader = gguf_lib.GGUFReader(str(gguf))
+    tensors = {t.name: int(t.n_bytes) for t in reader.tensors}
+
+    def field(name):
+        found = reader.fields.get(name)
+        return int(found.parts[-1][0]) if found is not None else None
+
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    layers, heads = field(f"{arch}.block_count"), field(f"{arch}.attention.head_count")
+    kv_heads, width = field(f"{arch}.attention.head_count_kv") or heads, field(f"{arch}.embedding_length")
+    weights = sum(tensors.values())
+    if "output.weight" in tensors and "token_embd.weight" in tensors:  # untied: a lookup of one row
+        vocab = field(f"{arch}.vocab_size") or 1
+        weights -= tensors["token_embd.weight"] - tensors["token_embd.weight"] // vocab
+    kv = 2 * layers * kv_heads * (width // heads) * context_len * 2
+    return {"weight_bytes": weights, "kv_cache_bytes": kv, "bytes_per_step": weights + kv,
+            "context_len": context_len}
+
+
 def _bench(request: dict) -> dict:
     """Runs in the child: load the GGUF, time 1-token and N-token greedy generations."""
     import llama_cpp.llama_cpp as api

@@ -143,6 +143,8 @@ def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7
     for ax in axes.flat:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])  # batch sizes as plain numbers, not powers of two
+        # an x-range of its own: one batch size (or a panel without points) would give a zero range
+        ax.set_xlim(min(ticks) / 1.5, max(ticks) * 1.5)
         ax.minorticks_off()
         ax.set_xlabel("batch size")
         ax.legend(fontsize=8)
@@ -183,7 +185,8 @@ def plot_roofline(runs: list, title: str, *, measured_name: str = "measured deco
     for y, v, text in zip(rows, values, texts):
         ax.text(v, y, text, va="center", fontsize=8)
     ax.set_yticks(rows, labels, fontsize=8)
-    ax.set_xlim(0, max(values + [1e-9]) * 1.45)  # room for the labels right of the longest bar
+    longest = max(values + [0.0])
+    ax.set_xlim(0, longest * 1.45 if longest > 0 else 1.0)  # room for the labels; never a zero range
     ax.set_xlabel("tokens/s at batch 1")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
@@ -219,12 +222,12 @@ def plot_ladder(ladders: list, title: str = "Optimisation ladders: each rung's r
         heights = [float(v) if known(v) else 0.0 for _, v in rungs]
         ax.bar(range(len(rungs)), heights, color=ladder.get("colour", "#1f77b4"))
         for i, (_, v) in enumerate(rungs):
-            if known(v):
+            if known(v) and first > 0:  # a ratio to a first rung of 0 has no meaning
                 ax.text(i, float(v), f"{float(v) / first:.2f}x", ha="center", va="bottom", fontsize=7)
         ax.axhline(first, color="black", lw=0.8, ls="--")
         ax.set_xticks(range(len(rungs)))
         ax.set_xticklabels([name for name, _ in rungs], rotation=35, ha="right", fontsize=7)
-        ax.set_ylim(0, max(heights) * 1.2)
+        ax.set_ylim(0, max(heights) * 1.2 if max(heights) > 0 else 1.0)  # never a zero range
         ax.set_ylabel(ladder["ylabel"], fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -456,6 +456,9 @@ def dequantize_weight_int4(q, scale, zero, group_size: int = INT4_GROUP, dtype=t
     return ((qg - 8) * scale[..., None] + zero[..., None]).reshape(n, k).to(dtype)
 
 
+INT4_ACT_DTYPES = (torch.bfloat16, torch.float16)  # the 16-bit activations _weight_int4pack_mm_for_cpu takes
+
+
 def int4_problem(device) -> Optional[str]:
     """None where the grouped INT4 kernel runs, else why not (it is torch's CPU kernel)."""
     if backend.as_device(device).type != "cpu":
@@ -471,12 +474,15 @@ class Int4Linear(_QuantizedLinear):
     Activations are bfloat16 (a float32 model's are cast at the linear, the output cast back).
     """
 
-    def __init__(self, linear: nn.Linear, group_size: int = INT4_GROUP):
+    def __init__(self, linear: nn.Linear, group_size: int = INT4_GROUP, act_dtype: torch.dtype = torch.bfloat16):
         problem = int4_problem(linear.weight.device)
         if problem:
             raise ValueError(problem)
+        if act_dtype not in INT4_ACT_DTYPES:
+            raise ValueError(f"act_dtype={act_dtype!r} is not valid for the INT4 kernel; choose from "
+                             + ", ".join(backend.dtype_name(d) for d in INT4_ACT_DTYPES))
         super().__init__(linear)
-        self.group_size, self.act_dtype = group_size, torch.bfloat16
+        self.group_size, self.act_dtype = group_size, act_dtype
         q, scale, zero = quantize_weight_int4(linear.weight, group_size)
         self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 8))
         # (K / group, N, 2): scale and zero per group and output channel, the kernel's layout

@@ -18,8 +18,9 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from . import ladder, models, ops, quant, static_decode
+from . import backend, bench, ladder, models, ops, quant, static_decode
 from .backend import as_device, dtype_name
 from .models import weight_bytes
 
@@ -48,6 +49,7 @@ class Climb:
     int8_kernels: Optional[dict] = None
     int8_info: Optional[dict] = None
     int4_info: Optional[dict] = None
+    int4_kernels: Optional[dict] = None  # the INT4 kernel timed per activation dtype (time_int4_activations)
     int4_quality: Optional[dict] = None
 
     def __post_init__(self):
@@ -56,8 +58,23 @@ class Climb:
         if self.model is None:
             self.model = self.load()
 
+    weights: Optional[str] = None  # the label of a quantized rung's weights (None: the working dtype)
+
     def variant(self, prompts=None) -> ladder.Variant:
-        return ladder.Variant(self.model, prompts, static_cache=self.static, greedy_loop=self.loop)
+        return ladder.Variant(self.model, prompts, static_cache=self.static, greedy_loop=self.loop,
+                              weights=self.weights)
+
+    def eager_copy(self):
+        """A copy of the current model with its eager forward, for a rung that changes the model:
+        the earlier rungs keep theirs, so the ladder can time them all again, interleaved."""
+        compiled = static_decode.compiled_forward_of(self.model)
+        if compiled is not None:  # copy the eager module, not the compiled graphs
+            static_decode.restore_eager(self.model)
+        try:
+            return copy.deepcopy(self.model)
+        finally:
+            if compiled is not None:
+                self.model.forward = compiled
 
     def compile(self) -> None:
         static_decode.compile_model(self.model, self.device, npu_mode=self.npu_graph_mode)
@@ -83,6 +100,7 @@ def greedy_loop(c: Climb):
 
 
 def fused_operators(c: Climb):
+    c.model = c.eager_copy()
     c.fusion = ops.apply_fused_modules(c.model)
     return c.variant()
 
@@ -90,6 +108,7 @@ def fused_operators(c: Climb):
 def graph_mode(c: Climb):
     if not c.graph_mode:
         raise ladder.RungSkipped("graph_mode is off in this profile; each compile costs minutes on a CPU")
+    c.model = c.eager_copy()
     c.compile()
     c.graph = True
     return c.variant()
@@ -98,13 +117,15 @@ def graph_mode(c: Climb):
 def int8_weights(c: Climb):
     if not c.int8:
         raise ladder.RungSkipped("int8 is off in this profile")
-    static_decode.restore_eager(c.model)  # quantize the eager model, then compile it once more
+    model = c.eager_copy()  # quantize an eager copy, then compile it once more
     # on a CPU the int8 kernel is timed at this model's shapes, then kept; never slower than dense
     if as_device(c.device).type == "cpu":
-        c.int8_kernels = quant.choose_cpu_w8a16_kernel(c.model)
-        if c.int8_kernels["decision"]["loses_to_dense"]:
+        c.int8_kernels = quant.choose_cpu_w8a16_kernel(model)
+        if not c.int8_kernels["decision"]["beats_dense"]:
             raise ladder.RungSkipped(ladder.int8_skip_reason(c.int8_kernels["rows"]))
-    c.int8_info = quant.quantize_model_int8(c.model, impl="auto")
+    c.int8_info = quant.quantize_model_int8(model, impl="auto")
+    c.model = model
+    c.weights = f"int8 weights ({c.int8_info['impl']}), {c.int8_info.get('activations') or dtype_name(c.dtype)} activations"
     if c.graph:
         c.compile()
     return c.variant()
@@ -120,12 +141,15 @@ def int4_weights(c: Climb):
     if c.fusion:
         ops.apply_fused_modules(fresh)
     before = copy.deepcopy(fresh)
-    # the layers' linears in INT4 groups of 32 (the GGUF's Q4_1); lm_head in INT8 (the GGUF's is Q8_0)
-    c.int4_info = quantize_model_int4(fresh, skip=["lm_head"])
+    # the layers' linears in INT4 groups of 32 (the GGUF's Q4_1); lm_head in INT8 (the GGUF's is Q8_0).
+    # The kernel's activations: the 16-bit dtype it was timed fastest with at this model's shapes.
+    c.int4_kernels = time_int4_activations(fresh, skip=["lm_head"])
+    c.int4_info = quantize_model_int4(fresh, skip=["lm_head"], act_dtype=c.int4_kernels["act_dtype"])
     c.int4_info["lm_head"] = quant.quantize_model_int8(fresh, impl="auto")["impl"]
     c.int4_quality = ladder.weight_format_check(before, fresh, c.tokenizer)
     del before
     c.model = fresh
+    c.weights = f"int4 g32 weights, {c.int4_info['activations']} activations"
     if c.graph:
         c.compile()
     return c.variant()
@@ -133,6 +157,7 @@ def int4_weights(c: Climb):
 
 def batched(c: Climb):
     if c.graph:
+        c.model = c.eager_copy()  # the batch-1 rung keeps its graphs for the rounds
         c.compile()  # a fresh count: the batch shapes get their own two graphs
     return c.variant([c.prompt] * c.batch_size)
 
@@ -185,8 +210,10 @@ def weight_formats(c: Climb) -> list[dict]:
 
 # --- chapter 06: the INT4 rung's weights ----------------------------------------------------------
 
-def quantize_model_int4(model: nn.Module, group_size: int = quant.INT4_GROUP, skip: Iterable[str] = ()) -> dict:
-    """Replace every ``nn.Linear`` (in place) by an ``quant.Int4Linear``; returns what ``quantize_model_int8`` does."""
+def quantize_model_int4(model: nn.Module, group_size: int = quant.INT4_GROUP, skip: Iterable[str] = (),
+                        act_dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Replace every ``nn.Linear`` (in place) by an ``quant.Int4Linear`` computing in ``act_dtype``;
+    returns what ``quantize_model_int8`` does."""
     names = quant._check_model(model, skip)
     problem = quant.int4_problem(model.get_submodule(names[0]).weight.device)
     if problem:
@@ -201,8 +228,67 @@ def quantize_model_int4(model: nn.Module, group_size: int = quant.INT4_GROUP, sk
     before = weight_bytes(model)
     dtype = model.get_submodule(names[0]).weight.dtype
     quant._replace_linears(model, [n for n in names if n not in kept],
-                     lambda _, lin: quant.Int4Linear(lin, group_size))
+                     lambda _, lin: quant.Int4Linear(lin, group_size, act_dtype))
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names) - len(kept),
             "kept_unquantized": kept,
             "impl": f"_weight_int4pack_mm_for_cpu, groups of {group_size}", "scheme": "w4a16",
-            "activations": quant.activations_label(torch.bfloat16, dtype)}
+            "activations": quant.activations_label(act_dtype, dtype)}
+
+
+def time_int4_activations(model: nn.Module, skip: Iterable[str] = (), group_size: int = quant.INT4_GROUP, *,
+                          min_iters: int = 5, min_seconds: float = 0.1) -> dict:
+    """One batch-1 decode step's linears in INT4 (``_weight_int4pack_mm_for_cpu``, groups of
+    ``group_size``), once per 16-bit activation dtype the kernel takes (``quant.INT4_ACT_DTYPES``; the
+    model's activations cast to it at each linear; float16 only for a float16 model, whose range it
+    holds), beside the model's own dense linears.
+
+    Returns ``{"rows", "act_dtype"}``: per candidate the step's ms (median, p10, p90), and the
+    activation dtype with the lowest median, the one ``Int4Linear`` then computes in. Linears that
+    the packing cannot take (in_features not in whole groups, out_features not a multiple of 16) are
+    left out, as ``quantize_model_int4`` leaves them dense. Weights above ``quant.KERNEL_BUDGET_BYTES``
+    are timed on their first ones and scaled by the count, as in ``quant.time_w8a16_kernels``.
+    """
+    groups = {s: ws for s, ws in quant._shape_groups(model, skip).items() if s[1] % group_size == 0 and s[0] % 16 == 0}
+    if not groups:
+        raise ValueError(f"no linear has in_features divisible by group_size={group_size} and out_features by 16")
+    model_dtype = next(iter(groups.values()))[0].dtype
+    weights = sum(len(ws) * s[0] * s[1] for s, ws in groups.items())
+    keep = max(1e-9, min(1.0, quant.KERNEL_BUDGET_BYTES / max(weights, 1)))
+    sampled = [(shape, w) for shape, ws in groups.items() for w in ws[:max(1, int(round(len(ws) * keep)))]]
+    stretch = sum(len(ws) for ws in groups.values()) / len(sampled)
+    packed = []
+    for shape, w in sampled:
+        q, scale, zero = quant.quantize_weight_int4(w, group_size)
+        packed.append((shape, w, torch._convert_weight_to_int4pack_for_cpu(q, 8),
+                       torch.stack([scale, zero], -1).transpose(0, 1).contiguous()))
+    x = {s: torch.full((1, s[1]), 0.5, dtype=model_dtype) for s in groups}
+
+    def int4_step(act):
+        scales = [sz.to(act) for _, _, _, sz in packed]
+        return lambda: [torch._weight_int4pack_mm_for_cpu(x[s].to(act), q, group_size, sc).to(model_dtype)
+                        for (s, _, q, _), sc in zip(packed, scales)]
+
+    candidates = [(f"dense {backend.dtype_name(model_dtype)}", lambda: [F.linear(x[s], w) for s, w, _, _ in packed], None)]
+    # float16 only for a float16 model: a bfloat16 or float32 activation may exceed float16's 65504
+    acts = [a for a in quant.INT4_ACT_DTYPES if a != torch.float16 or model_dtype == torch.float16]
+    candidates += [(f"int4 g{group_size}, {backend.dtype_name(act)} activations", int4_step(act), act)
+                   for act in acts]
+    rows = []
+    for name, step, act in candidates:
+        with torch.inference_mode():
+            try:
+                t = bench.measure(step, "cpu", name=name, warmup=2, min_iters=min_iters, min_seconds=min_seconds)
+            except RuntimeError as exc:  # a torch without this activation dtype for the kernel
+                rows.append({"kernel": name, "problem": str(exc).splitlines()[0][:200], "act_dtype": act})
+                continue
+        rows.append({"kernel": name, "decode_ms": t.median * 1e3 * stretch, "decode_p10_ms": t.p10 * 1e3 * stretch,
+                     "decode_p90_ms": t.p90 * 1e3 * stretch, "problem": None,
+                     "activations": backend.dtype_name(act) if act is not None else backend.dtype_name(model_dtype),
+                     "act_dtype": act})
+    usable = [r for r in rows if r["act_dtype"] is not None and not r["problem"]]
+    if not usable:
+        raise ValueError("the INT4 kernel ran with no 16-bit activation dtype: "
+                         + "; ".join(f"{r['kernel']}: {r['problem']}" for r in rows if r["problem"]))
+    best = min(usable, key=lambda r: r["decode_ms"])
+    return {"rows": [{k: v for k, v in r.items() if k != "act_dtype"} for r in rows], "act_dtype": best["act_dtype"],
+            "kernel": best["kernel"]}

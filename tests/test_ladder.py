@@ -190,7 +190,11 @@ def test_headline_figures_never_mix_batch1_latency_and_batch_throughput():
     best = ladder.best_batch1_speedup(table)
     assert best["rung"] == "int8" and best["speedup"] == pytest.approx(2.5)  # not the batch rung's 10x
     batch = ladder.batch_throughput_ratio(table)
-    assert batch["rung"] == "batch 8" and batch["ratio"] == pytest.approx(10.0) and batch["batch_size"] == 8
+    # like with like: over the batch-1 rung it builds on (int8, 25 tok/s), not native eager's 10 tok/s
+    assert batch["rung"] == "batch 8" and batch["ratio"] == pytest.approx(4.0) and batch["batch_size"] == 8
+    assert batch["over"] == "int8"
+    row = table[table["rung"] == "batch 8"].iloc[0]
+    assert row["speedup"] == pytest.approx(4.0) and row["speedup_over"] == "int8"
     assert best["decision"] == "no gain beyond the noise"  # latencies without spreads: the noise is unknown
     only_batch1 = table[table["rung"] != "batch 8"]
     assert ladder.batch_throughput_ratio(only_batch1) is None
@@ -232,9 +236,11 @@ def test_decode_ratio_keeps_the_spread_of_both():
 
 
 def test_the_goal_verdict_goes_three_ways():
-    assert ladder.fraction_verdict({"ratio": 0.6, "low": 0.52, "high": 0.7}) == "reached"
-    assert ladder.fraction_verdict({"ratio": 0.4, "low": 0.35, "high": 0.48}) == "missed"
-    assert ladder.fraction_verdict({"ratio": 0.5, "low": 0.45, "high": 0.55}) == "within_noise"
+    assert ladder.GOAL_FRACTION_OF_LLAMACPP == 1.0  # at least llama.cpp's decode, not a share of it
+    assert ladder.fraction_verdict({"ratio": 1.1, "low": 1.02, "high": 1.2}) == "reached"
+    assert ladder.fraction_verdict({"ratio": 0.7, "low": 0.65, "high": 0.75}) == "missed"
+    assert ladder.fraction_verdict({"ratio": 1.0, "low": 0.95, "high": 1.05}) == "within_noise"
+    assert ladder.fraction_verdict({"ratio": 0.6, "low": 0.52, "high": 0.7}, fraction=0.5) == "reached"
     assert ladder.fraction_verdict(None) == "not_measured"
 
 
@@ -271,9 +277,10 @@ def test_step_parts_are_named_from_profiler_events():
 
 def test_what_stands_in_the_way_goes_both_ways():
     parts = {"matmul kernels": 25.0, "attention": 2.0, "other kernels": 1.0, "framework and Python": 2.0}
-    assert ladder.what_stands_in_the_way(parts, 10.0)["blocker"] == "matmul kernels"  # 25 > 20 ms target
+    assert ladder.what_stands_in_the_way(parts, 10.0, 0.5)["blocker"] == "matmul kernels"  # 25 > 20 ms target
     parts = {"matmul kernels": 12.0, "attention": 3.0, "other kernels": 2.0, "framework and Python": 6.0}
-    found = ladder.what_stands_in_the_way(parts, 10.0)
+    assert ladder.what_stands_in_the_way(parts, 10.0)["blocker"] == "matmul kernels"  # at 1.0x: 12 > 10 ms
+    found = ladder.what_stands_in_the_way(parts, 10.0, 0.5)
     assert found["blocker"] == "the rest of the step" and found["over_ms"] == pytest.approx(3.0)
     with pytest.raises(ValueError, match="reference_ms"):
         ladder.what_stands_in_the_way(parts, 0.0)
@@ -304,8 +311,9 @@ def test_references_facts_and_their_recorded_figures_both_ways():
     ladder.record_reference_figures(out, facts, _llama(10.0), fp32, "cpu", "bfloat16", 16)
     assert out.m["llamacpp_decode_tok_s"]["value"] == pytest.approx(100.0)
     vs = out.m["ladder_best_batch1_vs_llamacpp"]
-    assert vs["value"] == pytest.approx(1 / 3) and vs["rung"] == "+ INT8" and vs["goal"] == 0.5
-    assert vs["blocker"] == "matmul kernels" and vs["matmul_ms"] == 25.0 and vs["target_ms"] == pytest.approx(20.0)
+    assert vs["value"] == pytest.approx(1 / 3) and vs["rung"] == "+ INT8" and vs["goal"] == ladder.GOAL_FRACTION_OF_LLAMACPP
+    assert vs["blocker"] == "matmul kernels" and vs["matmul_ms"] == 25.0 and vs["target_ms"] == pytest.approx(10.0)
+    assert "quantized dot products" in vs["instead"]  # what llama.cpp runs there instead
     assert out.m["float32_vs_native_rung"]["value"] == pytest.approx(1.5)  # 60 / 40 ms: the dtype's share
     assert out.m["int8_rung_step"]["value"] == pytest.approx(40 / 30) and out.m["int8_rung_step"]["low"] > 1
     fast = _table(_row("native eager", 40.0), _row("+ INT4 g32", 8.0))
@@ -440,7 +448,9 @@ def test_the_ladder_figures_carry_the_batch1_protocol_and_the_table_s_ratio():
     best = m["ladder_best_batch1_speedup"]
     assert best["rung"] == "+ INT8" and best["decision"] == "best, clear"
     assert best["value"] == pytest.approx(float(table.loc[table["rung"] == "+ INT8", "speedup"].iloc[0]))
-    assert m["ladder_batch_throughput_ratio"]["value"] == pytest.approx(4 * 40 / 30)
+    # over + INT8 (20 ms per token), the batch-1 rung the batch rung builds on
+    assert m["ladder_batch_throughput_ratio"]["value"] == pytest.approx(4 * 20 / 30)
+    assert m["ladder_batch_throughput_ratio"]["over"] == "+ INT8"
     assert [s["rung"] for s in ch.results.tables["ladder_steps"]] == ["+ INT8"]
     # counts from columns with gaps (pandas holds them as floats) are recorded as whole numbers
     recorded = {r["rung"]: r for r in ch.results.tables["ladder"]}
@@ -448,3 +458,106 @@ def test_the_ladder_figures_carry_the_batch1_protocol_and_the_table_s_ratio():
     assert recorded["+ batch 4"]["batch_size"] == 4 and type(recorded["+ batch 4"]["batch_size"]) is int
     assert recorded["+ skipped"]["batch_size"] is None and recorded["native eager"]["compiled_graphs"] is None
     assert list(ladder.shown(table, ("rung", "compile_s", "speedup")).columns) == ["rung", "speedup"]
+
+
+class _RoundMeasure:
+    """A measure with again / pooled: logs the order of the timings, each round's decode ms from a
+    script (the machine slowing down for every rung alike in round 2)."""
+
+    def __init__(self, ms: dict):
+        self.ms, self.log, self.rounds = ms, [], 0
+
+    def __call__(self, name):
+        self.log.append(("build", name))
+        return {"latency_ms": 999.0, "tokens_per_s": 1.0, "batch_size": 1, "decode_ms_per_token": 999.0}
+
+    def again(self, name):
+        self.log.append(("round", name))
+        slow = 2.0 if sum(1 for kind, _ in self.log if kind == "round") > len(self.ms) else 1.0
+        return {"decode_ms": self.ms[name] * slow}
+
+    def pooled(self, name, outs, row):
+        samples = [o["decode_ms"] / 1e3 for o in outs]
+        t = bench.Timing("decode", samples)
+        return {"latency_ms": t.median * 16e3, "tokens_per_s": 1 / t.median, "decode_ms_per_token": t.median * 1e3,
+                "decode_p10_ms": t.p10 * 1e3, "decode_p90_ms": t.p90 * 1e3, "timing": t}
+
+
+def test_rounds_time_every_rung_round_robin_after_all_are_built():
+    measure = _RoundMeasure({"a": 40.0, "b": 20.0, "c": 10.0})
+    between = []
+    rungs = [(n, "", (lambda n=n: n)) for n in measure.ms]
+    table = ladder.run_ladder(rungs, measure, rounds=2, between_rounds=lambda i: between.append((i, len(measure.log))))
+    builds = [("build", n) for n in "abc"]
+    assert measure.log == builds + [("round", n) for n in "abc"] * 2
+    assert between == [(0, 3), (1, 6)]  # the references run before each round
+    # the figures are the rounds', not the build's 999 ms; the slow round hit every rung alike
+    assert table["decode_ms_per_token"].tolist() == pytest.approx([60.0, 30.0, 15.0])
+    assert table["rounds"].tolist() == [2, 2, 2]
+    assert table.loc[2, "speedup"] == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="rounds"):
+        ladder.run_ladder(rungs, lambda v: {"latency_ms": 1.0, "tokens_per_s": 1.0}, rounds=2)
+    with pytest.raises(ValueError, match="rounds=-1"):
+        ladder.run_ladder(rungs, measure, rounds=-1)
+
+
+def test_a_rung_failing_in_a_round_is_recorded_and_the_others_go_on():
+    measure = _RoundMeasure({"a": 40.0, "b": 20.0})
+    real = measure.again
+
+    def again(name):
+        if name == "b":
+            raise RuntimeError("lost its cache")
+        return real(name)
+
+    measure.again = again
+    table = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in measure.ms], measure, rounds=2)
+    assert table["status"].tolist() == ["ok", "failed"] and "lost its cache" in table.loc[1, "error"]
+
+
+def test_llamacpp_runs_of_the_rounds_pool_their_samples():
+    from helpers import llamacpp
+
+    runs = [{"status": "ok", "decode_samples_ms": [10.0, 11.0], "ttft_samples_ms": [5.0, 5.0], "repeats": 2,
+             "code_path": "llama.cpp"},
+            {"status": "ok", "decode_samples_ms": [12.0, 13.0], "ttft_samples_ms": [6.0, 6.0], "repeats": 2,
+             "code_path": "llama.cpp"}]
+    out = llamacpp.pool(runs)
+    assert out["decode_samples_ms"] == [10.0, 11.0, 12.0, 13.0] and out["rounds"] == 2 and out["repeats"] == 4
+    assert out["decode_ms_per_token"] == pytest.approx(11.5) and out["tokens_per_s"] == pytest.approx(1e3 / 11.5)
+    assert llamacpp.pool([{"status": "unavailable", "reason": "no compiler"}])["reason"] == "no compiler"
+
+
+def test_llamacpp_bytes_per_step_read_from_the_gguf():
+    import gguf
+
+    from helpers import llamacpp
+    from helpers.model_files import locate_embedded_gguf
+
+    path = locate_embedded_gguf()
+    tensors = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors}
+    out = llamacpp.bytes_per_step(path, 100)
+    assert "output.weight" not in tensors  # tied: token_embd is the output matrix, read whole once
+    assert out["weight_bytes"] == sum(tensors.values())
+    assert out["kv_cache_bytes"] == 2 * 30 * 3 * 64 * 100 * 2  # K and V, layers, kv heads, head dim, f16
+    assert llamacpp.bytes_per_step(path, 200)["kv_cache_bytes"] == 2 * out["kv_cache_bytes"]
+    with pytest.raises(ValueError, match="context_len"):
+        llamacpp.bytes_per_step(path, -1)
+
+
+def test_roofline_share_of_the_rungs_and_llamacpp_against_one_bandwidth():
+    share = ladder.roofline_share(100e6, 10.0, 20.0)  # 100 MB per 10 ms step = 10 GB/s of 20
+    assert share["achieved_gbps"] == pytest.approx(10.0) and share["roofline_share"] == pytest.approx(0.5)
+    assert ladder.roofline_share(100e6, None, 20.0) == {"achieved_gbps": None, "roofline_share": None}
+    assert ladder.roofline_share(100e6, 10.0, None)["roofline_share"] is None
+    table = _table(_row("native eager", 20.0, bytes_per_step=200e6, **ladder.roofline_share(200e6, 20.0, 20.0)),
+                   _row("+ INT4 g32", 10.0, bytes_per_step=60e6, **ladder.roofline_share(60e6, 10.0, 20.0)),
+                   _row("broken", 1.0, status="failed"))
+    llama = {"status": "ok", "quantization": "Q4_1", "tokens_per_s": 125.0, "decode_ms_per_token": 8.0,
+             "bytes_per_step": 97e6, **ladder.roofline_share(97e6, 8.0, 20.0)}
+    rows = ladder.roofline_rows(table, llama)
+    assert [r["rung"] for r in rows] == ["native eager", "+ INT4 g32", "llama.cpp"]
+    assert rows[0]["roofline_share"] == pytest.approx(0.5) and rows[1]["roofline_share"] == pytest.approx(0.3)
+    assert rows[2]["roofline_share"] == pytest.approx(97e6 / 8e-3 / 1e9 / 20)
+    runs = ladder.roofline_runs(rows, 20.0)
+    assert runs[2][2] == pytest.approx(20e9 / 97e6) and runs[2][3] == pytest.approx(100 * rows[2]["roofline_share"])

@@ -88,3 +88,26 @@ def test_the_roofline_bar_states_its_share_of_the_ceiling():
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts == [" 15.0 = 50% of the ceiling", " 30.0", " 10.0 = 25% of the ceiling", " not measured", " 40.0"]
     plt.close(fig)
+
+
+def test_charts_never_get_a_zero_x_or_y_range():
+    import warnings
+
+    from test_batching_study import _point
+
+    row = _point(1, [9.0, 10.0, 12.0], [50.0] * 3, 100 * 2 ** 20, 2 ** 20)
+    row.update(tokens_per_s_per_user=100.0, decode_p10_ms=9.0, decode_p90_ms=12.0, tokens_per_s_aggregate=100.0,
+               ttft_ms=50.0)
+    sweep = generation.sweep_table([row])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns on identical low and high limits
+        fig = plots.plot_batch_sweep(sweep, batching_study.batch_ratios([row]), {}, "one batch size")
+        for ax in fig.axes:  # a single batch size still gets an x-range around it
+            low, high = ax.get_xlim()
+            assert low < 1 < high
+        fig = plots.plot_ladder([{"title": "zero", "rungs": [("a", 0.0)], "ylabel": "x"}])
+        low, high = fig.axes[0].get_ylim()
+        assert low < high
+        fig = plots.plot_roofline([("a", 0.0, None, None)], "t")
+        low, high = fig.axes[0].get_xlim()
+        assert low < high

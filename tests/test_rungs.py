@@ -53,18 +53,25 @@ def test_int8_is_skipped_when_off_or_slower_and_recompiles_in_graph_mode(climb, 
     rows = [{"kernel": "dense float32", "decode_ms": 9.0, "decode_p10_ms": 8.9, "decode_p90_ms": 9.1},
             {"kernel": "int8pack", "decode_ms": 12.0, "decode_p10_ms": 11.9, "decode_p90_ms": 12.1}]
     monkeypatch.setattr(quant, "choose_cpu_w8a16_kernel",
-                        lambda m: {"rows": rows, "decision": {"loses_to_dense": True}})
+                        lambda m: {"rows": rows, "decision": {"loses_to_dense": True, "beats_dense": False}})
     monkeypatch.setattr(ladder, "int8_skip_reason", lambda rows: "dense was faster")
     with pytest.raises(ladder.RungSkipped, match="dense was faster"):
         _by_name(climb)["+ INT8"].prepare()
+    # a tie is skipped too: the INT8 rung runs only where its kernel is faster beyond the spread
     monkeypatch.setattr(quant, "choose_cpu_w8a16_kernel",
-                        lambda m: {"rows": rows, "decision": {"loses_to_dense": False}})
+                        lambda m: {"rows": rows, "decision": {"loses_to_dense": False, "beats_dense": False}})
+    with pytest.raises(ladder.RungSkipped, match="dense was faster"):
+        _by_name(climb)["+ INT8"].prepare()
+    monkeypatch.setattr(quant, "choose_cpu_w8a16_kernel",
+                        lambda m: {"rows": rows, "decision": {"loses_to_dense": False, "beats_dense": True}})
     climb.graph_mode = True
     climb.calls.clear()
     r = _by_name(climb)
-    r["+ graph mode"].prepare()
-    r["+ INT8"].prepare()
-    assert climb.calls == ["compile", "restore", "compile"]
+    graph = r["+ graph mode"].prepare().model
+    int8 = r["+ INT8"].prepare()
+    assert climb.calls == ["compile", "compile"]  # quantized a copy, then compiled it once more
+    assert int8.model is not graph  # the graph rung keeps its model for the interleaved rounds
+    assert int8.weights.startswith("int8 weights (int8pack)")
     assert rungs.weight_formats(climb) == [{"format": "INT8", "bytes_before": 10, "bytes_after": 5, "layers": 7,
                                             "impl": "int8pack", "lm_head": None, "kept_dense": None}]
     climb.int8_info["kept_dense"] = [("lm_head", "N=128256 > 65535, the limit of npu_weight_quant_batchmatmul")]
