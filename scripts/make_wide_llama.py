@@ -1,7 +1,7 @@
 """Write a random Llama with Llama-2-7B's widths as one GGUF file, the embedded model's tokenizer inside.
 
-    python scripts/make_wide_llama.py --layers 2 --out wide/llama2-7b-widths-2l.F16.gguf
-    python -m helpers.run --profile quick -p model=wide/llama2-7b-widths-2l.F16.gguf --only 03 05 06
+    python scripts/make_wide_llama.py --layers 2 --out .cache/wide/llama2-7b-widths-2l.F16.gguf
+    python -m helpers.run --profile quick -p model=.cache/wide/llama2-7b-widths-2l.F16.gguf --only 03 05 06
 
 Decode on a CPU is a question of bytes: at the embedded SmolLM2-135M's widths (576 / 1536) a step
 reads about 270 MB of float16 weights, at Llama-2-7B's (4096 / 11008) one decoder layer alone reads
