@@ -447,7 +447,7 @@ def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens
     elif (kind := as_device(device).type) != "cpu":
         reason = f"llama.cpp is the CPU reference; this ladder ran on {kind}"
     elif model != EMBEDDED_MODEL and local_gguf(model) is None:
-        reason = (f"llama.cpp runs a GGUF file (the embedded {EMBEDDED_MODEL} or a local .gguf); "
+        reason = (f"llama.cpp runs the embedded GGUF ({EMBEDDED_MODEL}) or a local .gguf file; "
                   f"this ladder ran {model}")
     else:  # the very file the ladder's weights were converted from
         gguf = locate_embedded_gguf() if model == EMBEDDED_MODEL else local_gguf(model)
