@@ -75,7 +75,8 @@ def linear_shapes(config) -> dict:
 
 def widths_of(model=None):
     """The widths to time for ``model`` without loading its weights: a config / model / dict as it
-    is; ``tiny-random``'s config; a local folder's or the embedded cache's ``config.json``; a hub
+    is; ``tiny-random``'s config; a local folder's, a local GGUF's converted copy's or the embedded
+    cache's ``config.json``; a hub
     id's config only if it is in the local cache (no download just to pick a dtype); else the
     embedded model's widths. Returns ``(widths, source)``."""
     if model is not None and not isinstance(model, str):
@@ -84,6 +85,8 @@ def widths_of(model=None):
     if name == model_files.TINY_MODEL:
         return model_files.tiny_llama()[0].config, "tiny-random's config"
     folder = Path(name).expanduser() if name and name != model_files.EMBEDDED_MODEL else model_files.embedded_cache_path()
+    if name and name != model_files.EMBEDDED_MODEL and (gguf := model_files.local_gguf(name)) is not None:
+        folder = model_files.ensure_gguf_cache(gguf)  # converted once; load_model reads the same folder
     try:
         return json.loads((folder / "config.json").read_text()), f"{folder.name}/config.json"
     except (OSError, ValueError):

@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-from . import backend, bench, claims, generation, models, quality, quant
+from . import backend, bench, claims, generation, models, prose, quality, quant
 from .models import load_model, weight_bytes
 from .params import check_positive_int
 
@@ -124,6 +124,18 @@ def time_pair(model_name: str, device, dtype, tokenizer, *, prompt: str, new_tok
     return out
 
 
+def perplexity_change_pct(perplexity: float, baseline: float) -> float:
+    """The perplexity change from ``baseline`` in percent: the one formula behind the summary's
+    ``int8_ppl_delta_pct`` and the speed-vs-quality plot's legend, so both print the same figure."""
+    return 100 * (perplexity - baseline) / baseline
+
+
+def signed_pct(value: float) -> str:
+    """``+0.267 %``: a change in percent at the prose's precision (``prose.format_number``), signed."""
+    text = prose.format_number(float(value))
+    return f"+{text} %" if value > 0 else f"{text} %"
+
+
 def headline_figures(dense: dict, int8: dict, pairs: dict, *, eval_tokens: int, prompt: str,
                      new_tokens: int, rounds: int, bandwidth_gbps: float, bandwidth_source: str) -> list:
     """The chapter's headline figures, as ``ch.record`` keyword arguments, from the variants' rows
@@ -139,8 +151,8 @@ def headline_figures(dense: dict, int8: dict, pairs: dict, *, eval_tokens: int, 
                  shape="all weights incl. embeddings",
                  code_path="1 / int8_weight_bytes_ratio: the most a step bound by reading weights gains",
                  dtype=ctx["dtype"]),
-            dict(key="int8_ppl_delta_pct", value=100 * (int8["perplexity"] - dense["perplexity"]) /
-                 dense["perplexity"], unit="%", key_figure=True, shape=f"{eval_tokens} held-out tokens",
+            dict(key="int8_ppl_delta_pct", value=perplexity_change_pct(int8["perplexity"], dense["perplexity"]),
+                 unit="%", key_figure=True, shape=f"{eval_tokens} held-out tokens",
                  baseline_ppl=dense["perplexity"], int8_ppl=int8["perplexity"], **ctx)]
     for b, alt in sorted(pairs.items()):
         t_base, t_int8 = generation.decode_timing(alt["dense"]), generation.decode_timing(alt["w8a16"])
@@ -174,7 +186,10 @@ def headline_figures(dense: dict, int8: dict, pairs: dict, *, eval_tokens: int, 
 
 def guide_ratio_rows(measured_speedup: Optional[dict], measured_memory: Optional[dict]) -> list[dict]:
     """The guide's INT8 ratios (each against its own baseline) beside the ratios measured here:
-    speed from C51, C41 / C38 and the 4.2 ladder table, memory from C52 (``data/guide_claims.csv``)."""
+    speed from C51, C41 / C38 and the 4.2 ladder table, memory from C52 (``data/guide_claims.csv``).
+    Each row names what each side compared (``guide_compared``; ``measured_compared``: the measured
+    figure's code path, which names the int8 kernel and the dense baseline's dtype), so a verdict
+    never sets a CPU kernel against a 16-bit or float32 baseline as if it were the guide's NPU test."""
     ladder_table = claims.GUIDE_LADDER  # the guide's 4.2 table, rungs +MindSpeed and +MindSpeed+INT8
     guide = [("4.1 speed FP16 -> INT8", claims.guide_number("C51"), measured_speedup),
              ("3.1 speed +INT8 over the original", claims.guide_number("C41") / claims.guide_number("C38"),
@@ -183,6 +198,8 @@ def guide_ratio_rows(measured_speedup: Optional[dict], measured_memory: Optional
               ladder_table[3]["tokens_per_s"] / ladder_table[2]["tokens_per_s"], measured_speedup),
              ("4.1 memory FP16 -> INT8 (GB)", claims.guide_number("C52"), measured_memory)]
     return [{"figure": name, "guide_claim_ratio": claim,
+             "guide_compared": "INT8 against FP16, Llama-2-7B on an Ascend 910B",
+             "measured_compared": (m or {}).get("code_path", "not measured"),
              "measured_here_ratio": m["value"] if m else math.nan,
              "measured_low": (m or {}).get("low", math.nan), "measured_high": (m or {}).get("high", math.nan)}
             for name, claim, m in guide]
@@ -222,24 +239,36 @@ def lowest_perplexity(rows: list) -> Optional[dict]:
 
 
 def plot_speed_vs_quality(rows: dict, ref_ppl: float, *, reference: str, device: str, model: str):
-    """Decode tokens/s at batch 1 against the perplexity change from the reference, one point per
-    variant (symmetric log scale: down and to the right is better); emulated kernels have no speed
-    and are listed beside the legend."""
+    """Decode tokens/s at batch 1 against the perplexity change, one point per variant (symmetric log
+    scale: down and to the right is better); emulated kernels have no speed and are listed beside the
+    legend. The change is from the dense model when it was measured (the baseline of the summary's
+    ``int8_ppl_delta_pct``, computed by the same ``perplexity_change_pct``), else from ``reference``
+    (``ref_ppl``); the y label names which. Ticks are plain numbers at the prose's precision."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
+    if "dense" in rows:
+        base_ppl, base_name = rows["dense"]["perplexity"], f"dense {rows['dense']['dtype']}"
+    else:
+        base_ppl, base_name = ref_ppl, reference
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     no_speed, markers = [], iter("osD^vP*Xh<>")
     for name, r in rows.items():
-        delta = 100 * (r["perplexity"] - ref_ppl) / ref_ppl
+        delta = perplexity_change_pct(r["perplexity"], base_ppl)
         if 1 in r["timings"]:
             x = r["timings"][1]["tokens_per_s_per_user"]
-            ax.scatter(x, delta, s=55, marker=next(markers), label=f"{name}: {x:.3g} tok/s, {delta:+.2f}%")
+            ax.scatter(x, delta, s=55, marker=next(markers),
+                       label=f"{name}: {prose.format_number(float(x))} tok/s, {signed_pct(delta)}")
         else:
-            no_speed.append(f"{name}: {delta:+.1f}%")
+            no_speed.append(f"{name}: {signed_pct(delta)}")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_yscale("symlog", linthresh=1.0)
+    # symlog's default labels its minor ticks in scientific notation ("2.2554x10^-1"): plain numbers
+    # on the decades, none on the minor ticks
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: prose.format_number(float(v))))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(f"decode tokens/s, batch 1 ({device})")
-    ax.set_ylabel(f"perplexity change vs {reference} (%)")
+    ax.set_ylabel(f"perplexity change vs {base_name} (%)")
     ax.set_title(f"INT8 variants of {model}: speed vs quality (measured here)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="variant", title_fontsize=8)
     if no_speed:

@@ -26,7 +26,7 @@ from .backend import as_device
 from .bench import Timing, speedup
 from .decide import SAME, direction, met
 from .generation import _pooled, decode_bytes_per_step, generate_tokens, measure_generation
-from .model_files import EMBEDDED_MODEL, locate_embedded_gguf
+from .model_files import EMBEDDED_MODEL, local_gguf, locate_embedded_gguf
 from .models import chat_inputs, weight_bytes
 from .quality import encode, evaluate, load_heldout_text
 from .quant import pick_w8a16_kernel
@@ -547,10 +547,12 @@ def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens
         reason = "the llamacpp parameter is off"
     elif (kind := as_device(device).type) != "cpu":
         reason = f"llama.cpp is the CPU reference; this ladder ran on {kind}"
-    elif model != EMBEDDED_MODEL:
-        reason = f"llama.cpp runs the embedded GGUF ({EMBEDDED_MODEL}); this ladder ran {model}"
-    else:
-        return llamacpp.measure(locate_embedded_gguf(), prompt_ids, new_tokens, repeats=repeats)
+    elif model != EMBEDDED_MODEL and local_gguf(model) is None:
+        reason = (f"llama.cpp runs the embedded GGUF ({EMBEDDED_MODEL}) or a local .gguf file; "
+                  f"this ladder ran {model}")
+    else:  # the very file the ladder's weights were converted from
+        gguf = locate_embedded_gguf() if model == EMBEDDED_MODEL else local_gguf(model)
+        return llamacpp.measure(gguf, prompt_ids, new_tokens, repeats=repeats)
     return {"status": "skipped", "reason": reason}
 
 

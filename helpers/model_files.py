@@ -7,6 +7,7 @@ these files sit below both.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -125,12 +126,14 @@ def convert_embedded(cache_dir=None, force: bool = False) -> Path:
     The conversion writes to a temporary folder and renames it, so a concurrent or interrupted
     conversion never leaves a half-written cache.
     """
-    target = embedded_cache_dir(cache_dir)
+    return _convert_gguf(locate_embedded_gguf(), embedded_cache_dir(cache_dir), force)
+
+
+def _convert_gguf(gguf: Path, target: Path, force: bool = False) -> Path:
     if (target / "model.safetensors").exists() and not force:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = locate_embedded_gguf()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -154,6 +157,54 @@ def convert_embedded(cache_dir=None, force: bool = False) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def local_gguf(name: "str | Path") -> Optional[Path]:
+    """The GGUF file ``model=name`` points at, or None: a ``.gguf`` file, or a folder without a
+    ``config.json`` that holds exactly one ``.gguf`` (``scripts/make_wide_llama.py`` writes such a file).
+
+    A folder with several ``.gguf`` files is refused with the names to choose from, since picking one
+    silently would measure a model the reader did not name.
+    """
+    path = Path(str(name)).expanduser()
+    if path.is_file():
+        return path.resolve() if path.suffix == ".gguf" else None
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    files = sorted(path.glob("*.gguf"))
+    if len(files) > 1:
+        raise ModelLoadError(f"model={str(name)!r} holds several GGUF files ({', '.join(f.name for f in files)}); "
+                             "pass the path of the one to load")
+    return files[0].resolve() if files else None
+
+
+def gguf_cache_path(gguf: "str | Path", cache_dir=None) -> Path:
+    """Where a local GGUF's converted copy lies: named by the file and its size and modification
+    time, so a rewritten file (``make_wide_llama.py`` with other layers) is converted again."""
+    gguf = Path(gguf).resolve()
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_location(cache_dir) / "models" / converted_model_folder(f"gguf-{gguf.stem}-{key}")
+
+
+def ensure_gguf_cache(gguf: "str | Path", cache_dir=None) -> Path:
+    """A local GGUF converted once (like the embedded model) into float32 safetensors; its folder.
+
+    Every chapter then loads a safetensors folder in about the time its bytes take to read,
+    instead of dequantising the GGUF again for each of chapter 05's variants.
+    """
+    gguf = Path(gguf)
+    folder = gguf_cache_path(gguf, cache_dir)
+    if folder.exists() and embedded_cache_problem(folder) is None:
+        return folder
+    cache_root(cache_dir)
+    try:
+        _convert_gguf(gguf, folder, force=folder.exists())
+    except OSError as exc:
+        raise ModelLoadError(f"converting {gguf.name} into {folder.parent} failed "
+                             f"({exc.strerror or exc}); free disk space or set WORKBOOK_CACHE") from exc
+    share_readable(folder)
+    return folder
 
 
 EMBEDDED_CACHE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors")

@@ -17,7 +17,7 @@ import torch
 from . import dtype_choice
 from .backend import as_device, dtype_name, pick_device
 from .model_files import (EMBEDDED_MODEL, MODEL_CHOICES, TINY_MODEL, ModelLoadError, ensure_embedded_cache,
-                          quiet_loading, tiny_llama)
+                          ensure_gguf_cache, local_gguf, quiet_loading, tiny_llama)
 
 SOURCES = ("hf", "modelscope")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -45,7 +45,8 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
     """Load a causal LM and its tokenizer onto ``device`` in ``dtype``; returns ``(model, tokenizer)``.
 
     ``model`` is ``"smollm2-135m"`` (embedded, offline), ``"tiny-random"`` (seeded random weights
-    for tests), a local folder, or a hub id such as ``"NousResearch/Llama-2-7b-hf"`` (the
+    for tests), a local folder, a local ``.gguf`` file (or a folder holding one, converted once into
+    the cache like the embedded model), or a hub id such as ``"NousResearch/Llama-2-7b-hf"`` (the
     ``HF_ENDPOINT`` mirror is honoured; ``source="modelscope"`` uses ModelScope instead).
     ``dtype`` is a name, a torch dtype or ``"auto"``: ``dtype_choice.parse_dtype``, which on a CPU
     times this model's forward at its own widths (read from its config, no weights loaded) unless
@@ -76,11 +77,18 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
             folder = ensure_embedded_cache(cache_dir)
             lm, tokenizer = _hub_load(str(folder), torch_dtype, False, attn_implementation,
                                       local_files_only=True)
+        elif (gguf := local_gguf(name)) is not None:
+            try:
+                lm, tokenizer = _hub_load(str(ensure_gguf_cache(gguf, cache_dir)), torch_dtype, False,
+                                          attn_implementation, local_files_only=True)
+            except (OSError, ValueError) as exc:
+                raise ModelLoadError(f"model={name!r}: the GGUF file could not be loaded: {exc}") from exc
         elif Path(name).expanduser().exists():
             folder = Path(name).expanduser()
             if not (folder / "config.json").exists():
                 raise ModelLoadError(f"model={name!r} is a path without config.json; point it at a "
-                                     "Hugging Face model folder (config.json + weights + tokenizer)")
+                                     "Hugging Face model folder (config.json + weights + tokenizer) "
+                                     "or a .gguf file")
             try:
                 lm, tokenizer = _hub_load(str(folder), torch_dtype, trust_remote_code,
                                           attn_implementation, local_files_only=True)
