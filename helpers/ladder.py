@@ -1039,6 +1039,10 @@ class GreedyLoop:
                              f"max_new_tokens={max_new_tokens} tokens")
         cache = kwargs.pop(self.cache_argument, None)
         kwargs.pop("disable_compile", None)
+        # Stopping criteria are called after every new token, as generate calls them, so that
+        # measure_generation's per-token clock (generation.StepStamps) stamps this loop's steps too; the
+        # loop never stops early (the protocol always makes max_new_tokens tokens).
+        criteria = list(kwargs.pop("stopping_criteria", None) or [])
         if kwargs:
             raise ValueError(f"GreedyLoop does not take {sorted(kwargs)}; it runs greedy decoding only")
         if not isinstance(cache, StaticCache):
@@ -1064,6 +1068,8 @@ class GreedyLoop:
                                      cache_position=cache_position, **common)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             tokens.append(token)
+            for criterion in criteria:
+                criterion(token)
             cache_position = torch.tensor([prompt + step], device=input_ids.device)
             position = None if positions is None else positions[:, -1:] + 1 + step
         return torch.cat([input_ids, *tokens], dim=1)
