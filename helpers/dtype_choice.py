@@ -235,7 +235,10 @@ class _ForwardProbe:
         row = {"dtype": dtype_name(self.dtype), "problem": None, "layers": self.layers,
                "timed_layers": self.built, "prefill_short_tokens": self.short,
                "prefill_long_tokens": self.long, "decode_context_tokens": self.long,
-               "samples": len(self.samples["decode"])}
+               "samples": len(self.samples["decode"]),
+               # the fewest samples any of the row's times stands on (a request time adds the decode
+               # step and both prefills): decide reads it, so no direction is said from fewer than 5
+               "n_samples": min(len(self.samples[part]) for part in self.PARTS)}
         for part in self.PARTS:
             for key, value in _quantiles(self.scaled(part)).items():
                 row[f"{part}_{key}"] = value
@@ -419,14 +422,15 @@ def _probe_models(widths, budget: int, dtypes: list) -> tuple[dict, int]:
 def measure_cpu_dtype(model=None, *, prompt_tokens: int = REQUEST_PROMPT_TOKENS,
                       new_tokens: int = REQUEST_NEW_TOKENS, probe_prompts: tuple = PROBE_PROMPT_TOKENS,
                       budget: int = PROBE_BYTES, rounds: int = 2, decode_iters: int = 3,
-                      prefill_iters: int = 1) -> DtypeChoice:
+                      prefill_iters: int = 2) -> DtypeChoice:
     """Time the model's real forward (built from its config with random weights) in float32,
     bfloat16 and float16: one decode step with a KV cache and the prefill at the two
     ``probe_prompts`` lengths, ``rounds`` alternating rounds with samples pooled per dtype; pick the
     dtype that serves ``prompt_tokens`` + ``new_tokens`` fastest with ``pick_cpu_dtype`` and say
     where the pick would flip (``flip_lengths``). With the defaults each dtype gives 7 decode steps
-    and 4 prefills of each length (plus one untimed of each); the long prefill in float16 on a CPU
-    without float16 arithmetic is most of the cost. The probe models are freed before returning."""
+    and 6 prefills of each length (plus one untimed of each), so every row has the
+    ``decide.MIN_SAMPLES`` a direction word needs (its ``n_samples``); the long prefill in float16
+    on a CPU without float16 arithmetic is most of the cost. The probe models are freed before returning."""
     for name, value in (("prompt_tokens", prompt_tokens), ("new_tokens", new_tokens), ("rounds", rounds),
                         ("decode_iters", decode_iters), ("prefill_iters", prefill_iters)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -41,7 +41,8 @@ def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
     ``bench.speedup``: ``(candidate p10 / baseline p90, candidate p90 / baseline p10)``. The
     request's spread lies wholly below 1 exactly when ``dtype_choice.faster_beyond_spread`` holds,
     so ``decide.time_ratio_direction`` on it says what the choice saw. A row with a ``problem`` (a
-    dtype that does not run correctly here) keeps it and no times."""
+    dtype that does not run correctly here) keeps it and no times. ``n_samples`` is the count of
+    each ratio: the fewer of the row's and ``baseline``'s own ``n_samples``."""
     import pandas as pd
 
     columns = ["dtype", "request_ms", "request_p10_ms", "request_p90_ms", "request_prompt_tokens",
@@ -52,6 +53,15 @@ def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
     table = pd.DataFrame(rows, columns=columns)  # a row without times (a problem) gets NaN ratios
     base = next((r for r in rows if r["dtype"] == baseline), None)
     if base is not None:
+        # a ratio stands on the fewer samples of its two sides (None: a side did not record its count),
+        # so the page's direction word is said only from as many samples as decide asks for
+        def count(row):
+            n = row.get("n_samples")
+            return n if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0 else None
+
+        base_count = count(base)
+        table["n_samples"] = pd.Series([None if count(r) is None or base_count is None or r.get("problem")
+                                        else min(count(r), base_count) for r in rows], dtype=object)
         for phase in ("request", "decode", "prefill_long"):
             table[f"{phase}_time_ratio"] = table[f"{phase}_ms"] / base[f"{phase}_ms"]
             table[f"{phase}_ratio_low"] = table[f"{phase}_p10_ms"] / base[f"{phase}_p90_ms"]

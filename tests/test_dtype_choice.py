@@ -187,7 +187,8 @@ def test_npu_and_cuda_keep_float16_without_measuring(monkeypatch):
 ])
 def test_the_probe_table_says_what_the_choice_saw(rows, chosen):
     table = environment_study.dtype_probe_table(rows)
-    said = {r.dtype: decide.time_ratio_direction(r.request_ratio_low, r.request_ratio_high)
+    # the count the page's decision gets too: the fewer samples of the two rows compared
+    said = {r.dtype: decide.time_ratio_direction(r.request_ratio_low, r.request_ratio_high, samples=r.n_samples)
             for r in table.itertuples() if r.dtype != "float32"}
     assert dtype_choice.pick_cpu_dtype(rows)[0] == chosen
     if chosen == "float32":
@@ -199,6 +200,12 @@ def test_the_probe_table_says_what_the_choice_saw(rows, chosen):
     assert base.prefill_long_time_ratio == 1.0 and base.decode_time_ratio == 1.0
     if rows[1]["decode_ms"] == 49:  # overlapping spreads: no direction
         assert said["bfloat16"] == decide.SAME
+    # a ratio counts the fewer samples of its two sides: one row timed 4 times says no direction
+    few = environment_study.dtype_probe_table([{**rows[0], "n_samples": 4}] + rows[1:])
+    assert set(few.n_samples[few.dtype != "float32"]) == {4}
+    assert all(decide.is_too_few(decide.time_ratio_direction(r.request_ratio_low, r.request_ratio_high,
+                                                             samples=r.n_samples))
+               for r in few.itertuples() if r.dtype != "float32")
 
 
 def test_the_probe_table_keeps_a_dtype_that_did_not_run_without_times():

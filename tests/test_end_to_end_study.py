@@ -115,13 +115,19 @@ def test_an_unresolved_sweep_point_gives_no_direction_and_is_named(lang, grows):
 
 def test_a_resolved_sweep_still_reads_its_direction_from_the_spreads():
     results = _fixture_03()
+    # the fixture is a quick run (3 generates per point); a direction needs 5, as a full run times
     for row in results["tables"]["prompt_length_sweep"]:
-        row.update(decode_ms_per_token=100.0, decode_p10_ms=99.0, decode_p90_ms=101.0, decode_resolved=True)
+        row.update(decode_ms_per_token=100.0, decode_p10_ms=99.0, decode_p90_ms=101.0, decode_resolved=True,
+                   repeats=5)
     results["tables"]["prompt_length_sweep"][-1].update(decode_ms_per_token=150.0, decode_p10_ms=149.0,
                                                         decode_p90_ms=151.0)
     results["metrics"]["decode_growth_ratio"]["value"] = 1.5
     text = " ".join(prose.render("03_end_to_end", "sweep", results).split())
     assert "150 ms after the longest, 1.50x (grows" in text and "did not resolve" not in text
+    for row in results["tables"]["prompt_length_sweep"]:
+        row["repeats"] = 3  # the same spreads from 3 generates a point: no direction
+    text = " ".join(prose.render("03_end_to_end", "sweep", results).split())
+    assert "150 ms after the longest, 1.50x (too few samples" in text and "grows" not in text
 
 
 @pytest.mark.parametrize("lang, says", [("en", "did not resolve"), ("zh", "没有得出")])

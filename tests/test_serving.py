@@ -442,9 +442,11 @@ def test_no_ratio_reason_names_what_differs_and_the_spread_decides_both_ways():
     from helpers import decide
 
     assert serving.ratio_spread((50, 45, 55), (30, 28, 33)) == pytest.approx((45 / 33, 55 / 28))
-    assert decide.direction(*serving.ratio_spread((50, 45, 55), (30, 28, 33))) == "faster"
-    assert decide.direction(*serving.ratio_spread((30, 28, 33), (50, 45, 55))) == "slower"
-    assert decide.direction(*serving.ratio_spread((50, 40, 60), (45, 35, 52))) == decide.SAME
+    n = decide.MIN_SAMPLES  # requests per side, as a recorded comparison has
+    assert decide.direction(*serving.ratio_spread((50, 45, 55), (30, 28, 33)), samples=n) == "faster"
+    assert decide.direction(*serving.ratio_spread((30, 28, 33), (50, 45, 55)), samples=n) == "slower"
+    assert decide.direction(*serving.ratio_spread((50, 40, 60), (45, 35, 52)), samples=n) == decide.SAME
+    assert decide.is_too_few(decide.direction(*serving.ratio_spread((50, 45, 55), (30, 28, 33)), samples=n - 1))
     assert serving.ratio_spread((50, None, 55), (30, 28, 33)) == (None, None)  # no spread, no direction
 
 
