@@ -161,12 +161,15 @@ def headline_figures(dense: dict, int8: dict, pairs: dict, *, eval_tokens: int, 
         shape = f"batch {b}, prompt {alt['w8a16']['prompt_tokens']} tokens, {new_tokens} new tokens"
         common = dict(shape=shape, batch=b, prompt=prompt, new_tokens=new_tokens,
                       timing=f"{rounds} alternating rounds", **ctx)
+        # the samples behind each ratio, its smaller side: a direction word needs decide.MIN_SAMPLES
+        # (decode has one per step of every timed generate, TTFT one per generate)
         figs.append(dict(key=f"int8_decode_speedup_batch{b}", value=s.ratio, unit="ratio", key_figure=b == 1,
                          low=s.low, high=s.high, noisy=t_base.noisy or t_int8.noisy,
+                         n_samples=min(len(t_base.samples), len(t_int8.samples)),
                          base_decode_ms=t_base.median_ms, int8_decode_ms=t_int8.median_ms, **common))
         figs.append(dict(key=f"int8_ttft_ratio_batch{b}", value=ttft.ratio, unit="x", key_figure=b == 1,
-                         low=ttft.low, high=ttft.high, base_ttft_ms=p_base.median_ms,
-                         int8_ttft_ms=p_int8.median_ms, **common))
+                         low=ttft.low, high=ttft.high, n_samples=min(len(p_base.samples), len(p_int8.samples)),
+                         base_ttft_ms=p_base.median_ms, int8_ttft_ms=p_int8.median_ms, **common))
         if b == 1:
             # like with like: each model's peak while decoding (weights + what decoding added)
             figs.append(dict(key="int8_peak_memory_ratio", unit="ratio",
@@ -197,12 +200,19 @@ def guide_ratio_rows(measured_speedup: Optional[dict], measured_memory: Optional
              ("4.2 table +MindSpeed -> +MindSpeed+INT8",
               ladder_table[3]["tokens_per_s"] / ladder_table[2]["tokens_per_s"], measured_speedup),
              ("4.1 memory FP16 -> INT8 (GB)", claims.guide_number("C52"), measured_memory)]
-    return [{"figure": name, "guide_claim_ratio": claim,
-             "guide_compared": "INT8 against FP16, Llama-2-7B on an Ascend 910B",
-             "measured_compared": (m or {}).get("code_path", "not measured"),
-             "measured_here_ratio": m["value"] if m else math.nan,
-             "measured_low": (m or {}).get("low", math.nan), "measured_high": (m or {}).get("high", math.nan)}
-            for name, claim, m in guide]
+    # the guide's baseline dtype as the guide writes it, recorded so the prose names it from the row
+    baseline = "FP16"
+    rows = []
+    for name, claim, m in guide:
+        row = {"figure": name, "guide_claim_ratio": claim, "guide_baseline": baseline,
+               "guide_compared": f"INT8 against {baseline}, Llama-2-7B on an Ascend 910B",
+               "measured_compared": (m or {}).get("code_path", "not measured"),
+               "measured_here_ratio": m["value"] if m else math.nan,
+               "measured_low": (m or {}).get("low", math.nan), "measured_high": (m or {}).get("high", math.nan)}
+        if (m or {}).get("n_samples"):  # the measured ratio's samples: its verdict needs them
+            row["n_samples"] = m["n_samples"]
+        rows.append(row)
+    return rows
 
 
 def calibration_sweep(model_name: str, device, dtype, tokenizer, pool: list, counts: Iterable[int],

@@ -47,6 +47,10 @@ def test_headline_figures_are_ratios_of_one_run_with_the_request_recorded():
     assert s["value"] == pytest.approx(41.5 / 21.5) and s["low"] < s["value"] < s["high"]
     assert s["prompt"] == "Hello, world" and s["new_tokens"] == 12 and s["batch"] == 1  # chapter 03's protocol
     assert figs["int8_ttft_ratio_batch1"]["value"] == pytest.approx(91 / 61)  # int8 / dense: above 1 is slower
+    # the samples a side behind each ratio (4 decode steps, 3 generates): a direction word needs them
+    assert s["n_samples"] == 4 and figs["int8_ttft_ratio_batch1"]["n_samples"] == 3
+    rows = int8_study.guide_ratio_rows(s, figs["int8_peak_memory_ratio"])
+    assert rows[0]["n_samples"] == 4 and "n_samples" not in rows[-1] and rows[0]["guide_baseline"] == "FP16"
     assert figs["int8_peak_memory_ratio"]["value"] == pytest.approx(255 / 545)
     assert figs["dense_decode_weight_gbps"]["value"] == pytest.approx(540e6 / 41.5e-3 / 1e9)
     # a float32 baseline is named float32, the activations by what they were
@@ -149,7 +153,12 @@ def test_a_speedup_that_shrinks_with_the_batch_needs_separate_spreads(lang):
 
 def test_a_slower_prefill_is_explained_only_when_the_spread_says_so():
     results = _results()
+    # the fixture's TTFT ratio stands on 2 rounds x 2 repeats = 4 generates a side: too few for a word
     results["metrics"]["int8_ttft_ratio_batch1"].update(value=2.0, low=1.8, high=2.2)
+    assert results["metrics"]["int8_ttft_ratio_batch1"]["n_samples"] == 4
+    assert "A prefill" not in prose.render(CHAPTER, "headline", results)
+    # a run with 4 rounds x 5 repeats: 20 generates a side
+    results["metrics"]["int8_ttft_ratio_batch1"].update(n_samples=20)
     assert "A prefill" in prose.render(CHAPTER, "headline", results)
     results["metrics"]["int8_ttft_ratio_batch1"].update(value=1.0, low=0.8, high=1.2)
     assert "A prefill" not in prose.render(CHAPTER, "headline", results)

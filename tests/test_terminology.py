@@ -34,7 +34,6 @@ DECISION_BRACKET = re.compile(r"[（(]")
 NOT_YET_CONVERTED = {  # chapters 00, 03, 05, 06, 07 and the decision words
     'helpers/templates/00_environment_check.zh.md.j2': {'spread'},
     'helpers/templates/03_end_to_end.zh.md.j2': {'spread', 'tok/s'},
-    'helpers/templates/05_int8_quantization.zh.md.j2': {'spread'},
     'helpers/templates/06_optimization_ladder.zh.md.j2': {'bare kernel', 'spread'},
     'helpers/templates/07_serving.zh.md.j2': {'spread', 'tok/s'},
     'helpers/templates/words.zh.yaml': {'bare kernel', 'bracket in a decision word', '地更快'},
