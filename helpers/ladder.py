@@ -220,8 +220,8 @@ def best_batch1_speedup(table) -> Optional[dict]:
             return 1e3 / ms if ms > 0 else math.nan
         return (row["rung"], float(row["tokens_per_s"]), per_s("decode_p90_ms"), per_s("decode_p10_ms"))
 
-    # the fewest decode samples of any rung compared (its timing summary's iterations)
-    counts = [decide.samples_of(dict(r), None) for _, r in same.iterrows()]
+    # the fewest decode samples of any rung compared (the per-token samples its spread comes from)
+    counts = [decode_sample_count(r) for _, r in same.iterrows()]
     samples = None if any(c is None for c in counts) else min(counts)
     found = best_gain([option(r) for _, r in same.iloc[1:].iterrows()], option(same.iloc[0]), samples=samples)
     if found is None:
@@ -229,7 +229,7 @@ def best_batch1_speedup(table) -> Optional[dict]:
     best, base = same[same["rung"] == found.best].iloc[0], ok.iloc[0]
     return {"rung": found.best, "speedup": _float(best["speedup"]),
             "low": _float(best.get("speedup_low")), "high": _float(best.get("speedup_high")),
-            "decision": found.decision, "tied": found.tied,
+            "decision": found.decision, "tied": found.tied, "n_samples": samples,
             "tokens_per_s": float(best["tokens_per_s"]),
             "baseline_tokens_per_s": float(base["tokens_per_s"]), "batch_size": int(base_batch)}
 
@@ -288,8 +288,10 @@ def ladder_rows(table) -> list[dict]:
     def whole(value):
         return int(value) if _known(value) else None
 
-    return [{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()}
-            for row in table.to_dict("records")]
+    # n_samples: the pooled decode count (decode_sample_count), which decide.samples_of reads
+    # before the row's rounds
+    return [{**{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()},
+             "n_samples": decode_sample_count(row)} for row in table.to_dict("records")]
 
 
 def record_ladder_figures(ch, table, new_tokens: int) -> None:
@@ -307,14 +309,14 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
                   dtype=row.get("dtype"), shape=f"batch {batch}, {prompt_tokens}-token prompt, {new_tokens} new "
                   "tokens", code_path=row.get("code_path") or row["description"], rung=row["rung"],
                   prompt_tokens=prompt_tokens, new_tokens=row.get("new_tokens"), batch_size=batch,
-                  low=row.get("speedup_low"), high=row.get("speedup_high"), **extra)
+                  low=row.get("speedup_low"), high=row.get("speedup_high"), n_samples=row["n_samples"], **extra)
     best = best_batch1_speedup(table)
     if best is not None:
         ch.record("ladder_best_batch1_speedup", best["speedup"], "x", key_figure=True,
                   shape=f"batch 1, {new_tokens} new tokens, rung {best['rung']!r} vs native eager",
                   code_path="the table's speedup: decode tok/s of the batch-1 rung with the highest median over "
                             "native eager's, same run, p10-p90 spread from bench.speedup",
-                  **{k: best[k] for k in ("rung", "low", "high", "decision", "tied", "tokens_per_s",
+                  **{k: best[k] for k in ("rung", "low", "high", "decision", "tied", "n_samples", "tokens_per_s",
                                           "baseline_tokens_per_s")})
     batch = batch_throughput_ratio(table)
     if batch is not None:
@@ -381,6 +383,27 @@ FRACTION_VERDICTS = {"met": "reached", "not met": "missed",
                      "within the noise of the goal": "within_noise", "not measured": "not_measured"}
 
 
+def decode_sample_count(row) -> Optional[float]:
+    """How many decode samples a rung's (or a reference's) p10-p90 range stands on: the per-token
+    samples pooled over every round and repeat (``decode_samples``, or the length of
+    ``decode_samples_ms``), else its timing summary's ``iterations``, else what
+    ``decide.samples_of`` finds. The row's ``rounds`` is not that count: a round-robin rung's
+    figures pool ``rounds x repeats`` generates of several decode steps each."""
+    row = dict(row) if row is not None else {}
+    count = row.get("decode_samples")
+    if _known(count) and not isinstance(count, bool) and float(count) > 0:
+        return float(count)
+    samples = row.get("decode_samples_ms")
+    if isinstance(samples, (list, tuple)) and samples:
+        return float(len(samples))
+    timing = row.get("timing")
+    if isinstance(timing, Timing):
+        timing = timing.summary()
+    if isinstance(timing, dict) and _known(timing.get("iterations")) and timing["iterations"] > 0:
+        return float(timing["iterations"])
+    return decide.samples_of(row, None)
+
+
 def decode_ratio(row, reference) -> Optional[dict]:
     """Decode speed of ``row`` over ``reference`` (above 1: the row decodes faster), from their
     ms per token, with the spread of both p10-p90 ranges; None when either lacks a decode figure."""
@@ -393,7 +416,7 @@ def decode_ratio(row, reference) -> Optional[dict]:
     if not all(v > 0 for v in (ms, ref, p10, p90, r10, r90)):
         return None
     # the fewer samples of the two sides (None when either does not say): what decide needs
-    counts = [decide.samples_of(dict(x), None) for x in (row, reference)]
+    counts = [decode_sample_count(x) for x in (row, reference)]
     return {"ratio": ref / ms, "low": r10 / p90, "high": r90 / p10,
             "n_samples": None if any(c is None for c in counts) else min(counts)}
 
@@ -667,7 +690,7 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
                        blocker=blocker.get("blocker"), step_ms=blocker.get("step_ms"),
                        target_ms=blocker.get("target_ms"), instead=blocker.get("instead"),
                        weights=best.get("dtype"), roofline_share=best.get("roofline_share"),
-                       samples=len(llama.get("decode_samples_ms") or ()), **parts)
+                       n_samples=best["ratio"].get("n_samples"), **parts)
     if fp32:
         results.record("float32_eager_decode_tok_s", 1e3 / float(fp32["decode_ms_per_token"]), "tok/s",
                        device=device, dtype="float32", shape=shape,

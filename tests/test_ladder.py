@@ -175,11 +175,15 @@ def test_run_script_times_a_script_and_reports_failures(tmp_path):
         ladder.run_script(str(tmp_path / "missing.sh"), parameter="mindspeed_script")
 
 
+# the decode samples a default chapter 06 rung pools: 3 rounds x 3 repeats x 15 steps of 16 new tokens
+POOLED = 3 * 3 * 15
+
+
 def _ladder_table():
-    metrics = {"eager": {"latency_ms": 100.0, "tokens_per_s": 10.0, "batch_size": 1},
-               "graph": {"latency_ms": 50.0, "tokens_per_s": 20.0, "batch_size": 1},
-               "int8": {"latency_ms": 40.0, "tokens_per_s": 25.0, "batch_size": 1},
-               "batch 8": {"latency_ms": 80.0, "tokens_per_s": 100.0, "batch_size": 8}}
+    metrics = {"eager": {"latency_ms": 100.0, "tokens_per_s": 10.0, "batch_size": 1, "decode_samples": POOLED},
+               "graph": {"latency_ms": 50.0, "tokens_per_s": 20.0, "batch_size": 1, "decode_samples": POOLED},
+               "int8": {"latency_ms": 40.0, "tokens_per_s": 25.0, "batch_size": 1, "decode_samples": POOLED},
+               "batch 8": {"latency_ms": 80.0, "tokens_per_s": 100.0, "batch_size": 8, "decode_samples": POOLED}}
     rungs = [(name, "", (lambda n=name: n)) for name in metrics]
     rungs.insert(1, ("broken", "", lambda: 1 / 0))
     return ladder.run_ladder(rungs, lambda v: metrics[v])
@@ -219,9 +223,11 @@ def test_graph_rungs_above_two_graphs_are_reported():
 
 # --- beside the ladder: llama.cpp and float32 eager ------------------------------------------------
 
-def _row(rung, ms, spread=0.5, batch=1, status="ok", **extra):
+def _row(rung, ms, spread=0.5, batch=1, status="ok", samples=POOLED, **extra):
+    # as a round-robin rung records it: rounds, and the per-token decode samples pooled over them
     return {"rung": rung, "status": status, "batch_size": batch, "tokens_per_s": batch * 1e3 / ms,
-            "decode_ms_per_token": ms, "decode_p10_ms": ms - spread, "decode_p90_ms": ms + spread, **extra}
+            "decode_ms_per_token": ms, "decode_p10_ms": ms - spread, "decode_p90_ms": ms + spread,
+            "rounds": 3, "decode_samples": samples, **extra}
 
 
 def _table(*rows):
@@ -237,10 +243,14 @@ def test_decode_ratio_keeps_the_spread_of_both():
 
 def test_the_goal_verdict_goes_three_ways():
     assert ladder.GOAL_FRACTION_OF_LLAMACPP == 1.0  # at least llama.cpp's decode, not a share of it
-    assert ladder.fraction_verdict({"ratio": 1.1, "low": 1.02, "high": 1.2}) == "reached"
-    assert ladder.fraction_verdict({"ratio": 0.7, "low": 0.65, "high": 0.75}) == "missed"
-    assert ladder.fraction_verdict({"ratio": 1.0, "low": 0.95, "high": 1.05}) == "within_noise"
-    assert ladder.fraction_verdict({"ratio": 0.6, "low": 0.52, "high": 0.7}, fraction=0.5) == "reached"
+    n = {"n_samples": POOLED}
+    assert ladder.fraction_verdict({"ratio": 1.1, "low": 1.02, "high": 1.2, **n}) == "reached"
+    assert ladder.fraction_verdict({"ratio": 0.7, "low": 0.65, "high": 0.75, **n}) == "missed"
+    assert ladder.fraction_verdict({"ratio": 1.0, "low": 0.95, "high": 1.05, **n}) == "within_noise"
+    assert ladder.fraction_verdict({"ratio": 0.6, "low": 0.52, "high": 0.7, **n}, fraction=0.5) == "reached"
+    # the same spreads from too few samples (or an unrecorded count) say no verdict
+    assert ladder.fraction_verdict({"ratio": 1.1, "low": 1.02, "high": 1.2, "n_samples": 3}) == "too_few"
+    assert ladder.fraction_verdict({"ratio": 0.7, "low": 0.65, "high": 0.75}) == "too_few"
     assert ladder.fraction_verdict(None) == "not_measured"
 
 
@@ -262,6 +272,10 @@ def test_rung_effect_reads_the_spreads():
     assert ladder.rung_effect(table, "+ same")["verdict"] == "no_difference"
     slower = _table(_row("eager", 40.0), _row("+ INT8", 45.0))
     assert ladder.rung_effect(slower, "+ INT8")["verdict"] == "slower"
+    # the count is the pooled decode samples, not the row's 3 rounds; from 3 samples no direction
+    assert ladder.rung_effect(table, "+ INT8")["n_samples"] == POOLED
+    few = _table(_row("eager", 40.0, samples=3), _row("+ INT8", 15.0))
+    assert ladder.rung_effect(few, "+ INT8")["verdict"] == "too_few"
     assert ladder.rung_effect(slower, "missing") is None and ladder.rung_effect(slower, "eager") is None
 
 
@@ -290,7 +304,8 @@ def _llama(ms=10.0):
     return {"status": "ok", "version": "0.3.36", "quantization": "Q4_1", "threads": 2, "prompt_tokens": 7,
             "new_tokens": 16, "tokens_per_s": 1e3 / ms, "decode_ms_per_token": ms, "decode_p10_ms": ms - 0.2,
             "decode_p90_ms": ms + 0.2, "ttft_ms": 30.0, "ttft_p10_ms": 29.0, "ttft_p90_ms": 31.0, "note": "",
-            "code_path": "llama-cpp-python 0.3.36"}
+            "code_path": "llama-cpp-python 0.3.36", "rounds": 3, "repeats": 9,
+            "decode_samples_ms": [ms - 0.2, ms, ms + 0.2] * 45}
 
 
 class _Recorder:
@@ -304,7 +319,8 @@ class _Recorder:
 def test_references_facts_and_their_recorded_figures_both_ways():
     parts = dict(matmul_ms=25.0, attention_ms=2.0, other_ms=1.0, framework_ms=2.0)
     table = _table(_row("native eager", 40.0, dtype="bfloat16", **parts), _row("+ INT8", 30.0, **parts))
-    fp32 = {"decode_ms_per_token": 60.0, "decode_p10_ms": 59.0, "decode_p90_ms": 61.0}
+    fp32 = {"decode_ms_per_token": 60.0, "decode_p10_ms": 59.0, "decode_p90_ms": 61.0, "rounds": 3, "repeats": 9,
+            "decode_samples_ms": [59.0, 60.0, 61.0] * 45}
     facts = ladder.reference_facts(table, _llama(10.0), fp32)
     assert facts["best"]["verdict"] == "missed" and facts["blocker"]["blocker"] == "matmul kernels"
     out = _Recorder()
@@ -334,7 +350,8 @@ def test_ladder_steps_and_the_best_rung_from_the_speedup_spreads():
     def timed(name, ms, spread):
         return {"latency_ms": ms * 16, "tokens_per_s": 1e3 / ms, "batch_size": 1, "decode_ms_per_token": ms,
                 "decode_p10_ms": ms - spread, "decode_p90_ms": ms + spread,
-                "timing": bench.Timing(name, [(ms - spread) / 1e3, ms / 1e3, (ms + spread) / 1e3])}
+                "timing": bench.Timing(name, [(ms - spread) / 1e3, ms / 1e3, (ms + spread) / 1e3] * 15),
+                "decode_samples": 45}
 
     metrics = {"native eager": timed("a", 40.0, 1.0), "+ graph mode": timed("b", 20.2, 1.0),
                "+ INT8": timed("c", 20.0, 1.0)}
@@ -429,7 +446,7 @@ def test_the_ladder_figures_carry_the_batch1_protocol_and_the_table_s_ratio():
     def timed(ms, batch=1):
         return {"latency_ms": ms * 16, "tokens_per_s": batch * 1e3 / ms, "batch_size": batch, "decode_ms_per_token": ms,
                 "decode_p10_ms": ms - 1, "decode_p90_ms": ms + 1, "prompt_tokens": 7, "new_tokens": 16,
-                "timing": bench.Timing("t", [(ms - 1) / 1e3, ms / 1e3, (ms + 1) / 1e3])}
+                "timing": bench.Timing("t", [(ms - 1) / 1e3, ms / 1e3, (ms + 1) / 1e3] * 15), "decode_samples": 45}
 
     metrics = {"native eager": timed(40.0), "+ INT8": {**timed(20.0), "compiled_graphs": 2}, "+ skipped": None,
                "+ batch 4": timed(30.0, 4)}
@@ -499,6 +516,22 @@ def test_rounds_time_every_rung_round_robin_after_all_are_built():
         ladder.run_ladder(rungs, lambda v: {"latency_ms": 1.0, "tokens_per_s": 1.0}, rounds=2)
     with pytest.raises(ValueError, match="rounds=-1"):
         ladder.run_ladder(rungs, measure, rounds=-1)
+
+
+def test_a_round_robin_rung_is_decided_on_its_pooled_decode_samples_not_its_rounds():
+    class _PerToken(_RoundMeasure):  # each round's generates give 15 per-token samples, as a real one does
+        def pooled(self, name, outs, row):
+            return {**super().pooled(name, outs, row), "decode_samples": 15 * len(outs)}
+
+    measure = _PerToken({"a": 40.0, "b": 20.0})
+    table = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in measure.ms], measure, rounds=3)
+    assert table["rounds"].tolist() == [3, 3] and table["decode_samples"].tolist() == [45, 45]
+    effect = ladder.rung_effect(table, "b")
+    assert effect["n_samples"] == 45 and effect["verdict"] == "faster"  # 3 rounds alone would be too few
+    assert ladder.best_batch1_speedup(table)["decision"] == "best, clear"
+    # without the pooled count the rounds' own timing (3 samples here) is what stands behind the spread
+    plain = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in measure.ms], _RoundMeasure(measure.ms), rounds=3)
+    assert ladder.rung_effect(plain, "b")["verdict"] == "too_few"
 
 
 def test_a_rung_failing_in_a_round_is_recorded_and_the_others_go_on():
