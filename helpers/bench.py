@@ -135,15 +135,20 @@ class Speedup:
     ratio: float
     low: float
     high: float
+    # the fewest samples of the two timings: what ``decide`` needs before it reads a direction
+    # from the spread (``decide.direction(s.low, s.high, samples=s.samples)``)
+    samples: int = 0
 
     def __repr__(self) -> str:
-        return f"{self.candidate} vs {self.baseline}: {self.ratio:.2f}x (spread {self.low:.2f}-{self.high:.2f})"
+        return (f"{self.candidate} vs {self.baseline}: {self.ratio:.2f}x (spread {self.low:.2f}-{self.high:.2f}, "
+                f"{self.samples} samples a side)")
 
 
 def speedup(baseline: Timing, candidate: Timing) -> Speedup:
     """How many times faster ``candidate`` is than ``baseline`` (>1 means faster)."""
     return Speedup(baseline.name, candidate.name, baseline.median / candidate.median,
-                   baseline.p10 / candidate.p90, baseline.p90 / candidate.p10)
+                   baseline.p10 / candidate.p90, baseline.p90 / candidate.p10,
+                   min(len(baseline.samples), len(candidate.samples)))
 
 
 def memory_bandwidth(device="cpu", size_mib: int = 256, dtype=torch.float32,

@@ -229,6 +229,26 @@ def words(lang: str = "en") -> dict:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
+def say(decision: Any, lang: str = "en", *, mark=lambda fig, text: text) -> str:
+    """What a ``helpers.decide`` decision says in ``lang``: the phrase of ``words.<lang>.yaml``, and for a
+    ``decide.too_few`` decision the too-few phrase with its counts put in. The chapters' templates
+    (the ``say`` filter) and the worked answers both phrase decisions here, so a notebook never looks a
+    decision up in the phrase table itself and never prints a decision's key. ``mark`` marks the
+    counts as recorded figures in audit mode."""
+    key = decision["decision"] if isinstance(decision, dict) else str(_plain(decision))
+    table = words(lang)
+    few = decide.parse_too_few(key)
+    if few is not None:  # "too few samples: 2 of 5": the phrase with the counts put in
+        count, need = few
+        # both counts are figures of the run's record and of decide's rule: marked as such
+        return table[decide.TOO_FEW if count is not None else f"{decide.TOO_FEW}, {decide.UNKNOWN_COUNT}"
+                     ].format(n=mark(Fig(count, "count of samples"), format_number(count)),
+                              need=mark(Fig(need, "count needed (decide)"), format_number(need)))
+    if key not in table:
+        raise KeyError(f"words.{lang}.yaml has no phrase for the decision {key!r}")
+    return table[key]
+
+
 def samples_in(values: Any) -> Optional[float]:
     """The fewest samples of the recorded figures among ``values`` (nested lists and figures'
     records included; plain numbers, a template's literals, count for nothing); None when no
@@ -338,22 +358,7 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
     # a dtype word an exercise proposes is the run's own word too: marked like a figure when auditing
     env.globals["other_dtype"] = lambda dtype, device: renderer.mark(
         Fig(other_dtype(dtype, device), "other_dtype"), other_dtype(dtype, device))
-    table = words(lang)
-
-    def say(decision: Any) -> str:
-        key = decision["decision"] if isinstance(decision, dict) else str(_plain(decision))
-        few = decide.parse_too_few(key)
-        if few is not None:  # "too few samples: 2 of 5": the phrase with the counts put in
-            count, need = few
-            # both counts are figures of the run's record and of decide's rule: marked as such
-            return table[decide.TOO_FEW if count is not None else f"{decide.TOO_FEW}, {decide.UNKNOWN_COUNT}"
-                         ].format(n=renderer.mark(Fig(count, "count of samples"), format_number(count)),
-                                  need=renderer.mark(Fig(need, "count needed (decide)"), format_number(need)))
-        if key not in table:
-            raise KeyError(f"words.{lang}.yaml has no phrase for the decision {key!r}")
-        return table[key]
-
-    env.filters["say"] = say
+    env.filters["say"] = lambda decision: say(decision, lang, mark=renderer.mark)
 
     def plural(value: Any, one: str, other: str) -> str:
         """``one`` for a count of exactly 1 (a recorded figure, or a list: its length), else

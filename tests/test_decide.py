@@ -190,3 +190,75 @@ def test_a_template_gets_the_count_from_the_recorded_figure():
     assert render(own) == prose.words("en")["faster"]
     env = prose.environment(prose.Renderer(), "zh")
     assert env.from_string(template).render(**prose.context_of(two)) == "样本太少，不足以判断方向（2 个，需要 5 个）"
+
+
+def test_a_speedup_carries_the_fewer_samples_of_its_two_timings():
+    s = bench.speedup(timing("a", [2.0] * 7), timing("b", [1.0] * 5))
+    assert s.samples == 5 and decide.direction(s.low, s.high, samples=s.samples) == decide.FASTER
+    few = bench.speedup(timing("a", [2.0] * 7), timing("b", [1.0] * 2))
+    assert decide.parse_too_few(decide.direction(few.low, few.high, samples=few.samples)) == (2, 5)
+
+
+def test_say_phrases_every_decision_outside_a_template_too():
+    from helpers import prose
+
+    assert prose.say(decide.FASTER) == prose.words("en")["faster"]
+    assert prose.say(decide.too_few(2)) == "too few samples to say a direction (2 of the 5 needed)"
+    assert "not recorded" in prose.say(decide.too_few(None))
+    assert prose.say(decide.too_few(2), "zh") == "样本太少，不足以判断方向（2 个，需要 5 个）"
+    with pytest.raises(KeyError, match="no phrase for the decision 'sideways'"):
+        prose.say("sideways")
+
+
+# decide's functions whose count of samples must be passed: without one they never say a direction
+# (``changed`` needs it only for sampled spreads: without spreads its figures are computed)
+COUNTED = {name for name in ("direction", "time_ratio_direction", "met", "byte_bound", "rank", "effect",
+                             "best_gain", "changed") if hasattr(decide, name)}
+
+
+def _cells():
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    for path in sorted((repo / "notebooks").rglob("*.ipynb")) + sorted((repo / "solutions").rglob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] == "code":
+                yield path.relative_to(repo), "".join(cell["source"])
+
+
+def _uncounted_decisions(cells):
+    """Each call of a counted decide function without ``samples=``, and each phrase-table lookup
+    (``prose.words``) in ``cells`` of (where, source)."""
+    import ast
+
+    found = []
+    for where, source in cells:
+        for call in ast.walk(ast.parse(source)):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and isinstance(call.func.value, ast.Name)):
+                continue
+            module, name = call.func.value.id, call.func.attr
+            if module == "decide" and name in COUNTED:
+                spreads = len(call.args) > 1 or any(k.arg == "spreads" for k in call.keywords)
+                if not any(k.arg == "samples" for k in call.keywords) and (name != "changed" or spreads):
+                    found.append(f"{where}: decide.{name} without samples= (line {call.lineno} of its cell)")
+            if module == "prose" and name == "words":
+                found.append(f"{where}: prose.words looked up (line {call.lineno}); prose.say phrases too-few too")
+    return found
+
+
+def test_every_notebook_decision_passes_its_count_of_samples_and_is_phrased_by_say():
+    # A decision called without its count is too_few by design; a worked answer that forgot the count
+    # printed "too few samples: not recorded of 5" as its verdict, or failed looking it up (KeyError).
+    found = _uncounted_decisions(_cells())
+    assert not found, "; ".join(found)
+
+
+def test_the_notebook_decision_check_fails_on_a_call_without_its_count():
+    bad = [("a", "said = decide.direction(low, high)\nWORDS = prose.words('en')"),
+           ("b", "decide.changed(values, spreads)")]
+    assert len(_uncounted_decisions(bad)) == 3
+    good = [("c", "decide.direction(low, high, samples=s.samples)\nprose.say(said, LANG)"),
+            ("d", "decide.changed(byte_counts)")]
+    assert _uncounted_decisions(good) == []
