@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import ladder, serving
+from helpers import decide, ladder, serving
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb"))
@@ -121,6 +121,9 @@ def test_solution_runs_after_its_chapter(quick_run, solution):
     assert answer["status"] == "ok", f"{solution}: {answer.get('error') or answer.get('reason')}"
     executed = quick_run["run_dir"] / f"{solution}.ipynb"
     assert executed.exists() and executed.with_suffix(".html").exists()
+    # every decision an answer prints is phrased (prose.say), never its key ("too few samples: 2 of 5")
+    shown = json.dumps([o for c in json.loads(executed.read_text())["cells"] for o in c.get("outputs", [])])
+    assert decide.TOO_FEW + ":" not in shown, f"{solution} printed a decision's key instead of its phrase"
     page = (quick_run["run_dir"] / "index.html").read_text()
     assert f'href="{solution}.html"' in page
 
