@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import backend, bench, decide, profiling, roofline
+from . import backend, bench, decide, plots, profiling, roofline
 from .backend import as_device, dtype_name
 from .claims import claimed_range, load_claims
 from .generation import decode_step, generate_tokens, measure_generation, run_sweep, sweep_table
@@ -317,10 +317,10 @@ def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
     missing = unresolved_decode_lengths(sweep)
     fig, ax = plt.subplots(1, 2, figsize=figsize)
     if len(ok):
-        yerr = [ok["ttft_ms"] - ok["ttft_p10_ms"], ok["ttft_p90_ms"] - ok["ttft_ms"]]
+        yerr = plots.error_bars(ok["ttft_ms"], ok["ttft_p10_ms"], ok["ttft_p90_ms"])
         ax[0].errorbar(ok["prompt_tokens"], ok["ttft_ms"], yerr=yerr, marker="o", capsize=3)
         dec = ok[~ok["prompt_tokens"].isin(missing)]
-        yerr = [dec["decode_ms_per_token"] - dec["decode_p10_ms"], dec["decode_p90_ms"] - dec["decode_ms_per_token"]]
+        yerr = plots.error_bars(dec["decode_ms_per_token"], dec["decode_p10_ms"], dec["decode_p90_ms"])
         ax[1].errorbar(dec["prompt_tokens"], dec["decode_ms_per_token"], yerr=yerr, marker="o", capsize=3,
                        color="tab:orange", label="median, p10-p90")
     if missing:

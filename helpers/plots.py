@@ -14,6 +14,16 @@ import math
 PART_COLOURS = {"matmul_ms": "#4c72b0", "rest_ms": "#c44e52"}
 
 
+def error_bars(mid, low, high):
+    """``yerr`` for ``errorbar``: a (2, N) array of the distance from each median down to its low and
+    up to its high. Plain numbers, not pandas Series: matplotlib reads a one-point Series with
+    ``float()``, which pandas deprecates (a warning, an error in later pandas)."""
+    import numpy as np
+
+    mid, low, high = (np.asarray(v, dtype=float) for v in (mid, low, high))
+    return np.stack([mid - low, high - mid])
+
+
 def decode_gap_parts(gap) -> list[dict]:
     """Bar heights per path of an ``end_to_end_study.decode_gap`` table: the step, its weight-matmul
     kernel part (at most the step) and the rest; both parts non-negative and adding up to the step."""
@@ -120,15 +130,12 @@ def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7
     speed.plot(ok["point"], ok["tokens_per_s_aggregate"], marker="o", label="aggregate")
     speed.plot(ok["point"], ok["tokens_per_s_per_user"], marker="o", label="per user")
     speed.set(ylabel="tokens/s", title="throughput vs batch")
-    below = ok["decode_ms_per_token"] - ok["decode_p10_ms"]
-    above = ok["decode_p90_ms"] - ok["decode_ms_per_token"]
-    latency.errorbar(ok["point"], ok["decode_ms_per_token"], yerr=[below, above], marker="o", capsize=3,
-                     label="decode per step")
+    latency.errorbar(ok["point"], ok["decode_ms_per_token"], marker="o", capsize=3, label="decode per step",
+                     yerr=error_bars(ok["decode_ms_per_token"], ok["decode_p10_ms"], ok["decode_p90_ms"]))
     latency.plot(ok["point"], ok["ttft_ms"], marker="s", label="TTFT")
     latency.set(ylabel="ms (median, p10-p90)", title="latency vs batch")
     if len(ratios):
-        spread = [ratios["throughput_ratio"] - ratios["throughput_low"],
-                  ratios["throughput_high"] - ratios["throughput_ratio"]]
+        spread = error_bars(ratios["throughput_ratio"], ratios["throughput_low"], ratios["throughput_high"])
         gain.errorbar(ratios["batch"], ratios["throughput_ratio"], yerr=spread, marker="o", capsize=3,
                       label="measured (p10-p90)")
         gain.plot(ratios["batch"], ratios["batch"], ls="--", color="grey", label="ideal = batch")
