@@ -222,11 +222,16 @@ def other_dtype(dtype: Any, device: Any) -> str:
 
 
 def words(lang: str = "en") -> dict:
-    """The phrase table of a language: what each ``helpers.decide`` decision says."""
+    """The phrase table of a language: what each ``helpers.decide`` decision says (a copy: the
+    table is read once per process, and ``say`` reads it for every decision a page phrases)."""
+    return dict(_phrase_table(lang))
+
+
+@functools.lru_cache(maxsize=None)
+def _phrase_table(lang: str) -> dict:
     import yaml
 
-    path = WORDS / f"words.{lang}.yaml"
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+    return yaml.safe_load((WORDS / f"words.{lang}.yaml").read_text(encoding="utf-8"))
 
 
 def say(decision: Any, lang: str = "en", *, mark=lambda fig, text: text) -> str:
@@ -236,7 +241,7 @@ def say(decision: Any, lang: str = "en", *, mark=lambda fig, text: text) -> str:
     decision up in the phrase table itself and never prints a decision's key. ``mark`` marks the
     counts as recorded figures in audit mode."""
     key = decision["decision"] if isinstance(decision, dict) else str(_plain(decision))
-    table = words(lang)
+    table = _phrase_table(lang)
     few = decide.parse_too_few(key)
     if few is not None:  # "too few samples: 2 of 5": the phrase with the counts put in
         count, need = few

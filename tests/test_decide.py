@@ -212,8 +212,7 @@ def test_say_phrases_every_decision_outside_a_template_too():
 
 # decide's functions whose count of samples must be passed: without one they never say a direction
 # (``changed`` needs it only for sampled spreads: without spreads its figures are computed)
-COUNTED = {name for name in ("direction", "time_ratio_direction", "met", "byte_bound", "rank", "effect",
-                             "best_gain", "changed") if hasattr(decide, name)}
+COUNTED = {"direction", "time_ratio_direction", "met", "byte_bound", "rank", "effect", "changed"}
 
 
 def _cells():
