@@ -216,14 +216,11 @@ COUNTED = {"direction", "time_ratio_direction", "met", "byte_bound", "rank", "ef
 
 
 def _cells():
-    import json
-    from pathlib import Path
+    """The code cells of every notebook and worked answer, as (where, source): test_tolerance's reader
+    (which also yields the helpers' modules) without the modules."""
+    from test_tolerance import _code_cells
 
-    repo = Path(__file__).resolve().parent.parent
-    for path in sorted((repo / "notebooks").rglob("*.ipynb")) + sorted((repo / "solutions").rglob("*.ipynb")):
-        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
-            if cell["cell_type"] == "code":
-                yield path.relative_to(repo), "".join(cell["source"])
+    return ((where, source) for where, source in _code_cells() if where.suffix == ".ipynb")
 
 
 def _uncounted_decisions(cells):
