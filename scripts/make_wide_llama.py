@@ -38,6 +38,10 @@ LLAMA2_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_hea
              "num_key_value_heads": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
              "max_position_embeddings": 4096}
 TYPES = ("F16", "Q8_0", "Q4_0")
+# `--small`: the widths make test runs the Chinese edition, the dtype runs and the legacy set's chapters
+# on (tests/conftest.py, Makefile). Every code path of a chapter runs on it, llama.cpp and vLLM included,
+# at a few milliseconds per decode step; multiples of 32 so the Q8_0 / Q4_0 and INT4 g32 paths run too.
+SMALL = {"hidden": 256, "intermediate": 704, "heads": 4, "kv_heads": 2, "layers": 2}
 LAYER_RANGE = (1, 32)  # Llama-2-7B has 32; 2-4 is the intended use (about 0.8-1.2 G parameters)
 INIT_STD = 0.02  # LlamaConfig's initializer_range: activations stay finite through the layers
 
@@ -97,7 +101,9 @@ def build(out: "str | Path", layers: int = 2, kind: str = "F16", seed: int = 0,
 
     tmp = out.with_name(out.name + ".partial")  # a cut-off write never leaves a loadable-looking file
     writer = gguf.GGUFWriter(tmp, "llama")
-    writer.add_name(f"random Llama, Llama-2-7B widths, {layers} layers, seed {seed}")
+    widths = ("Llama-2-7B widths" if (hidden, intermediate) == (LLAMA2_7B["hidden_size"], LLAMA2_7B["intermediate_size"])
+              else f"hidden {hidden}, intermediate {intermediate}")
+    writer.add_name(f"random Llama, {widths}, {layers} layers, seed {seed}")
     writer.add_block_count(layers)
     writer.add_context_length(LLAMA2_7B["max_position_embeddings"])
     writer.add_embedding_length(hidden)
@@ -165,7 +171,12 @@ def main(argv=None) -> int:
     parser.add_argument("--intermediate", type=int, default=LLAMA2_7B["intermediate_size"])
     parser.add_argument("--heads", type=int, default=LLAMA2_7B["num_attention_heads"])
     parser.add_argument("--kv-heads", type=int, default=LLAMA2_7B["num_key_value_heads"])
+    parser.add_argument("--small", action="store_true", help="the small test model instead of Llama-2-7B's "
+                        f"widths: {', '.join(f'{k} {v}' for k, v in SMALL.items())} (overrides those options)")
     args = parser.parse_args(argv)
+    if args.small:
+        for key, value in SMALL.items():
+            setattr(args, key, value)
     path = build(args.out, args.layers, args.kind, args.seed, args.hidden, args.intermediate,
                  args.heads, args.kv_heads)
     print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {args.kind}, {args.layers} layers, "

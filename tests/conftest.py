@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,7 +33,10 @@ def _load_fakes_module(name, folder=FAKES):
 
 
 # Wall time per phase, printed at the end of the session (tests/phase_times.py): make test's budget.
-PHASE_TIMES = _load_fakes_module("phase_times", Path(__file__).parent).PhaseTimes()
+PHASE_TIMES_MODULE = _load_fakes_module("phase_times", Path(__file__).parent)
+PHASE_TIMES = PHASE_TIMES_MODULE.PhaseTimes()
+# The notebook runs this session made (notebook_runs), for the coverage lines at its end.
+RUNS_OF_SESSION = []
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -62,6 +66,10 @@ def pytest_terminal_summary(terminalreporter):
     if len(lines) > 1:
         terminalreporter.write_sep("-", "wall time per phase")
         for line in lines:
+            terminalreporter.write_line(line)
+    if RUNS_OF_SESSION:
+        terminalreporter.write_sep("-", "coverage: chapter x edition x dtype x answer runs of this session")
+        for line in PHASE_TIMES_MODULE.coverage_lines(RUNS_OF_SESSION):
             terminalreporter.write_line(line)
 
 
@@ -157,71 +165,25 @@ def tiny_model():
     return tiny_llama(seed=0)
 
 
-def run_workbook(args: list[str], extra_env: "dict | None" = None):
-    """``python -m helpers.run <args>`` from the repository; (process, "" or why it was stopped)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    try:
-        proc = subprocess.run([sys.executable, "-m", "helpers.run", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-        return proc, ""
-    except subprocess.TimeoutExpired as exc:
-        timed_out = f" (the run was stopped after {RUN_TIMEOUT_S} s, WORKBOOK_TEST_RUN_TIMEOUT)"
-        return SimpleNamespace(returncode=None, stdout=str(exc.stdout or ""), stderr=timed_out), timed_out
-
-
-@pytest.fixture(scope="session")
-def quick_run(tmp_path_factory):
-    """Every notebook run once per session with the ``quick`` profile through the real runner.
-
-    Shared by tests/test_notebooks.py (one test per chapter) and tests/test_browser.py (the pages).
-    """
-    reports = tmp_path_factory.mktemp("reports")
-    with PHASE_TIMES.fixture("quick run: every chapter + answers (fixture quick_run)"):
-        proc, timed_out = run_workbook(["--profile", "quick", "--run-id", "quick",
-                                        "--reports-dir", str(reports), "--solutions"])
-    run_dir = reports / "quick"
-    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
-    return {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out}
-
-
-# The Chinese edition's quick run: two chapters that measure something, and the report chapter, whose
-# claims report and verdict counts the browser test reads. One run, without the answers (their code is
-# the English edition's, which the English quick run executes); the model cache is the English run's
-# (WORKBOOK_CACHE or the repository's .cache/, already converted by then), so nothing is converted twice.
-ZH_QUICK_CHAPTERS = ("01_operator_verification", "03_end_to_end", "08_report")
+# --- the notebook runs of make test ---------------------------------------------------------------
+# Three runs through the real runner, with the smoke profile (profiles/smoke.yaml: the fewest repeats
+# and shortest requests that still run every code path):
+#   en:    the English edition, every chapter and its worked answer, on the embedded SmolLM2-135M in the
+#          dtype dtype=auto picks (chapter 00 measures the pick, the later chapters reuse it);
+#   zh:    the Chinese edition, every chapter and its worked answer, on the small random Llama of
+#          `scripts/make_wide_llama.py --small`, in the first dtype dtype=auto did not pick;
+#   dtype: the chapters whose numerics or kernels depend on the dtype, on the same small Llama, in the
+#          other one.
+# So every chapter and answer runs in both editions, and each dtype-dependent chapter in all three
+# dtypes. The zh and dtype runs start as soon as the English chapter 00 has recorded its pick (so the
+# pick is measured on an otherwise idle machine) and then run beside the English one, one torch thread
+# each: on a model this small they are mostly Python, and two cores are shared instead of waiting in turn.
+# Their figures are checks that the code runs, not figures to quote (each page records the load).
 ZH_EDITION = REPO / "notebooks" / "zh"
-
-
-def zh_quick_chapters() -> list[str]:
-    """The chapters of the Chinese quick run: those of ``ZH_QUICK_CHAPTERS`` whose Chinese edition is in
-    this tree (tests/test_notebooks.py fails when fewer than two measuring chapters are)."""
-    return [name for name in ZH_QUICK_CHAPTERS if (ZH_EDITION / f"{name}.ipynb").exists()]
-
-
-@pytest.fixture(scope="session")
-def zh_quick_run(tmp_path_factory):
-    """The Chinese edition of ``zh_quick_chapters()`` run once with the ``quick`` profile (``--lang zh``)."""
-    chapters = zh_quick_chapters()
-    reports = tmp_path_factory.mktemp("reports-zh")
-    run_dir = reports / "quick-zh"
-    if not chapters:
-        return {"proc": SimpleNamespace(returncode=None, stdout="", stderr="no Chinese chapter in notebooks/zh"),
-                "run_dir": run_dir, "run": None, "timed_out": "", "chapters": chapters}
-    with PHASE_TIMES.fixture("Chinese quick run (fixture zh_quick_run)"):
-        proc, timed_out = run_workbook(["--profile", "quick", "--lang", "zh", "--run-id", "quick-zh",
-                                        "--reports-dir", str(reports), "--only", *chapters])
-    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
-    return {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out, "chapters": chapters}
-
-
-
-# The dtype runs: the chapters whose numerics or kernels depend on the dtype, run for real in each
-# dtype the quick run's dtype=auto did not pick (profiles/dtypes.yaml: fewer iterations, the guide's
-# RMSNorm shape). No answers (the quick run executes them), no llama.cpp (the profile turns chapter
-# 06's row off: the build is not what these runs test).
 DTYPE_CHAPTERS = ("01_operator_verification", "02_ffn_fusion", "03_end_to_end", "05_int8_quantization",
                   "06_optimization_ladder")
 ALL_DTYPES = ("float32", "bfloat16", "float16")
+PICK_WAIT_S = 600  # the longest wait for the English chapter 00's dtype pick
 
 
 def auto_dtype_of(run_dir: Path) -> "str | None":
@@ -239,20 +201,129 @@ def auto_dtype_of(run_dir: Path) -> "str | None":
     return None
 
 
+def smoke_dtypes(auto: "str | None") -> tuple:
+    """(the Chinese run's dtype, the dtype run's dtype): the two of ``ALL_DTYPES`` that ``auto`` is not
+    (with no recorded pick, float32 is left to the English run)."""
+    others = [d for d in ALL_DTYPES if d != (auto or "float32")]
+    return others[0], others[1]
+
+
+def small_model_path() -> Path:
+    """The small random Llama as one GGUF (``make_wide_llama.py --small``), written once into the model
+    cache (``WORKBOOK_CACHE`` or .cache/): the same arguments write the same bytes, so a later session
+    reuses it, and its converted folder, as they are."""
+    from helpers.model_files import cache_root
+
+    spec = importlib.util.spec_from_file_location("make_wide_llama", REPO / "scripts" / "make_wide_llama.py")
+    wide = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wide)
+    small = dict(wide.SMALL)
+    path = cache_root() / "small" / f"small-random-llama-{small['layers']}l.F16.gguf"
+    if not path.exists():
+        wide.build(path, small.pop("layers"), "F16", 0, **small)
+    return path
+
+
+def start_workbook(args: list[str], extra_env: "dict | None" = None) -> subprocess.Popen:
+    """``python -m helpers.run <args>`` from the repository, started (its output captured)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    return subprocess.Popen([sys.executable, "-m", "helpers.run", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_workbook(proc: subprocess.Popen, deadline: float):
+    """Wait for a run of ``start_workbook`` until ``deadline`` (monotonic seconds), then stop it the way
+    Ctrl-C does (its finished chapters are kept); (process or its stand-in, "" or why it was stopped)."""
+    try:
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        return proc, ""
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        timed_out = f" (the run was stopped after {RUN_TIMEOUT_S} s, WORKBOOK_TEST_RUN_TIMEOUT)"
+        return SimpleNamespace(returncode=None, stdout=out or "", stderr=(err or "") + timed_out), timed_out
+
+
+def wait_for_pick(run_dir: Path, proc: subprocess.Popen, wait_s: float) -> "str | None":
+    """The dtype the run's chapter 00 recorded for dtype=auto, once it is there (None if the run ends or
+    ``wait_s`` passes first)."""
+    from helpers.dtype_choice import recorded_dtype_choice
+    from helpers.backend import dtype_name
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        choice = recorded_dtype_choice(run_dir)
+        if choice is not None:
+            return dtype_name(choice.dtype)
+        if proc.poll() is not None:
+            return None
+        time.sleep(2)
+    return None
+
+
 @pytest.fixture(scope="session")
-def dtype_runs(quick_run, tmp_path_factory):
-    """``DTYPE_CHAPTERS`` run once per session for each dtype of ``ALL_DTYPES`` but the one the
-    quick run's dtype=auto picked (all three when the quick run recorded none), through the runner
-    with ``-p dtype=<d>``: {"auto": picked or None, "runs": {dtype: {proc, run_dir, run, timed_out}}}."""
-    auto = auto_dtype_of(quick_run["run_dir"])
-    reports = tmp_path_factory.mktemp("reports-dtypes")
-    runs = {}
-    for dtype in (d for d in ALL_DTYPES if d != auto):
-        run_id = f"dtypes-{dtype}"
-        with PHASE_TIMES.fixture(f"dtype run {dtype}: chapters 01 02 03 05 06 (fixture dtype_runs)"):
-            proc, timed_out = run_workbook(["--profile", "dtypes", "--run-id", run_id, "--reports-dir",
-                                            str(reports), "-p", f"dtype={dtype}", "--only", *DTYPE_CHAPTERS])
-        run_dir = reports / run_id
-        run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
-        runs[dtype] = {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out}
-    return {"auto": auto, "runs": runs}
+def notebook_runs(tmp_path_factory):
+    """The three runs described above, waited for: ``{"auto": the English pick or None, "model": the small
+    GGUF, "runs": {"en" | "zh" | "dtype": {proc, run_dir, run, timed_out, dtype, lang, chapters}}}``."""
+    reports = tmp_path_factory.mktemp("reports")
+    model = small_model_path()
+    common = ["--profile", "smoke", "--reports-dir", str(reports), "--solutions"]
+    with PHASE_TIMES.fixture("notebook runs: English + answers, then Chinese + answers and the dtype run "
+                             "beside it (fixture notebook_runs)"):
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        started = {"en": start_workbook([*common, "--run-id", "smoke-en"])}
+        auto = wait_for_pick(reports / "smoke-en", started["en"], PICK_WAIT_S)
+        zh_dtype, other_dtype = smoke_dtypes(auto)
+        plans = {"en": {"run_id": "smoke-en", "dtype": auto, "lang": "en", "model": "smollm2-135m", "only": []},
+                 "zh": {"run_id": f"smoke-zh-{zh_dtype}", "dtype": zh_dtype, "lang": "zh", "model": str(model),
+                        "only": []},
+                 "dtype": {"run_id": f"smoke-en-{other_dtype}", "dtype": other_dtype, "lang": "en",
+                           "model": str(model), "only": list(DTYPE_CHAPTERS)}}
+        one_thread = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        started["zh"] = start_workbook([*common, "--lang", "zh", "--run-id", plans["zh"]["run_id"],
+                                        "-p", f"model={model}", "-p", f"dtype={zh_dtype}"], one_thread)
+        # the answers of the dtype-dependent chapters run in two dtypes already (English and Chinese runs)
+        started["dtype"] = start_workbook(["--profile", "smoke", "--reports-dir", str(reports),
+                                           "--run-id", plans["dtype"]["run_id"], "-p", f"model={model}",
+                                           "-p", f"dtype={other_dtype}", "--only", *DTYPE_CHAPTERS], one_thread)
+        runs = {}
+        for key, proc in started.items():
+            proc, timed_out = finish_workbook(proc, deadline)
+            plan = plans[key]
+            run_dir = reports / plan["run_id"]
+            run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
+            runs[key] = {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out,
+                         "dtype": plan["dtype"] or (auto_dtype_of(run_dir) if key == "en" else None),
+                         "lang": plan["lang"],
+                         "chapters": plan["only"] or sorted(p.stem for p in ZH_EDITION.glob("*.ipynb"))}
+            RUNS_OF_SESSION.append({"lang": plan["lang"], "dtype": runs[key]["dtype"],
+                                    "model": "smollm2-135m" if key == "en" else "small random Llama",
+                                    "profile": "smoke", "run": run})
+    return {"auto": auto, "model": model, "runs": runs}
+
+
+@pytest.fixture(scope="session")
+def en_run(notebook_runs):
+    """The English edition's run: every chapter of ``notebooks/`` and its answer, on the embedded model.
+
+    Shared by tests/test_notebooks.py (one test per chapter) and tests/test_browser.py (the pages).
+    """
+    return notebook_runs["runs"]["en"]
+
+
+@pytest.fixture(scope="session")
+def zh_run(notebook_runs):
+    """The Chinese edition's run: every chapter of ``notebooks/zh`` and its answer, on the small Llama."""
+    return notebook_runs["runs"]["zh"]
+
+
+@pytest.fixture(scope="session")
+def dtype_runs(notebook_runs):
+    """The runs that cover ``DTYPE_CHAPTERS`` in a dtype dtype=auto did not pick: ``{"auto": picked or
+    None, "runs": {dtype: {proc, run_dir, run, timed_out}}}`` (the Chinese run and the dtype run)."""
+    runs = {notebook_runs["runs"][key]["dtype"]: notebook_runs["runs"][key] for key in ("zh", "dtype")}
+    return {"auto": notebook_runs["auto"], "runs": runs}

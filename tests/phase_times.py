@@ -75,3 +75,26 @@ class PhaseTimes:
             out.append(f"unit tests by file (the {min(top_files, len(files))} longest of {len(files)}):")
             out += [f"{s:8.1f} s  {path}" for path, s in files[:top_files]]
         return out
+
+
+def coverage_lines(runs: list) -> list[str]:
+    """What the notebook runs of a session executed, one line per run: edition, dtype, model, profile,
+    the chapters and the worked answers that finished ok (a failed one is marked ``!``), then which
+    dtypes each chapter ran in. ``runs``: dicts with ``lang``, ``dtype``, ``model``, ``profile`` and
+    ``run`` (the run.json, or None)."""
+    lines, by_chapter = [], {}
+
+    def mark(entry):
+        return "" if (entry or {}).get("status") in ("ok", "skipped") else "!"
+
+    for r in runs:
+        entries = (r.get("run") or {}).get("notebooks", [])
+        chapters = " ".join(e["notebook"][:2] + mark(e) for e in entries) or "(none ran)"
+        answers = " ".join(e["notebook"][:2] + mark(e.get("solution")) for e in entries if e.get("solution"))
+        lines.append(f"{r['lang']:<3}{r['dtype'] or 'auto':<10}{r['model']:<24}{r['profile']:<7}"
+                     f"chapters {chapters} | answers {answers or '(none)'}")
+        for e in entries:
+            if e.get("status") == "ok":
+                by_chapter.setdefault(e["notebook"][:2], set()).add(r["dtype"] or "auto")
+    lines.append("dtypes per chapter: " + ", ".join(f"{c} {'/'.join(sorted(d))}" for c, d in sorted(by_chapter.items())))
+    return lines

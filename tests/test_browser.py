@@ -3,8 +3,8 @@
 Checks that ``index.html`` and the report chapter's ``claims_report.html`` need no
 horizontal scrolling at 1280 px and that every verdict on them carries its class in a
 ``data-verdict-class`` attribute (so colours and filters never depend on the verdict's wording): those
-of a hand-made partial run in the unit tests, those of the quick run with the notebooks.
-The Chinese pages (a hand-made partial run with ``lang="zh"``, and the Chinese edition's quick run)
+of a hand-made partial run in the unit tests, those of the English run with the notebooks.
+The Chinese pages (a hand-made partial run with ``lang="zh"``, and the Chinese edition's run)
 are checked the same way, and their Chinese text must be drawn with a font that has the glyphs: the
 probe draws every CJK character of the page on a canvas in the font of its element and compares it
 with a character no font has (a missing-glyph box, "tofu"), pixel by pixel, and checks that it is
@@ -150,7 +150,7 @@ def test_the_probe_sees_overflow_and_untagged_verdicts(chromium, tmp_path):
 
 
 # The same checks for both editions; a Chinese page must also draw its Chinese text (not boxes).
-EDITIONS = [pytest.param("en", "quick_run", id="en"), pytest.param("zh", "zh_quick_run", id="zh")]
+EDITIONS = [pytest.param("en", "en_run", id="en"), pytest.param("zh", "zh_run", id="zh")]
 
 
 @pytest.mark.notebooks
@@ -172,7 +172,7 @@ def test_index_fits_1280px_and_tags_its_verdict_counts(chromium, request, lang, 
 def test_claims_report_fits_1280px_and_every_verdict_carries_its_class(chromium, request, lang, run_fixture):
     executed = request.getfixturevalue(run_fixture)
     page = executed["run_dir"] / REPORT_CHAPTER / "claims_report.html"
-    assert page.exists(), f"{REPORT_CHAPTER} ({lang}) wrote no claims_report.html in the quick run"
+    assert page.exists(), f"{REPORT_CHAPTER} ({lang}) wrote no claims_report.html in the run"
     numbers = probe_page(chromium, page)
     assert_fits(numbers, f"claims_report.html ({lang})")
     n_claims = len(claims.load_claims())

@@ -341,32 +341,20 @@ def test_page_fits_1280_px_without_horizontal_scroll(three_runs, tmp_path):
     assert _page_width(out["html"], chromium, tmp_path) <= 1280
 
 
-# --- one real comparison of two quick runs made here -------------------------------------------
-
-@pytest.fixture(scope="session")
-def two_quick_runs(tmp_path_factory):
-    reports = tmp_path_factory.mktemp("compare-reports")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = {}
-    for dtype in ("bfloat16", "float32"):
-        procs[dtype] = subprocess.run(
-            [sys.executable, "-m", "helpers.run", "--profile", "quick", "--only", "00", "03", "--no-html",
-             "--run-id", f"quick-{dtype}", "--reports-dir", str(reports), "-p", f"dtype={dtype}"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=30 * 60)
-    return reports, procs
-
+# --- one real comparison of two runs made here ----------------------------------------------------
 
 @pytest.mark.notebooks
-def test_real_bf16_vs_fp32_runs_compare_into_one_page(two_quick_runs):
-    reports, procs = two_quick_runs
-    runs = [reports / "quick-bfloat16", reports / "quick-float32"]
-    for dtype, proc in procs.items():
-        assert (reports / f"quick-{dtype}" / "run.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    rc = compare.main([str(p) for p in runs] + ["--id", "real", "--reports-dir", str(reports)])
+def test_real_runs_in_two_dtypes_compare_into_one_page(notebook_runs, tmp_path):
+    """The two smoke runs of make test (the same small model in two dtypes, tests/conftest.py) on one
+    compare page: their shared chapters' figures are read, and none is put into a ratio (the dtypes differ)."""
+    runs = [notebook_runs["runs"][key]["run_dir"] for key in ("zh", "dtype")]
+    for key, run in notebook_runs["runs"].items():
+        assert run["run"] is not None, run["proc"].stdout[-3000:] + run["proc"].stderr[-3000:]
+    rc = compare.main([str(p) for p in runs] + ["--id", "real", "--reports-dir", str(tmp_path)])
     assert rc == 0
-    written = compare.compare(runs, reports / "compare-real")
+    written = compare.compare(runs, tmp_path / "compare-real")
     loaded, long = written["runs"], written["figures"]
-    assert [r.dtype for r in loaded] == ["bfloat16", "float32"]
+    assert [r.dtype for r in loaded] == [notebook_runs["runs"][key]["dtype"] for key in ("zh", "dtype")]
     assert all(r.device_class == "cpu" for r in loaded)
     keys = [k for k in long["figure"].unique() if (long["figure"] == k).any()]
     assert keys, "no key figures read from the two runs"

@@ -1,7 +1,7 @@
 """The chapters whose numerics or kernels depend on the dtype, run for real in float32, bfloat16 and
-float16 on this device: the quick run covers the dtype that dtype=auto picks, the ``dtype_runs``
-fixture (tests/conftest.py, profiles/dtypes.yaml) the other two. One test per dtype and chapter, so a
-chapter that fails in one dtype is reported by name with its error."""
+float16 on this device: the quick run covers the dtype that dtype=auto picks, the smoke runs
+(tests/conftest.py ``dtype_runs``, profiles/smoke.yaml, the small random Llama) the other two. One
+test per dtype and chapter, so a chapter that fails in one dtype is reported by name with its error."""
 from __future__ import annotations
 
 import pytest
@@ -15,6 +15,7 @@ pytestmark = pytest.mark.notebooks
 def _run_of(dtype_runs, dtype):
     if dtype == dtype_runs["auto"]:
         pytest.skip(f"dtype=auto picked {dtype}: the quick run (tests/test_notebooks.py) runs these chapters in it")
+    assert dtype in dtype_runs["runs"], f"no run of make test covers {dtype} (the quick run recorded no dtype)"
     run = dtype_runs["runs"][dtype]
     assert run["run"] is not None, (f"the {dtype} run wrote no run.json{run['timed_out']}:\n"
                                     + run["proc"].stdout[-3000:] + run["proc"].stderr[-3000:])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import dtype_choice, ladder, models
+from helpers import dtype_choice, ladder, model_files, models, serving
 from helpers.model_files import ModelLoadError, local_gguf, locate_embedded_gguf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def test_same_arguments_write_the_same_bytes_and_another_seed_does_not(small_ggu
     assert not list(tmp_path.glob("*.partial"))
 
 
-def test_load_model_reads_the_file_and_its_folder_with_the_embedded_tokenizer(small_gguf, tmp_path):
+def test_load_model_reads_the_file_and_its_folder_with_the_embedded_tokenizer(small_gguf, tmp_path, monkeypatch):
     lm, tok = models.load_model(str(small_gguf), dtype="float32", device="cpu", cache_dir=tmp_path)
     cfg = lm.config
     assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (64, 160, 2)
@@ -61,8 +61,14 @@ def test_load_model_reads_the_file_and_its_folder_with_the_embedded_tokenizer(sm
     # the folder that holds only this file loads the same weights (from the same converted copy)
     lm2, _ = models.load_model(str(small_gguf.parent), dtype="float32", device="cpu", cache_dir=tmp_path)
     assert torch.equal(lm2.model.layers[1].mlp.down_proj.weight, lm.model.layers[1].mlp.down_proj.weight)
+    # and chapter 07's vLLM is given that converted folder (a server loads folders, not GGUF files)
+    monkeypatch.setenv("WORKBOOK_CACHE", str(tmp_path))
+    folder, local = serving.model_for_server(str(small_gguf))
+    assert local and (Path(folder) / "config.json").exists()
+    assert Path(folder) == model_files.gguf_cache_path(small_gguf, tmp_path)
 
 
+@pytest.mark.slow  # about 65 s: writes, converts and loads a Q8_0 and a Q4_0 file
 def test_quantized_files_load_and_stay_close_to_the_float16_weights(small_gguf, tmp_path):
     dense, _ = models.load_model(str(small_gguf), dtype="float32", device="cpu", cache_dir=tmp_path)
     for kind, tolerance in (("Q8_0", 0.01), ("Q4_0", 0.2)):

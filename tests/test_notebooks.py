@@ -1,12 +1,13 @@
-"""Every notebook and every solutions notebook, executed with the ``quick`` profile by the runner.
+"""Every notebook and every solutions notebook, executed with the ``smoke`` profile by the runner.
 
-The run happens once per session (the ``quick_run`` fixture in conftest.py, shared with the
-browser test; about 10 minutes on 2 cores); each notebook is then its own
+The run happens once per session (the ``en_run`` fixture in conftest.py, shared with the
+browser test; minutes on 2 cores, beside the Chinese and dtype runs); each notebook is then its own
 test, so one failing chapter is reported by name while the others still count. Solutions run
 with ``--solutions``, each right after its chapter, and are tested one by one too, so an answer
 that stops working fails CI (whether every exercise has an answer is checked in test_hygiene).
-The Chinese edition's quick run (``zh_quick_run``: chapters 01, 03 and 08 of ``notebooks/zh``) is
-checked here too: the Chinese notebooks ran, and they recorded what the English ones recorded.
+The Chinese edition's run (``zh_run``: every chapter of ``notebooks/zh`` and its answer, on the small
+random Llama) is checked here too: the Chinese notebooks ran, and they recorded what the English ones
+recorded.
 """
 from __future__ import annotations
 
@@ -30,20 +31,20 @@ SOLUTIONS = sorted(p.stem for p in (REPO / "solutions").glob("*_solutions.ipynb"
 pytestmark = pytest.mark.notebooks
 
 
-def test_runner_wrote_index(quick_run):
-    assert quick_run["run"] is not None, quick_run["proc"].stdout + quick_run["proc"].stderr
-    assert (quick_run["run_dir"] / "index.html").exists()
-    ran = [e["notebook"] for e in quick_run["run"]["notebooks"]]
+def test_runner_wrote_index(en_run):
+    assert en_run["run"] is not None, en_run["proc"].stdout + en_run["proc"].stderr
+    assert (en_run["run_dir"] / "index.html").exists()
+    ran = [e["notebook"] for e in en_run["run"]["notebooks"]]
     assert ran == NOTEBOOKS
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_notebook_runs_with_quick_profile(quick_run, notebook):
-    run = quick_run["run"]
-    assert run is not None, quick_run["proc"].stdout + quick_run["proc"].stderr
+def test_notebook_runs(en_run, notebook):
+    run = en_run["run"]
+    assert run is not None, en_run["proc"].stdout + en_run["proc"].stderr
     entry = next((e for e in run["notebooks"] if e["notebook"] == notebook), None)
-    assert entry is not None, f"{notebook} did not run{quick_run['timed_out']}"
-    results = json.loads((quick_run["run_dir"] / notebook / "results.json").read_text())
+    assert entry is not None, f"{notebook} did not run{en_run['timed_out']}"
+    results = json.loads((en_run["run_dir"] / notebook / "results.json").read_text())
     if notebook == SERVING and entry["status"] == "skipped":
         _vllm_skip_is_justified(results)
     assert entry["status"] == "ok", f"{notebook}: {entry.get('error')}"
@@ -76,26 +77,26 @@ def _vllm_skip_is_justified(results):
     pytest.skip(f"VLLM UNAVAILABLE (the venv could not be built: {why}); {SERVING} measured nothing")
 
 
-def test_the_ladder_table_records_its_counts_as_whole_numbers(quick_run):
+def test_the_ladder_table_records_its_counts_as_whole_numbers(en_run):
     # chapter 06 records its table twice (after the rungs, again with the reference columns);
     # both go through ladder.ladder_rows, else pandas' floats come back ("2.00 graphs built")
-    path = quick_run["run_dir"] / "06_optimization_ladder" / "results.json"
+    path = en_run["run_dir"] / "06_optimization_ladder" / "results.json"
     rows = json.loads(path.read_text())["tables"]["ladder"]
     assert rows and all("vs_float32_eager" in r for r in rows)  # the second recording
     counts = [r[k] for r in rows for k in ladder.COUNT_COLUMNS if r.get(k) is not None]
     assert counts and all(type(c) is int for c in counts), counts
 
 
-def test_the_serving_chapter_served_and_left_no_process(quick_run):
-    """make test starts the real vLLM server once (quick profile); every request of its sweep
+def test_the_serving_chapter_served_and_left_no_process(en_run):
+    """make test starts the real vLLM server (smoke profile, eager); every request of its sweep
     succeeded, the log is kept, and no process of the server's group outlived the run."""
-    path = quick_run["run_dir"] / SERVING / "results.json"
-    assert path.exists(), f"{SERVING} did not run{quick_run['timed_out']}"
+    path = en_run["run_dir"] / SERVING / "results.json"
+    assert path.exists(), f"{SERVING} did not run{en_run['timed_out']}"
     results = json.loads(path.read_text())
     if results["status"] == "skipped":
         _vllm_skip_is_justified(results)
     start = results["metrics"]["vllm_server_start_s"]
-    assert (quick_run["run_dir"] / SERVING / "vllm_server.log").exists()
+    assert (en_run["run_dir"] / SERVING / "vllm_server.log").exists()
     sweep = results["tables"]["sweep"]
     assert [r["concurrency"] for r in sweep] == [1, 2] and all(r["failed"] == 0 for r in sweep), sweep
     assert all(r["output_tokens"] == r["requests"] * r["output_len"] for r in sweep)
@@ -111,34 +112,35 @@ def _pgid(process):
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS)
-def test_solution_runs_after_its_chapter(quick_run, solution):
-    run = quick_run["run"]
-    assert run is not None, quick_run["proc"].stdout + quick_run["proc"].stderr
+def test_solution_runs_after_its_chapter(en_run, solution):
+    run = en_run["run"]
+    assert run is not None, en_run["proc"].stdout + en_run["proc"].stderr
     chapter = solution[: -len("_solutions")]
     entry = next((e for e in run["notebooks"] if e["notebook"] == chapter), None)
     answer = (entry or {}).get("solution")
-    assert answer is not None, f"{solution} did not run after {chapter}{quick_run['timed_out']}"
+    assert answer is not None, f"{solution} did not run after {chapter}{en_run['timed_out']}"
     assert answer["status"] == "ok", f"{solution}: {answer.get('error') or answer.get('reason')}"
-    executed = quick_run["run_dir"] / f"{solution}.ipynb"
+    executed = en_run["run_dir"] / f"{solution}.ipynb"
     assert executed.exists() and executed.with_suffix(".html").exists()
     # every decision an answer prints is phrased (prose.say), never its key ("too few samples: 2 of 5")
     shown = json.dumps([o for c in json.loads(executed.read_text())["cells"] for o in c.get("outputs", [])])
     assert decide.TOO_FEW + ":" not in shown, f"{solution} printed a decision's key instead of its phrase"
-    page = (quick_run["run_dir"] / "index.html").read_text()
+    page = (en_run["run_dir"] / "index.html").read_text()
     assert f'href="{solution}.html"' in page
 
 
-def test_runner_exit_code_matches_statuses(quick_run):
-    assert not quick_run["timed_out"], quick_run["timed_out"]
-    entries = quick_run["run"]["notebooks"]
+def test_runner_exit_code_matches_statuses(en_run):
+    assert not en_run["timed_out"], en_run["timed_out"]
+    entries = en_run["run"]["notebooks"]
     failed = [e for e in entries if e["status"] == "failed"
               or (e.get("solution") or {}).get("status") == "failed"]
-    assert (quick_run["proc"].returncode != 0) == bool(failed)
+    assert (en_run["proc"].returncode != 0) == bool(failed)
 
 
-def test_killing_the_kernel_mid_sweep_stops_the_real_vllm_server(quick_run, tmp_path):
-    """The real server, started from a Jupyter kernel as chapter 07 starts it (after the quick run,
-    so its compile cache is warm), streaming when the kernel is SIGKILLed: nothing of it may remain."""
+def test_killing_the_kernel_mid_sweep_stops_the_real_vllm_server(en_run, tmp_path):
+    """The real server, started from a Jupyter kernel as chapter 07 starts it (eager, as make test's
+    runs start it: what is checked is the process group, not the compile), streaming when the
+    kernel is SIGKILLed: nothing of it may remain."""
     from jupyter_client.manager import start_new_kernel
 
     try:
@@ -150,7 +152,8 @@ def test_killing_the_kernel_mid_sweep_stops_the_real_vllm_server(quick_run, tmp_
         import json, sys
         sys.path.insert(0, {str(REPO)!r})
         from helpers import serving
-        launch = serving.launch("cpu", "smollm2-135m", "bfloat16", {str(tmp_path)!r}, port=8000, kv_cache_gib=1)
+        launch = serving.launch("cpu", "smollm2-135m", "bfloat16", {str(tmp_path)!r}, port=8000, kv_cache_gib=1,
+                                enforce_eager=True)
         launch.server.wait_healthy(900)
         open({str(info)!r}, "w").write(json.dumps({{"pgid": launch.server.process.pid,
                                                   "port": launch.server.port}}))
@@ -184,45 +187,41 @@ def test_killing_the_kernel_mid_sweep_stops_the_real_vllm_server(quick_run, tmp_
 MEASURING = [name for name in NOTEBOOKS if name not in ("00_environment_check", "08_report")]
 
 
-def _zh_entries(zh_quick_run):
-    run = zh_quick_run["run"]
-    assert run is not None, zh_quick_run["proc"].stdout[-3000:] + zh_quick_run["proc"].stderr[-3000:]
+def _zh_entries(zh_run):
+    run = zh_run["run"]
+    assert run is not None, zh_run["proc"].stdout[-3000:] + zh_run["proc"].stderr[-3000:]
     return run, {e["notebook"]: e for e in run["notebooks"]}
 
 
-def test_the_chinese_edition_runs_two_measuring_chapters(zh_quick_run):
-    measuring = [c for c in zh_quick_run["chapters"] if c in MEASURING]
-    assert len(measuring) >= 2, (
-        f"make test runs the Chinese edition of {zh_quick_run['chapters']}: it needs two chapters that "
-        "measure something (01_operator_verification and 03_end_to_end) in notebooks/zh")
-
-
-def test_the_chinese_quick_run_executed_the_chinese_notebooks(zh_quick_run):
-    run, entries = _zh_entries(zh_quick_run)
-    assert run["lang"] == "zh" and list(entries) == zh_quick_run["chapters"], (run.get("lang"), list(entries))
+def test_the_chinese_run_executed_every_chinese_notebook_and_answer(zh_run):
+    run, entries = _zh_entries(zh_run)
+    assert run["lang"] == "zh" and list(entries) == NOTEBOOKS == zh_run["chapters"], (run.get("lang"), list(entries))
     for name, entry in entries.items():
-        assert entry["status"] == "ok", f"notebooks/zh/{name}: {entry.get('error')}{zh_quick_run['timed_out']}"
-        results = json.loads((zh_quick_run["run_dir"] / name / "results.json").read_text())
+        assert entry["status"] == "ok", f"notebooks/zh/{name}: {entry.get('error')}{zh_run['timed_out']}"
+        results = json.loads((zh_run["run_dir"] / name / "results.json").read_text())
         assert results["status"] == "ok" and results["parameters"]["lang"] == "zh", results["parameters"]
         assert_key_figures_are_measured(results, f"zh/{name}")
         # the notebook that ran is the Chinese edition (its markdown), and lang=auto resolved to zh above,
-        # so its summaries came from the chapter's .zh.md.j2 template
-        executed = json.loads((zh_quick_run["run_dir"] / f"{name}.ipynb").read_text(encoding="utf-8"))
+        # so its summaries came from the chapter's Chinese catalog
+        executed = json.loads((zh_run["run_dir"] / f"{name}.ipynb").read_text(encoding="utf-8"))
         source = json.loads((REPO / "notebooks" / "zh" / f"{name}.ipynb").read_text(encoding="utf-8"))
         assert _markdown(executed) == _markdown(source), f"{name}: the executed notebook is not notebooks/zh/{name}"
+        answer = entry.get("solution") or {}
+        assert answer.get("status") == "ok", f"solutions/zh/{name}_solutions: {answer.get('error') or answer.get('reason')}"
 
 
 def _markdown(nb: dict) -> list[str]:
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
 
 
-def test_the_chinese_run_records_the_figures_of_the_english_run(quick_run, zh_quick_run):
+def test_the_chinese_run_records_the_figures_of_the_english_run(en_run, zh_run):
     """Same code, so the same figures (names and units, the same tables): only the words around them
-    differ. (Values and the implementation a ranking picks are measurements, so they may differ.)"""
-    _, entries = _zh_entries(zh_quick_run)
+    differ. (Values, and the implementation a ranking picks, are measurements, and this run is of the
+    small model in another dtype, so they differ.)"""
+    _, entries = _zh_entries(zh_run)
     for name in (n for n in entries if n in MEASURING):
-        zh = json.loads((zh_quick_run["run_dir"] / name / "results.json").read_text())
-        en = json.loads((quick_run["run_dir"] / name / "results.json").read_text())
+        zh = json.loads((zh_run["run_dir"] / name / "results.json").read_text())
+        en = json.loads((en_run["run_dir"] / name / "results.json").read_text())
         assert zh["key_figures"] == en["key_figures"], name
         assert {k: m.get("unit") for k, m in zh["metrics"].items()} == {k: m.get("unit") for k, m in en["metrics"].items()}, name
         assert set(zh["tables"]) == set(en["tables"]), name

@@ -55,3 +55,19 @@ def test_a_fixture_a_test_asks_for_in_its_body_is_not_counted_in_that_test():
     times.add("tests/test_browser.py::test_pages[quick_run]", "call", 1995.0)
     assert times.fixtures == {"quick run": 1989.0}
     assert times.by_phase[phase_times.BROWSER] == 6.5
+
+
+def test_the_coverage_lines_name_each_run_its_chapters_answers_and_failures():
+    def entry(name, status="ok", answer="ok"):
+        return {"notebook": name, "status": status, **({"solution": {"status": answer}} if answer else {})}
+
+    runs = [{"lang": "en", "dtype": "bfloat16", "model": "smollm2-135m", "profile": "quick",
+             "run": {"notebooks": [entry("00_environment_check"), entry("01_operator_verification", answer="failed")]}},
+            {"lang": "zh", "dtype": "float32", "model": "small random Llama", "profile": "smoke",
+             "run": {"notebooks": [entry("01_operator_verification", status="failed", answer=None)]}},
+            {"lang": "en", "dtype": "float16", "model": "small random Llama", "profile": "smoke", "run": None}]
+    lines = phase_times.coverage_lines(runs)
+    assert lines[0].startswith("en bfloat16") and "chapters 00 01 | answers 00 01!" in lines[0]
+    assert lines[1].startswith("zh float32") and "chapters 01! | answers (none)" in lines[1]
+    assert "chapters (none ran)" in lines[2]
+    assert lines[3] == "dtypes per chapter: 00 bfloat16, 01 bfloat16"  # the failed float32 run does not count

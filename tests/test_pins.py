@@ -1,8 +1,10 @@
 """The pinned sets resolve, wheels only, for every Python version and platform the README claims.
 
 pip reads Requires-Python, wheel tags and dependencies from the package index (no download of the
-wheels themselves), so a pin that drops a claimed version fails here. Needs network: deselect with
-``-m "not pins"`` on a machine without it.
+wheels themselves), so a pin that drops a claimed version fails here. The resolution needs network
+and minutes, so it runs in ``make test-slow`` (the tests marked ``pins``, and ``make test-pins``:
+``scripts/check_pins.py --record``); ``make test`` checks that the requirements files are the ones
+that check last resolved (``tests/fixtures/pins-checked.txt``), so a changed pin cannot skip it.
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.pins
 
 
 def _load(name):
@@ -29,6 +30,24 @@ def _load(name):
 check_pins = _load("check_pins")
 
 
+def test_the_requirements_are_the_ones_the_last_pin_check_resolved():
+    recorded, now = check_pins.recorded_fingerprints(), check_pins.fingerprints()
+    changed = sorted(name for name in now if recorded.get(name) != now[name])
+    assert not changed, (f"{', '.join(changed)} changed since the last pin check "
+                         f"({check_pins.STAMP.relative_to(REPO)}): run `make test-pins` (minutes, needs the "
+                         "package index), which resolves every claimed Python and platform and records them")
+
+
+def test_the_pin_stamp_check_sees_a_changed_file(tmp_path, monkeypatch):
+    stamp = tmp_path / "pins-checked.txt"
+    check_pins.record(stamp)
+    assert check_pins.recorded_fingerprints(stamp) == check_pins.fingerprints()
+    stamp.write_text(stamp.read_text().replace(check_pins.fingerprints()["requirements.txt"], "0" * 64))
+    assert check_pins.recorded_fingerprints(stamp)["requirements.txt"] != check_pins.fingerprints()["requirements.txt"]
+    assert "requirements-common.txt" in check_pins.requirement_files()  # included by requirements.txt (-r)
+
+
+@pytest.mark.pins
 def test_every_claimed_set_resolves_for_every_claimed_python_and_platform():
     results = check_pins.run_all()
     assert len(results) == sum(len(c["python"]) for c in check_pins.CLAIMS.values()) * len(check_pins.ARCHES) * 3
@@ -36,6 +55,7 @@ def test_every_claimed_set_resolves_for_every_claimed_python_and_platform():
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.pins
 def test_the_check_fails_for_a_pin_without_a_cp39_wheel(tmp_path):
     bad = tmp_path / "requirements-bad.txt"
     bad.write_text("numpy==2.4.6\n")  # wheels for cp311+ only
@@ -45,6 +65,7 @@ def test_the_check_fails_for_a_pin_without_a_cp39_wheel(tmp_path):
     assert check_pins.resolve(["-r", str(bad)], "3.12", "aarch64").returncode == 0
 
 
+@pytest.mark.pins
 def test_the_check_fails_for_a_pure_python_pin_that_needs_a_newer_python():
     proc = check_pins.resolve(["pytest==9.2.0"], "3.9", "x86_64")  # Requires-Python >= 3.10
     assert proc.returncode != 0

@@ -79,6 +79,7 @@ def test_status_plots_and_claims_page_from_a_partial_run(tmp_path):
     assert "fixture failure" in page and "<td>unfinished</td>" in page
 
 
+@pytest.mark.notebooks  # executes chapter 08 through the runner (a kernel, about 10 s alone)
 def test_report_notebook_renders_through_the_runner(tmp_path):
     reports = tmp_path / "reports"
     make_partial_run(reports / "partial")

@@ -277,7 +277,7 @@ def test_overrides_are_yaml_literals():
 def test_unknown_profile_names_the_choices():
     with pytest.raises(SystemExit) as err:
         runner.load_profile("fastest")
-    assert "--profile 'fastest' not found; choose one of default, dtypes, npu, quick" in str(err.value)
+    assert "--profile 'fastest' not found; choose one of default, npu, quick, smoke" in str(err.value)
 
 
 def test_unknown_notebook_selection_names_the_choices():
@@ -302,8 +302,8 @@ def test_resume_without_an_earlier_run_is_a_clear_error(tmp_path):
                      "--notebooks-dir", str(FIXTURES)])
 
 
-# Profiles for some chapters only: the dtype runs of make test (tests/conftest.py DTYPE_CHAPTERS).
-PARTIAL_PROFILES = {"dtypes"}
+# Profiles for some chapters only (none today: the smoke profile of make test covers every chapter).
+PARTIAL_PROFILES = set()
 
 
 def test_every_profile_is_a_mapping_with_known_notebooks():
@@ -317,14 +317,14 @@ def test_every_profile_is_a_mapping_with_known_notebooks():
         assert "trust_remote_code" not in json.dumps(profile)  # off unless a user sets it
 
 
-def test_the_dtypes_profile_covers_exactly_the_dtype_chapters_at_the_guide_shape():
-    from conftest import DTYPE_CHAPTERS
-
-    profile = runner.load_profile("dtypes")
-    assert tuple(sorted(profile["notebooks"])) == DTYPE_CHAPTERS
+def test_the_smoke_profile_keeps_the_guide_shape_and_runs_vllm_eager():
+    profile = runner.load_profile("smoke")
     # the RMSNorm check's outcome depends on the size: the dtype runs check it where the guide does
     assert profile["notebooks"]["01_operator_verification"]["rms_shape"] == [1, 4096, 4096]
-    assert profile["notebooks"]["06_optimization_ladder"]["llamacpp"] is False  # no build needed
+    # vLLM's torch.compile warm-up is what makes a start take minutes on a CPU; the smoke runs need none
+    assert profile["notebooks"]["07_serving"]["enforce_eager"] is True
+    assert runner.load_profile("quick")["notebooks"]["07_serving"]["enforce_eager"] is True
+    assert runner.load_profile("default")["notebooks"]["07_serving"].get("enforce_eager", False) is False
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.ipynb"))

@@ -240,6 +240,7 @@ def test_module_guards_skipped_only_when_asked(model, skip):
     assert counter.graphs == (1 if skip else 2)
 
 
+@pytest.mark.slow  # about 70 s on 2 cores: max-autotune compiles inductor's C++ GEMM candidates with a cold cache
 def test_cpu_graph_with_freezing_and_autotune_generates_the_eager_tokens(capfd, monkeypatch, tmp_path):
     """The real CPU path (inductor, freezing, max-autotune GEMM) on a tiny bf16 Llama, INT8 included.
 

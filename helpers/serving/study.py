@@ -66,6 +66,7 @@ class Launch:
     served_model: str = ""                  # the folder or hub id the server loads
     local: bool = True
     cache_warm: bool = False                # vLLM's compile cache existed before this start
+    enforce_eager: bool = False             # started with --enforce-eager: nothing compiled
     skip_reason: str = ""
     notes: list = field(default_factory=list)
     device_kind: str = "cpu"
@@ -147,9 +148,10 @@ BENCH_FILE, BENCH_LOG = "vllm_bench_serve.json", "vllm_bench_serve.log"
 
 def launch(device_kind: str, model: str, dtype: str, folder: "str | Path", *, endpoint: str = "",
            port: int = 8000, max_model_len: int = 1024, tensor_parallel_size: int = 1,
-           kv_cache_gib: float = 0.0) -> Launch:
+           kv_cache_gib: float = 0.0, enforce_eager: bool = False) -> Launch:
     """Start vLLM for ``model`` in ``dtype`` (without waiting for it), or take ``endpoint``; a missing
-    vLLM or a model vLLM cannot load gives a ``Launch`` with ``skip_reason`` instead of an error."""
+    vLLM or a model vLLM cannot load gives a ``Launch`` with ``skip_reason`` instead of an error.
+    ``enforce_eager`` starts the server without its torch.compile warm-up (``server_command``)."""
     out = Launch(device_kind=device_kind, endpoint=endpoint, tensor_parallel_size=tensor_parallel_size)
     try:
         out.served_model, out.local = model_for_server(model)
@@ -166,10 +168,11 @@ def launch(device_kind: str, model: str, dtype: str, folder: "str | Path", *, en
     if endpoint:
         out.url = base_url(endpoint)
         return out
-    out.cache_warm = compile_cache_present()
+    out.cache_warm, out.enforce_eager = compile_cache_present(), enforce_eager
     out.server, note = start_server(out.install, out.served_model, dtype, folder, port=port,
                                     max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
-                                    kv_cache_gib=kv_cache_gib, model_is_local=out.local)
+                                    kv_cache_gib=kv_cache_gib, model_is_local=out.local,
+                                    enforce_eager=enforce_eager)
     out.url = out.server.url
     if note:
         out.notes.append(note)
@@ -768,7 +771,8 @@ def record_launch(ch, launch: Launch) -> None:
         engine += " + vllm-ascend"
     ch.record("serving_launch", launch.url, code_path="serving.launch", engine=engine,
               endpoint=bool(launch.endpoint), served_model_local=launch.local,
-              compile_cache_before_start=launch.cache_warm, skip_reason=launch.skip_reason,
+              compile_cache_before_start=launch.cache_warm, enforce_eager=launch.enforce_eager,
+              skip_reason=launch.skip_reason,
               notes=list(launch.notes), tensor_parallel_size=launch.tensor_parallel_size,
               devices_found=device_count(launch.device_kind))
 
@@ -787,7 +791,8 @@ def connect(ch, launch: Launch, start_timeout_s: float) -> None:
         ch.results.artifact(launch.server.log_path, "vLLM server log")
         ch.record("vllm_server_start_s", start_s, "s", key_figure=True,
                   code_path=" ".join(launch.server.command[1:]), log=launch.server.log_path.name,
-                  compile_cache_before_start=launch.cache_warm, server_pgid=launch.server.process.pid,
+                  compile_cache_before_start=launch.cache_warm, enforce_eager=launch.enforce_eager,
+                  server_pgid=launch.server.process.pid,
                   port=launch.server.port)
     launch.model_id = served_model_id(launch.url)
     launch.tokenizer = AutoTokenizer.from_pretrained(launch.served_model)
