@@ -19,8 +19,10 @@ class _FakeDevice:
 
 
 def test_parse_dtype_auto_on_cpu_matches_choose_dtype(monkeypatch):
+    # at the tiny model's widths the probe takes a second, not the embedded model's half minute
     monkeypatch.delenv(dtype_choice.RUN_DIR_ENV, raising=False)
-    assert dtype_choice.parse_dtype("auto", "cpu") == dtype_choice.choose_dtype("cpu").dtype
+    assert dtype_choice.parse_dtype("auto", "cpu", model="tiny-random") == \
+        dtype_choice.choose_dtype("cpu", "tiny-random").dtype
 
 
 # --- the CPU working dtype, chosen by timing -------------------------------------------------

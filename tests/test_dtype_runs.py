@@ -14,7 +14,7 @@ pytestmark = pytest.mark.notebooks
 
 def _run_of(dtype_runs, dtype):
     if dtype == dtype_runs["auto"]:
-        pytest.skip(f"dtype=auto picked {dtype}: the quick run (tests/test_notebooks.py) runs these chapters in it")
+        pytest.skip(f"dtype=auto picked {dtype}: the English run (tests/test_notebooks.py) runs these chapters in it")
     assert dtype in dtype_runs["runs"], f"no run of make test covers {dtype} (the quick run recorded no dtype)"
     run = dtype_runs["runs"][dtype]
     assert run["run"] is not None, (f"the {dtype} run wrote no run.json{run['timed_out']}:\n"
