@@ -92,7 +92,8 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
             model_files.share_readable(reference)
             print(f"reference report: {reference / 'index.html'}"
                   + (" (some chapters failed; see the index)" if code else ""), file=out)
-    lines = ["# Source this file before starting Jupyter or make lab: the class reads the prepared cache.",
+    lines = ["# Source this file in your own clone before make lab, make kernel or the runner: the class",
+             "# reads the prepared cache; your kernels import your clone's helpers and write under its reports/.",
              f"export WORKBOOK_CACHE={shlex.quote(str(cache))}",
              "# The embedded model needs no network; keep transformers from trying to reach the hub.",
              "export HF_HUB_OFFLINE=1"]
