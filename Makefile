@@ -38,7 +38,7 @@ LEGACY_RUN_ID ?= legacy-smoke
 LEGACY_CACHE ?= $(abspath $(LEGACY_VENV)/model-cache)
 SMALL_MODEL = $(LEGACY_CACHE)/small/small-random-llama-2l.F16.gguf
 
-.PHONY: setup setup-vllm setup-legacy setup-for-test report test test-unit test-slow test-pins test-legacy lab \
+.PHONY: setup setup-vllm setup-legacy setup-for-test report test test-unit test-slow test-pins test-legacy lab kernel \
         compare clean-reports workshop-prep
 
 # Each step prints its duration against its budget ([time] lines, scripts/timed.py: a level that takes
@@ -113,11 +113,16 @@ RUNS ?=
 compare: setup
 	$(PY) -m helpers.compare $(RUNS) $(ARGS)
 
-## JupyterLab on the notebooks with the project's kernel (workshops, ModelArts).
+## JupyterLab on the notebooks with the project's kernel; its kernels import this clone's helpers
+## (PYTHONPATH), also with a venv shared by a class (VENV from workshop.env).
 lab: setup
-	$(PY) -m jupyter lab --notebook-dir=notebooks $(ARGS)
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m jupyter lab --notebook-dir=notebooks $(ARGS)
 
-## Prepare a class folder once: venv, converted model cache, workshop.env (README "Running a workshop").
+## Register the venv as a Jupyter kernel bound to this clone, for a JupyterLab already running (ModelArts).
+kernel: setup
+	$(PY) -m helpers.workshop kernel $(ARGS)
+
+## Prepare a class folder once: venv, converted model cache, workshop.env (docs/workshop.md).
 workshop-prep:
 	@test -n "$(WORKSHOP_DIR)" || { echo "error: name the class folder, e.g. make workshop-prep WORKSHOP_DIR=/srv/class" >&2; exit 2; }
 	VENV="$(WORKSHOP_DIR)/venv" bash scripts/setup.sh

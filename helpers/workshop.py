@@ -8,18 +8,28 @@ profile (``<dir>/reports/reference``), and a ``workshop.env`` file to source. ``
 workshop-prep`` also builds the venv in ``<dir>/venv`` first. Every file gets the modes the
 umask allows, so with umask 022 the class can read them; anything others cannot read is listed.
 
+Each attendee works in a clone of their own: a kernel imports the ``helpers`` of the clone it
+was started from, and interactive results land under that clone's ``reports/``. The shared venv
+holds no path to any clone (``scripts/setup.sh`` writes its ``.pth`` only into a venv inside the
+clone); ``make lab`` puts the clone on ``PYTHONPATH``, and ``python -m helpers.workshop kernel``
+(``make kernel``) registers this venv as a Jupyter kernel that starts with this clone's helpers,
+for a JupyterLab that is already running (ModelArts).
+
 ``python -m helpers.workshop cache [--cache-dir DIR] [--rebuild]`` checks a cache (size and
 header of ``model.safetensors``, the JSON files) and rebuilds the embedded model on request.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import os
+import re
 import shlex
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -82,7 +92,8 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
             model_files.share_readable(reference)
             print(f"reference report: {reference / 'index.html'}"
                   + (" (some chapters failed; see the index)" if code else ""), file=out)
-    lines = ["# Source this file before starting Jupyter or make lab: the class reads the prepared cache.",
+    lines = ["# Source this file in your own clone before make lab, make kernel or the runner: the class",
+             "# reads the prepared cache; your kernels import your clone's helpers and write under its reports/.",
              f"export WORKBOOK_CACHE={shlex.quote(str(cache))}",
              "# The embedded model needs no network; keep transformers from trying to reach the hub.",
              "export HF_HUB_OFFLINE=1"]
@@ -99,9 +110,59 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
         print(f"warning: other users cannot read {shown}. Your umask is {mask:03o}; prepare with "
               f"'umask 022' for a class, or give a shared group access with "
               f"'chmod -R g+rX {shlex.quote(str(workshop_dir))}'.", file=out)
-    print(f"prepared {folder}.\nAttendees: source {env_file} (sets WORKBOOK_CACHE), then run "
-          "'make lab' or the runner as usual; answers to the exercises are in solutions/.", file=out)
+    print(f"prepared {folder}.\nAttendees: in their own clone, source {env_file} (sets WORKBOOK_CACHE), "
+          "then run 'make lab' (or 'make kernel' for a JupyterLab already running) or the runner as "
+          "usual; answers to the exercises are in solutions/.", file=out)
     return code
+
+
+# A kernel of this venv that imports this clone's helpers whatever folder it starts in (a notebook's)
+# and whatever the JupyterLab's own environment holds: the clone goes first on sys.path, and on
+# PYTHONPATH for the processes the kernel starts; everything else comes from the JupyterLab's
+# environment (on an Ascend image, CANN's variables). Then what ``python -m ipykernel_launcher`` does.
+_KERNEL_START = ("import os, sys; repo = {repo!r}; "
+                 "sys.path[:] = [repo] + [p for p in sys.path if p not in ('', repo)]; "
+                 "os.environ['PYTHONPATH'] = os.pathsep.join("
+                 "filter(None, [repo, os.environ.get('PYTHONPATH')])); "
+                 "from ipykernel.kernelapp import launch_new_instance; launch_new_instance()")
+
+
+def kernel_name(repo: "str | Path" = REPO) -> str:
+    """The kernel spec's name for a clone: its folder's name and a short hash of its path, so two
+    clones (two attendees, or two copies of one user) register two kernels."""
+    repo = Path(repo)
+    slug = re.sub(r"[^a-z0-9]+", "-", repo.name.lower()).strip("-") or "clone"
+    return f"workbook-{slug}-{hashlib.sha1(str(repo).encode()).hexdigest()[:6]}"
+
+
+def kernel_spec(repo: "str | Path" = REPO, python: str = sys.executable) -> dict:
+    """What ``register_kernel`` writes into ``kernel.json`` besides ipykernel's defaults."""
+    home = str(Path.home())
+    shown = "~" + str(repo)[len(home):] if str(repo).startswith(home + os.sep) else str(repo)
+    return {"argv": [python, "-c", _KERNEL_START.format(repo=str(repo)), "-f", "{connection_file}"],
+            "display_name": f"Ascend Llama workbook ({shown})"}
+
+
+def register_kernel(name: Optional[str] = None, prefix: Optional[str] = None, out=sys.stdout) -> Path:
+    """Register this venv's Python as a Jupyter kernel bound to this clone; returns its folder.
+
+    Installed for the current user (``jupyter --data-dir``), or under ``prefix``; registering again
+    replaces it. A JupyterLab that is already running lists it after a reload of the page.
+    """
+    from ipykernel.kernelspec import write_kernel_spec
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    name = name or kernel_name()
+    spec = kernel_spec()
+    with tempfile.TemporaryDirectory() as tmp:
+        source = write_kernel_spec(Path(tmp) / name, overrides=spec)
+        where = Path(KernelSpecManager().install_kernel_spec(source, name, user=prefix is None, prefix=prefix))
+    jupyter = Path(sys.executable).parent / "jupyter"
+    print(f"registered the Jupyter kernel '{spec['display_name']}' ({name}) in {where}: {sys.executable} "
+          f"with the helpers of {REPO}.\nIn JupyterLab (reload the page if it is open): Kernel > Change "
+          f"Kernel... > {spec['display_name']}. Remove it with: {jupyter} kernelspec uninstall -y {name}",
+          file=out)
+    return where
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -116,9 +177,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     cache = sub.add_parser("cache", help="check (or rebuild) the embedded model in a cache")
     cache.add_argument("--cache-dir", default=None, help="default: $WORKBOOK_CACHE or <repo>/.cache")
     cache.add_argument("--rebuild", action="store_true", help="convert the embedded model again")
+    kernel = sub.add_parser("kernel", help="register this venv as a Jupyter kernel that imports this clone's "
+                                           "helpers (for a JupyterLab already running, e.g. ModelArts)")
+    kernel.add_argument("--name", default=None, help=f"kernel spec name (default: {kernel_name()})")
+    kernel.add_argument("--prefix", default=None,
+                        help="install under PREFIX/share/jupyter/kernels instead of for the current user")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         return prepare(args.workshop_dir, report=args.report, profile=args.profile)
+    if args.command == "kernel":
+        register_kernel(args.name, args.prefix)
+        return 0
     ok, message = check_cache(args.cache_dir, rebuild=args.rebuild)
     print(message, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

@@ -1,4 +1,4 @@
-"""Do the pinned sets install on every Python version and platform the README claims?
+"""Do the pinned sets install on every Python version and platform docs/support.md claims?
 
 For each claimed (set, Python, platform) this asks pip to resolve the set with wheels only, for
 that interpreter version and platform, without installing anything:
@@ -11,8 +11,8 @@ pin that drops a claimed Python version or platform fails here. Local pip config
 constraint files, extra indexes) is ignored so that the real index answers; WORKBOOK_PIP_INDEX_URL
 points the check at a mirror. Needs network. Run by tests/test_pins.py, or by hand:
 
-    python scripts/check_pins.py            # every claim, one line each
-    python scripts/check_pins.py --record   # the same, and on success record what was checked
+    .venv/bin/python scripts/check_pins.py            # every claim, one line each
+    .venv/bin/python scripts/check_pins.py --record   # the same, and on success record what was checked
 
 ``--record`` (what ``make test-pins`` runs) writes the sha256 of every requirements file it resolved into
 ``tests/fixtures/pins-checked.txt``; ``tests/test_pins.py`` fails in ``make test`` as soon as a
@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Tuple
 REPO = Path(__file__).resolve().parent.parent
 INDEX_URL = os.environ.get("WORKBOOK_PIP_INDEX_URL", "https://pypi.org/simple")
 
-# What the README's support matrix claims. glibc 2.28 is EulerOS 2.10's (the oldest Ascend image
+# What the support matrix (docs/support.md) claims. glibc 2.28 is EulerOS 2.10's (the oldest Ascend image
 # OS in the matrix); HCE 2.0 and Ubuntu 22.04 images have a newer glibc and accept these wheels too.
 ARCHES = ("x86_64", "aarch64")
 GLIBC_MINOR_MAX = 28

@@ -97,9 +97,15 @@ if [ "$SETUP_DRY_RUN" = "1" ]; then
   echo "setup: dry run, nothing installed"
   exit 0
 fi
-# Make `import helpers` work from any kernel of this venv (notebooks run with cwd=notebooks/).
+# Make `import helpers` work from any kernel of this venv (notebooks run with cwd=notebooks/), but
+# only for a venv inside this clone. A venv outside it may be shared by several clones (make
+# workshop-prep): a path in it would make every attendee's kernel import this clone's helpers, so
+# there `make lab` and the kernel of `make kernel` name the clone instead, and none is written.
 site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-pwd > "$site/ascend_llama_workbook.pth"
+case "$(cd "$VENV" && pwd)/" in
+  "$PWD"/*) pwd > "$site/ascend_llama_workbook.pth" ;;
+  *) rm -f "$site/ascend_llama_workbook.pth" ;;
+esac
 echo "$want" > "$stamp"
 echo "setup: $VENV ready ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
 llamacpp

@@ -1,4 +1,4 @@
-"""The fault table (README, Troubleshooting): rows not covered by the module tests are tried here.
+"""The fault table (docs/troubleshooting.md): rows not covered by the module tests are tried here.
 
 | fault | test |
 |---|---|

@@ -1,4 +1,5 @@
-"""The pinned sets resolve, wheels only, for every Python version and platform the README claims.
+"""The pinned sets resolve, wheels only, for every Python version and platform the docs claim
+(the support matrix in docs/support.md).
 
 pip reads Requires-Python, wheel tags and dependencies from the package index (no download of the
 wheels themselves), so a pin that drops a claimed version fails here. The resolution needs network
@@ -87,9 +88,12 @@ def test_the_platforms_cover_glibc_228_wheels_of_both_arches():
         assert not any("_2_29_" in tag or "_2_3" in tag for tag in tags)
 
 
-def _readme_matrix():
-    """{set: python versions} from the README's support matrix rows."""
-    text = (REPO / "README.md").read_text()
+SUPPORT_PAGE = REPO / "docs" / "support.md"
+
+
+def _support_matrix():
+    """{set: python versions} from the support matrix rows of docs/support.md."""
+    text = SUPPORT_PAGE.read_text(encoding="utf-8")
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -98,8 +102,8 @@ def _readme_matrix():
     return rows
 
 
-def test_the_readme_matrix_claims_exactly_what_is_checked():
-    rows = _readme_matrix()
+def test_the_support_matrix_claims_exactly_what_is_checked():
+    rows = _support_matrix()
     assert set(rows) == set(check_pins.CLAIMS), rows
     for name, claim in check_pins.CLAIMS.items():
         assert rows[name] == claim["python"], (name, rows[name], claim["python"])

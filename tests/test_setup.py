@@ -349,3 +349,44 @@ def test_a_successful_llamacpp_install_records_its_time_and_no_compiler_is_a_rea
     proc = _llamacpp(venv, PATH=str(tools), CXX="")
     status = json.loads((venv / "llamacpp-status.json").read_text())
     assert proc.returncode == 0 and status["status"] == "skipped" and "no C++ compiler" in status["reason"]
+
+
+# --- which clone a venv's kernels import --------------------------------------------------------
+
+FAKE_VENV_PYTHON = """#!/bin/bash
+# pip and venv do nothing; sysconfig answers a folder of the test; llama_cpp is not installed
+case "$1" in
+  -m) exit 0 ;;
+  -c) case "$2" in *sysconfig*) echo "$FAKE_SITE"; exit 0 ;; *"import torch"*) echo torch; exit 0 ;; esac; exit 1 ;;
+  -) cat >/dev/null; exit 0 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_only_a_venv_inside_the_clone_gets_the_clones_path(tmp_path, inside):
+    """A venv inside the clone finds the clone's helpers from any notebook folder through a path
+    file; a venv outside it (a class's shared venv) must not name any clone, so a path file an older
+    setup wrote there is removed."""
+    clone = tmp_path / "clone"
+    shutil.copytree(REPO / "scripts", clone / "scripts")
+    for name in ("requirements.txt", "requirements-common.txt", "requirements-legacy.txt"):
+        shutil.copy(REPO / name, clone / name)
+    venv = (clone / ".venv") if inside else (tmp_path / "class" / "venv")
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(FAKE_VENV_PYTHON)
+    (venv / "bin" / "python").chmod(0o755)
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    path_file = site / "ascend_llama_workbook.pth"
+    path_file.write_text("/somewhere/else/instructors-clone\n")
+    env = _env(PYTHON=sys.executable, VENV=".venv" if inside else venv, USE_SYSTEM_TORCH=0,
+               WORKBOOK_LLAMACPP=0, FAKE_SITE=site)
+    proc = subprocess.run(["bash", str(clone / "scripts" / "setup.sh")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ready" in proc.stdout
+    if inside:
+        assert path_file.read_text().strip() == str(clone)
+    else:
+        assert not path_file.exists()

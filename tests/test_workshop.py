@@ -9,7 +9,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from helpers import model_files, models, workshop
+from helpers import REPO, model_files, models, workshop
 from helpers.model_files import ModelLoadError
 
 
@@ -200,3 +204,113 @@ def test_the_cache_command_reports_then_rebuilds(tmp_path, fake_gguf, capsys, um
     assert workshop.main(["cache", "--cache-dir", str(tmp_path / "cache"), "--rebuild"]) == 0
     assert "is complete" in capsys.readouterr().out
     assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+# --- an attendee in a clone of their own ------------------------------------------------------
+
+def _files(folder: Path) -> dict:
+    return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in [folder, *folder.rglob("*")]}
+
+
+def _second_clone(home: Path) -> Path:
+    """Another user's clone: the package, the Makefile and empty notebook folders are all it needs here."""
+    clone = home / "ascend-llama-workbook"
+    shutil.copytree(REPO / "helpers", clone / "helpers", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "Makefile", clone / "Makefile")
+    (clone / "notebooks" / "zh").mkdir(parents=True)
+    return clone
+
+
+def _attendee_env(class_dir: Path, home: Path) -> dict:
+    """The instructor's environment minus what ties it to a clone, plus the sourced workshop.env."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "WORKBOOK_RUN_DIR", "WORKBOOK_REPORTS", "WORKBOOK_CACHE")}
+    for line in (class_dir / workshop.ENV_FILE).read_text().splitlines():
+        if line.startswith("export "):
+            name, _, value = line[len("export "):].partition("=")
+            env[name] = shlex.split(value)[0]
+    env.update(VENV=sys.prefix, JUPYTER_DATA_DIR=str(home / "jupyter"))
+    return env
+
+
+# What a chapter's first cell does with the class's files: find the model in the shared cache
+# (checked, not written) and open its results where an interactive run keeps them.
+ATTENDEE_CELL = """
+import json, os, helpers
+# a wrong clone's helpers stops here, before it writes into that clone
+assert helpers.__file__ == EXPECTED, "imported " + helpers.__file__
+from helpers import model_files, results
+folder = model_files.ensure_embedded_cache()
+chapter = results.Results("00_environment_check", parameters={"profile": "interactive"})
+chapter.record("layers", json.loads((folder / "config.json").read_text())["num_hidden_layers"], "")
+chapter.finish()
+print("ATTENDEE " + json.dumps({"helpers": helpers.__file__, "results": str(chapter.path), "model": str(folder),
+                                "cwd": os.getcwd(), "pythonpath": os.environ["PYTHONPATH"]}))
+"""
+
+
+def test_an_attendee_runs_their_own_clone_against_a_read_only_class_folder(tmp_path, fake_gguf, umask,
+                                                                          monkeypatch):
+    """The instructor prepares a class folder (tiny model for speed) and it is made read-only; a second
+    user in a second clone registers the shared venv as their kernel and starts it in a notebook
+    folder, as JupyterLab would: it must import that clone's helpers (not the instructor's, which
+    the venv's own path file may name), read the class cache, and write its results under that
+    clone, leaving the class folder and the instructor's clone untouched. ``make lab`` must give its
+    kernels the same clone."""
+    from jupyter_client import KernelManager
+
+    umask(0o022)
+    class_dir = tmp_path / "class"
+    assert workshop.prepare(class_dir, out=io.StringIO()) == 0
+    home = tmp_path / "attendee"
+    clone = _second_clone(home)
+    env = _attendee_env(class_dir, home)
+    mine = REPO / "reports" / "interactive" / "00_environment_check" / "results.json"
+    before = (_files(class_dir), mine.stat().st_mtime_ns if mine.exists() else None)
+    for path in [class_dir, *class_dir.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "helpers.workshop", "kernel"], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        name = workshop.kernel_name(clone)
+        assert (home / "jupyter" / "kernels" / name / "kernel.json").is_file(), proc.stdout
+
+        monkeypatch.setenv("JUPYTER_DATA_DIR", env["JUPYTER_DATA_DIR"])
+        km = KernelManager(kernel_name=name)
+        km.start_kernel(cwd=str(clone / "notebooks" / "zh"), env=env)
+        kc = km.client()
+        try:
+            kc.start_channels()
+            kc.wait_for_ready(timeout=60)
+            out = []
+            cell = ATTENDEE_CELL.replace("EXPECTED", repr(str(clone / "helpers" / "__init__.py")))
+            reply = kc.execute_interactive(cell, timeout=120, output_hook=lambda msg: out.append(
+                msg["content"].get("text", "") + "".join(msg["content"].get("traceback", []))))
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+        text = "".join(out)
+        assert reply["content"]["status"] == "ok", text
+        seen = json.loads(text.split("ATTENDEE ", 1)[1].splitlines()[0])
+
+        # make lab starts JupyterLab with PY; a stand-in for it starts a Python in a notebook folder
+        # with the environment make gives it, as the Lab's kernels would be
+        lab = home / "jupyter-lab"
+        lab.write_text(f"#!/bin/sh\ncd notebooks/zh && exec {shlex.quote(sys.executable)} -c "
+                       "'import importlib.util; print(importlib.util.find_spec(\"helpers\").origin)'\n")
+        lab.chmod(0o755)
+        lab_kernel = subprocess.run(["make", "-s", "-o", "setup", "lab", f"PY={lab}"], cwd=clone, env=env,
+                                    capture_output=True, text=True, timeout=60)
+    finally:
+        for path in [class_dir, *class_dir.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    assert seen["helpers"] == str(clone / "helpers" / "__init__.py")
+    assert seen["results"] == str(clone / "reports" / "interactive" / "00_environment_check" / "results.json")
+    assert json.loads(Path(seen["results"]).read_text())["metrics"]["layers"]["value"] == 2  # the class's model
+    assert seen["model"].startswith(str(class_dir / "cache"))
+    assert seen["cwd"] == str(clone / "notebooks" / "zh")  # started in its notebook's folder
+    assert seen["pythonpath"].split(os.pathsep)[0] == str(clone)  # and so are the processes it starts
+    assert (_files(class_dir), mine.stat().st_mtime_ns if mine.exists() else None) == before
+    assert lab_kernel.returncode == 0, lab_kernel.stderr
+    assert lab_kernel.stdout.strip() == str(clone / "helpers" / "__init__.py")
