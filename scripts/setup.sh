@@ -49,9 +49,17 @@ fi
 eval "$choice"
 echo "setup: pinned set '$PIN_SET' ($PIN_REQUIREMENTS) because $PIN_REASON"
 
-# llama.cpp last, and on every call: it never fails the setup and is quick once installed.
-llamacpp() { USE_SYSTEM_TORCH="$USE_SYSTEM_TORCH" VENV="$VENV" SETUP_DRY_RUN="$SETUP_DRY_RUN" \
+# llama.cpp last, and on every call: it never fails the setup and is quick once installed. Its wheel
+# compiles in the background while pip installs the rest (prebuild), so the two do not add up.
+prebuild_pid=""
+llamacpp() { [ -z "$prebuild_pid" ] || wait "$prebuild_pid" || true
+             USE_SYSTEM_TORCH="$USE_SYSTEM_TORCH" VENV="$VENV" SETUP_DRY_RUN="$SETUP_DRY_RUN" \
              bash scripts/setup_llamacpp.sh || true; }
+prebuild() { [ "$SETUP_DRY_RUN" = "1" ] && return 0
+             # its own process group (setsid), so a failed setup stops the compile with it (trap below)
+             USE_SYSTEM_TORCH="$USE_SYSTEM_TORCH" VENV="$VENV" setsid bash scripts/setup_llamacpp.sh wheel &
+             prebuild_pid=$!; }
+trap '[ -z "$prebuild_pid" ] || kill -- -"$prebuild_pid" 2>/dev/null || true' EXIT
 
 stamp="$VENV/.workbook-setup"
 want="$(cat requirements.txt "$PIN_REQUIREMENTS" | sha256sum | cut -c1-16)-$PIN_SET-system$USE_SYSTEM_TORCH"
@@ -70,6 +78,7 @@ if [ "$USE_SYSTEM_TORCH" = "1" ]; then
        "(and torch_npu if present); installing only the pure-Python dependencies"
   # A venv over the image's site-packages sees its torch + torch_npu; never install either.
   [ -x "$VENV/bin/python" ] || run "$PYTHON" -m venv --system-site-packages "$VENV"
+  prebuild
   # The constraint makes pip fail rather than replace the image's torch with another build.
   run mkdir -p "$VENV"
   # The image's torch (and torch_npu) may be compiled against numpy 1.x: then never a new numpy
@@ -83,6 +92,7 @@ if [ "$USE_SYSTEM_TORCH" = "1" ]; then
   run "$VENV/bin/python" -m pip install -q -r "$PIN_REQUIREMENTS" -c "$VENV/torch-constraint.txt"
 else
   [ -x "$VENV/bin/python" ] || run "$PYTHON" -m venv "$VENV"
+  prebuild
   if [ "$PIN_SET" = "current" ]; then
     run "$VENV/bin/python" -m pip install -q -r requirements.txt
   else

@@ -10,6 +10,11 @@
 #   WORKBOOK_LLAMACPP=0               skip it (the chapter's llama.cpp row then says so)
 #   SETUP_DRY_RUN=1                   print the pip command instead of running it
 #
+# Two phases, so the compile runs while pip installs the rest (scripts/setup.sh starts the first in
+# the background as soon as the venv exists): `setup_llamacpp.sh wheel` only builds the wheel into
+# $VENV/llamacpp-wheel/ (pip wheel, nothing installed; the outcome in llamacpp-wheel/built), and
+# `setup_llamacpp.sh` (install) installs that wheel when it is there, else builds and installs as one step.
+#
 # The build compiles llama.cpp for this CPU (-march=native) and takes minutes on 2 cores. pip keeps
 # the wheel it built in its wheel cache (~/.cache/pip), so a fresh clone on the same machine
 # installs it in seconds. That cache is not keyed by CPU: a home directory shared with a machine of
@@ -17,12 +22,18 @@
 # dies with an illegal instruction).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+PHASE=${1:-install}
+case "$PHASE" in
+  wheel|install) ;;
+  *) echo "usage: scripts/setup_llamacpp.sh [wheel|install]" >&2; exit 2 ;;
+esac
 
 VENV=${VENV:-.venv}
 WANT=0.3.36
 MODE=${WORKBOOK_LLAMACPP:-auto}
 STATUS="$VENV/llamacpp-status.json"
 LOG="$VENV/llamacpp-build.log"
+WHEELS="$VENV/llamacpp-wheel"
 # Only what the Python bindings load (libllama and ggml): no multimodal (mtmd/LLaVA) library, no
 # llama.cpp "common" library (llama-cpp-python forces it on; scripts/llamacpp-no-common.cmake turns it
 # off again right after llama.cpp's project() call), and only the llama target. Tests, examples,
@@ -77,18 +88,35 @@ if [ -z "$compiler" ]; then
   exit 0
 fi
 
+if [ "$PHASE" = "wheel" ]; then
+  [ "${SETUP_DRY_RUN:-0}" = "1" ] && exit 0
+  rm -rf "$WHEELS"; mkdir -p "$WHEELS"
+  start=$(date +%s)
+  CMAKE_ARGS="$CMAKE_FLAGS" SKBUILD_BUILD_TARGETS="$TARGETS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}" \
+    "$VENV/bin/python" -m pip wheel -q --no-deps -w "$WHEELS" "llama-cpp-python==$WANT" >"$LOG" 2>&1
+  echo "$? $(( $(date +%s) - start ))" > "$WHEELS/built"
+  exit 0
+fi
+
 cmd=("$VENV/bin/python" -m pip install -q "llama-cpp-python==$WANT")
+built=""
+if [ -f "$WHEELS/built" ] && read -r rc wheel_s < "$WHEELS/built" && [ "$rc" = "0" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  # the wheel the first phase built beside pip's install of the rest; pip resolves its dependencies
+  cmd=("$VENV/bin/python" -m pip install -q --find-links "$WHEELS" "llama-cpp-python==$WANT")
+  built=" (its wheel built in ${wheel_s} s beside the rest of the setup)"
+fi
 if [ "${SETUP_DRY_RUN:-0}" = "1" ]; then
   printf '+ CMAKE_ARGS=%q SKBUILD_BUILD_TARGETS=%q' "$CMAKE_FLAGS" "$TARGETS"; printf ' %q' "${cmd[@]}"; printf '\n'
   exit 0
 fi
-echo "setup: building llama-cpp-python $WANT with $compiler (minutes on 2 cores; pip caches the wheel; log: $LOG)"
+[ -n "$built" ] || echo "setup: building llama-cpp-python $WANT with $compiler (minutes on 2 cores; pip caches the wheel; log: $LOG)"
 start=$(date +%s)
 if CMAKE_ARGS="$CMAKE_FLAGS" SKBUILD_BUILD_TARGETS="$TARGETS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}" \
-    "${cmd[@]}" >"$LOG" 2>&1; then
+    "${cmd[@]}" >>"$LOG" 2>&1; then
   took=$(( $(date +%s) - start ))
-  echo "setup: llama-cpp-python $WANT installed in ${took} s"
-  write_status installed "built or taken from pip's wheel cache in ${took} s" "$took"
+  echo "setup: llama-cpp-python $WANT installed in ${took} s$built"
+  write_status installed "built or taken from pip's wheel cache in ${took} s$built" "$(( took + ${wheel_s:-0} ))"
+  rm -rf "$WHEELS"
 else
   took=$(( $(date +%s) - start ))
   why=$(grep -m1 -E "CMake Error|error:|ERROR:" "$LOG" | cut -c1-300)

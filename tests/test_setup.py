@@ -351,6 +351,37 @@ def test_a_successful_llamacpp_install_records_its_time_and_no_compiler_is_a_rea
     assert proc.returncode == 0 and status["status"] == "skipped" and "no C++ compiler" in status["reason"]
 
 
+def test_the_wheel_built_beside_the_setup_is_what_the_install_phase_installs(tmp_path):
+    """setup.sh starts `setup_llamacpp.sh wheel` as soon as the venv exists, so the compile runs while pip
+    installs the rest; the install phase then installs that wheel instead of building again."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = tmp_path / "pip-calls"
+    (bin_dir / "python").write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then echo "$@" >> "' + str(calls) + '"\n'
+        '  if [ "$3" = "wheel" ]; then while [ $# -gt 0 ]; do [ "$1" = "-w" ] && touch "$2/llama_cpp_python-0.3.36-cp311-linux_x86_64.whl"; shift; done; fi\n'
+        "  exit 0; fi\n"
+        'if [ "$1" = "-c" ]; then exit 1; fi\n'
+        f'exec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    venv = tmp_path / "venv"
+    env = _env(VENV=venv)
+    wheel = subprocess.run(["/bin/bash", str(LLAMACPP), "wheel"], env=env, cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+    assert wheel.returncode == 0, wheel.stderr
+    assert (venv / "llamacpp-wheel" / "built").read_text().split()[0] == "0"
+    proc = _llamacpp(venv)
+    assert proc.returncode == 0, proc.stderr
+    install = [line for line in calls.read_text().splitlines() if " install " in f" {line} "]
+    assert install and "--find-links" in install[-1] and str(venv / "llamacpp-wheel") in install[-1]
+    status = json.loads((venv / "llamacpp-status.json").read_text())
+    assert status["status"] == "installed" and "beside the rest of the setup" in status["reason"]
+    assert not (venv / "llamacpp-wheel").exists()  # the wheel is pip's to cache, not the venv's to keep
+    bad = subprocess.run(["/bin/bash", str(LLAMACPP), "compile"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 # --- which clone a venv's kernels import --------------------------------------------------------
 
 FAKE_VENV_PYTHON = """#!/bin/bash
