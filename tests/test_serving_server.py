@@ -370,6 +370,16 @@ def slow_server():
     server.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def interrupts_raise():
+    """SIGINT raises KeyboardInterrupt in this process, as in a Jupyter kernel: a process started with
+    SIGINT ignored (a shell's background job, some CI runners) would otherwise never see the tests'
+    interrupts."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt_after(seconds: float) -> list:
     """SIGINT to this process after ``seconds`` (what Jupyter's stop button sends the kernel); the
     list gets the moment it was sent."""
