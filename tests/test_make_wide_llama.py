@@ -37,6 +37,12 @@ def small_gguf(tmp_path_factory):
     return wide.build(folder / "small.F16.gguf", layers=2, seed=0, **SMALL)
 
 
+@pytest.fixture(scope="module")
+def small_cache(tmp_path_factory):
+    """One model cache for this file's tests: the file is converted once, then read from there."""
+    return tmp_path_factory.mktemp("wide-cache")
+
+
 def test_same_arguments_write_the_same_bytes_and_another_seed_does_not(small_gguf, tmp_path):
     again = wide.build(tmp_path / "again.F16.gguf", layers=2, seed=0, **SMALL)
     other = wide.build(tmp_path / "other.F16.gguf", layers=2, seed=1, **SMALL)
@@ -45,27 +51,29 @@ def test_same_arguments_write_the_same_bytes_and_another_seed_does_not(small_ggu
     assert not list(tmp_path.glob("*.partial"))
 
 
-def test_load_model_reads_the_file_and_its_folder_with_the_embedded_tokenizer(small_gguf, tmp_path, monkeypatch):
-    lm, tok = models.load_model(str(small_gguf), dtype="float32", device="cpu", cache_dir=tmp_path)
+def test_load_model_reads_the_file_and_its_folder_with_the_embedded_tokenizer(small_gguf, small_cache, monkeypatch):
+    lm, tok = models.load_model(str(small_gguf), dtype="float32", device="cpu", cache_dir=small_cache)
     cfg = lm.config
     assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (64, 160, 2)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (4, 2)
     assert not cfg.tie_word_embeddings and lm.lm_head.weight.data_ptr() != lm.model.embed_tokens.weight.data_ptr()
     # the tokenizer is the embedded SmolLM2's: same ids, and decode gives the text back
-    _, embedded_tok = models.load_model("smollm2-135m", dtype="float32", device="cpu")
+    from transformers import AutoTokenizer  # the tokenizer alone: the embedded weights are not needed here
+
+    embedded_tok = AutoTokenizer.from_pretrained(model_files.ensure_embedded_cache(), local_files_only=True)
     text = "Decode reads every weight once per token. 你好!"
     ids = tok(text)["input_ids"]
     assert ids == embedded_tok(text)["input_ids"]
     assert tok.decode(ids) == text
     assert cfg.vocab_size == len(embedded_tok)
     # the folder that holds only this file loads the same weights (from the same converted copy)
-    lm2, _ = models.load_model(str(small_gguf.parent), dtype="float32", device="cpu", cache_dir=tmp_path)
+    lm2, _ = models.load_model(str(small_gguf.parent), dtype="float32", device="cpu", cache_dir=small_cache)
     assert torch.equal(lm2.model.layers[1].mlp.down_proj.weight, lm.model.layers[1].mlp.down_proj.weight)
     # and chapter 07's vLLM is given that converted folder (a server loads folders, not GGUF files)
-    monkeypatch.setenv("WORKBOOK_CACHE", str(tmp_path))
+    monkeypatch.setenv("WORKBOOK_CACHE", str(small_cache))
     folder, local = serving.model_for_server(str(small_gguf))
     assert local and (Path(folder) / "config.json").exists()
-    assert Path(folder) == model_files.gguf_cache_path(small_gguf, tmp_path)
+    assert Path(folder) == model_files.gguf_cache_path(small_gguf, small_cache)
 
 
 @pytest.mark.slow  # about 65 s: writes, converts and loads a Q8_0 and a Q4_0 file
@@ -79,9 +87,9 @@ def test_quantized_files_load_and_stay_close_to_the_float16_weights(small_gguf, 
         assert 0 < rel < tolerance, (kind, rel)
 
 
-def test_llama_cpp_computes_the_same_logits_from_the_same_file(small_gguf, tmp_path):
+def test_llama_cpp_computes_the_same_logits_from_the_same_file(small_gguf, small_cache):
     llama_cpp = pytest.importorskip("llama_cpp")
-    lm, tok = models.load_model(str(small_gguf), dtype="float32", device="cpu", cache_dir=tmp_path)
+    lm, tok = models.load_model(str(small_gguf), dtype="float32", device="cpu", cache_dir=small_cache)
     ids = tok("The bytes decide decode")["input_ids"]
     with torch.no_grad():
         ref = lm(torch.tensor([ids])).logits[0].numpy()
@@ -93,8 +101,8 @@ def test_llama_cpp_computes_the_same_logits_from_the_same_file(small_gguf, tmp_p
     assert np.abs(out - ref).max() < 1e-2 * np.abs(ref).max()
 
 
-def test_the_runner_path_reaches_dtype_auto_and_llama_cpp(small_gguf, tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBOOK_CACHE", str(tmp_path))
+def test_the_runner_path_reaches_dtype_auto_and_llama_cpp(small_gguf, small_cache, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_CACHE", str(small_cache))
     widths, source = dtype_choice.widths_of(str(small_gguf))
     assert widths["hidden_size"] == 64 and source.endswith("config.json")
     seen = {}

@@ -308,19 +308,27 @@ PARTIAL_PROFILES = set()
 
 def test_every_profile_is_a_mapping_with_known_notebooks():
     real = {p.stem for p in (REPO / "notebooks").glob("*.ipynb")}
+    answers = {p.stem for p in (REPO / "solutions").glob("*_solutions.ipynb")}  # a section of their own
     for name in runner.available_profiles():
         profile = runner.load_profile(name)
         assert isinstance(profile["all"], dict) and isinstance(profile["notebooks"], dict)
-        assert set(profile["notebooks"]) <= real, f"profile {name} names {set(profile['notebooks']) - real}"
+        known = real | answers
+        assert set(profile["notebooks"]) <= known, f"profile {name} names {set(profile['notebooks']) - known}"
         if name not in PARTIAL_PROFILES:
             assert real <= set(profile["notebooks"]), f"profile {name} misses {real - set(profile['notebooks'])}"
+        for section, values in profile["notebooks"].items():  # every value is one the notebook declares
+            book = (REPO / ("solutions" if section in answers else "notebooks") / f"{section}.ipynb")
+            unknown = set(values) - set(runner.declared_parameters(book))
+            if section in answers:  # an answer also takes its chapter's section, so its own holds only its own
+                assert not unknown, f"profile {name}, {section}: {sorted(unknown)} are not its parameters"
         assert "trust_remote_code" not in json.dumps(profile)  # off unless a user sets it
 
 
-def test_the_smoke_profile_keeps_the_guide_shape_and_runs_vllm_eager():
+def test_the_smoke_profile_runs_vllm_eager_and_its_answers_take_their_own_section(tmp_path):
     profile = runner.load_profile("smoke")
-    # the RMSNorm check's outcome depends on the size: the dtype runs check it where the guide does
-    assert profile["notebooks"]["01_operator_verification"]["rms_shape"] == [1, 4096, 4096]
+    answer = REPO / "solutions" / "03_end_to_end_solutions.ipynb"
+    chosen = runner.notebook_parameters(answer, profile, {}, tmp_path, "03_end_to_end")["parameters"]
+    assert chosen["short_tokens"] == 2 and chosen["repeats"] == 1  # its own section, then its chapter's
     # vLLM's torch.compile warm-up is what makes a start take minutes on a CPU; the smoke runs need none
     assert profile["notebooks"]["07_serving"]["enforce_eager"] is True
     assert runner.load_profile("quick")["notebooks"]["07_serving"]["enforce_eager"] is True
