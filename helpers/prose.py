@@ -391,9 +391,33 @@ def template_name(chapter: str, lang: str = "en") -> str:
     return f"{chapter}.md.j2" if is_single(chapter) else f"{chapter}.{lang}.md.j2"
 
 
+def _catalog_stamp(chapter: Optional[str], lang: str) -> Optional[float]:
+    """When ``chapter``'s catalog for ``lang`` last changed (None without one): part of the key of a
+    cached environment, so an edited catalog is read again."""
+    if lang == SOURCE_LANGUAGE or chapter is None or not is_single(chapter):
+        return None
+    path = catalog_path(chapter, lang)
+    return path.stat().st_mtime if path.exists() else None
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_environment(templates: Path, locale: Path, stamp: Optional[float], audit: bool, lang: str,
+                        chapter: Optional[str]):
+    # Compiling a chapter's template is most of what a render costs (a few hundred ms for the larger
+    # ones); one environment per folder, catalog, mode and language keeps each template compiled once
+    # per process. Jinja's loader still checks the template file's time, so an edited template is
+    # compiled again; the folders and the catalog's time are in the key for the same reason.
+    return environment(Renderer(audit), lang, chapter)
+
+
+def chapter_environment(chapter: Optional[str], lang: str = "en", audit: bool = False):
+    """``environment`` for ``chapter`` in ``lang``, built once per process and reused by every render."""
+    return _cached_environment(TEMPLATES, LOCALE, _catalog_stamp(chapter, lang), audit, lang, chapter)
+
+
 def blocks(chapter: str, lang: str = "en") -> list[str]:
     """The paragraph names a chapter's template defines."""
-    return list(environment(Renderer()).get_template(template_name(chapter, lang)).blocks)
+    return list(chapter_environment(None).get_template(template_name(chapter, lang)).blocks)
 
 
 def render(chapter: str, block: str, results: dict, run: Optional[dict] = None, *, lang: str = "en",
@@ -406,9 +430,8 @@ def render(chapter: str, block: str, results: dict, run: Optional[dict] = None, 
     for key, value in extra.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise TypeError(f"{key}={value!r}: numbers reach a template only as recorded figures")
-    renderer = Renderer(audit)
     name = template_name(chapter, lang)  # checks lang first
-    template = environment(renderer, lang, chapter).get_template(name)
+    template = chapter_environment(chapter, lang, audit).get_template(name)
     if block not in template.blocks:
         raise KeyError(f"{template_name(chapter, lang)} has no block {block!r}; it has {list(template.blocks)}")
     context = template.new_context({**context_of(results, run), **extra})
