@@ -32,7 +32,6 @@ DECISION_BRACKET = re.compile(r"[（(]")
 # entry goes when its file is converted; the test fails on a rule that an entry no longer needs, so
 # the list only shrinks.
 NOT_YET_CONVERTED = {  # chapters 00, 03, 05, 06, 07 and the decision words
-    'helpers/templates/03_end_to_end.zh.md.j2': {'spread', 'tok/s'},
     'helpers/templates/06_optimization_ladder.zh.md.j2': {'bare kernel', 'spread'},
     'helpers/templates/07_serving.zh.md.j2': {'spread', 'tok/s'},
     'helpers/templates/words.zh.yaml': {'bare kernel', 'bracket in a decision word', '地更快'},
@@ -78,7 +77,8 @@ def chinese_files() -> dict:
         files[path] = "\n".join(_yaml_strings(yaml.safe_load(path.read_text(encoding="utf-8"))))
     for path in sorted((REPO / "helpers" / "locale" / "zh").rglob("*.po")):
         with open(path, "rb") as handle:
-            files[path] = "\n".join(m.string for m in pofile.read_po(handle) if m.id)
+            # a placeholder's name (%(kernels)s) is an identifier, not a term
+            files[path] = "\n".join(re.sub(r"%\(\w+\)s", " ", m.string) for m in pofile.read_po(handle) if m.id)
     for folder in ("notebooks/zh", "solutions/zh"):
         for path in sorted((REPO / folder).glob("*.ipynb")):
             cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
