@@ -21,7 +21,7 @@ from helpers import prose
 REPO = Path(__file__).resolve().parent.parent
 CHAPTER = "04_batching"
 FIXTURE = REPO / "tests" / "fixtures" / "runs" / "cpu-quick" / CHAPTER / "results.json"
-TEMPLATE = REPO / "helpers" / "templates" / f"{CHAPTER}.en.md.j2"
+TEMPLATE = REPO / "helpers" / "templates" / f"{CHAPTER}.md.j2"
 MARK = re.compile(f"{prose.AUDIT_OPEN}([^=]+)=([^{prose.AUDIT_CLOSE}]*){prose.AUDIT_CLOSE}")
 DTYPE_WORDS = re.compile(r"\b(fp16|bf16|fp32|float16|bfloat16|float32|half precision)\b|16-bit", re.I)
 DIRECTION_WORDS = re.compile(
