@@ -891,8 +891,9 @@ def test_the_template_holds_on_another_device_and_dtype(device, dtype, lang):
     for name in ("comparison", "our_path", "matched", "sweep"):
         for row in data["tables"].get(name, []):
             row.update({k: dtype for k in ("dtype",) if k in row})
-    source = re.sub(r"\{#.*?#\}", "", (prose.TEMPLATES / f"07_serving.{lang}.md.j2").read_text(encoding="utf-8"),
-                    flags=re.S)
+    from test_prose import _source_without_comments
+
+    source = _source_without_comments(prose.TEMPLATES / prose.template_name("07_serving", lang))
     fixed = set(re.findall(r"\d+(?:\.\d+)?", re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", source, flags=re.S)))
     for block in prose.blocks("07_serving", lang):
         text = prose.render("07_serving", block, data, {"07_serving": data}, lang=lang, audit=True)
