@@ -2,9 +2,9 @@
 (layer: foundations; taught in every chapter from 00_environment_check on).
 
 Each chapter's summary cell is ``chapter.summary()``; the templates live in
-``helpers/templates/<chapter>.md.j2`` (one template for every language: English ``{% trans %}``
-messages translated by the gettext catalog ``helpers/locale/<lang>/LC_MESSAGES/<chapter>.po``) or,
-for a chapter not converted yet, ``<chapter>.<lang>.md.j2``; one ``{% block %}`` per paragraph. A template sees
+``helpers/templates/<chapter>.md.j2``, one template for every language: English ``{% trans %}``
+messages translated by the gettext catalog ``helpers/locale/<lang>/LC_MESSAGES/<chapter>.po``; one
+``{% block %}`` per paragraph. A template sees
 only what the chapter recorded (``results.json``: figures ``m``, tables ``t``, parameters ``p``, the
 environment ``env``, and other chapters of the run as ``run``), never the notebook's variables, so
 the same text renders from a fixture of any device in the tests.
@@ -124,8 +124,24 @@ def context_of(results: dict, run: Optional[dict] = None) -> dict:
               for name, rows in (results.get("tables") or {}).items()}
     return {"m": metrics, "t": tables, "p": Record(results.get("parameters") or {}, f"{chapter}.parameters"),
             "env": Record(results.get("environment") or {}, f"{chapter}.environment"),
-            "chapter": chapter,
-            "run": {name: context_of(data) for name, data in (run or {}).items() if name != chapter}}
+            "chapter": chapter, "run": _Run({name: data for name, data in (run or {}).items() if name != chapter})}
+
+
+class _Run(dict):
+    """The run's other chapters for a template (``run["03_end_to_end"].m...``): each chapter's record is
+    wrapped as a context when a template first reads it, not for every paragraph rendered."""
+
+    def __init__(self, records: dict):
+        super().__init__(records)
+        self._contexts = {}
+
+    def __getitem__(self, name):
+        if name not in self._contexts:
+            self._contexts[name] = context_of(super().__getitem__(name))
+        return self._contexts[name]
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
 
 
 # --- formatting ------------------------------------------------------------------------------------
@@ -319,9 +335,9 @@ def _catalog(path: Path, stamp: float) -> gettext.GNUTranslations:
 
 def translations(chapter: Optional[str], lang: str = "en") -> gettext.NullTranslations:
     """What ``{% trans %}`` says in ``lang`` for ``chapter``'s template: the English source itself for
-    English and for a chapter that still has one template per language, else the chapter's catalog
-    (a missing catalog is an error: a Chinese page never falls back to English silently)."""
-    if lang == SOURCE_LANGUAGE or chapter is None or not is_single(chapter):
+    English, else the chapter's catalog (a missing catalog is an error: a Chinese page never falls
+    back to English silently)."""
+    if lang == SOURCE_LANGUAGE or chapter is None:
         return gettext.NullTranslations()
     path = catalog_path(chapter, lang)
     if not path.exists():
@@ -376,25 +392,18 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
     return env
 
 
-def is_single(chapter: str) -> bool:
-    """Whether ``chapter`` has one template for every language (``<chapter>.md.j2`` and catalogs)
-    rather than one per language (``<chapter>.<lang>.md.j2``, the older form, converted one chapter
-    at a time)."""
-    return (TEMPLATES / f"{chapter}.md.j2").exists()
-
-
 def template_name(chapter: str, lang: str = "en") -> str:
-    """The file that holds ``chapter``'s paragraphs in ``lang``: its one template, or its template
-    for that language."""
+    """The file that holds ``chapter``'s paragraphs, the same for every language (``lang`` is checked:
+    its catalog translates the template's messages)."""
     if lang not in LANGUAGES:
         raise ValueError(f"lang={lang!r} is not valid; choose one of {', '.join(LANGUAGES)}")
-    return f"{chapter}.md.j2" if is_single(chapter) else f"{chapter}.{lang}.md.j2"
+    return f"{chapter}.md.j2"
 
 
 def _catalog_stamp(chapter: Optional[str], lang: str) -> Optional[float]:
     """When ``chapter``'s catalog for ``lang`` last changed (None without one): part of the key of a
     cached environment, so an edited catalog is read again."""
-    if lang == SOURCE_LANGUAGE or chapter is None or not is_single(chapter):
+    if lang == SOURCE_LANGUAGE or chapter is None:
         return None
     path = catalog_path(chapter, lang)
     return path.stat().st_mtime if path.exists() else None
@@ -436,7 +445,7 @@ def render(chapter: str, block: str, results: dict, run: Optional[dict] = None, 
         raise KeyError(f"{template_name(chapter, lang)} has no block {block!r}; it has {list(template.blocks)}")
     context = template.new_context({**context_of(results, run), **extra})
     text = "".join(template.blocks[block](context)).strip()
-    return join_wide_lines(text) if lang != SOURCE_LANGUAGE and is_single(chapter) else text
+    return join_wide_lines(text) if lang != SOURCE_LANGUAGE else text
 
 
 # A line break between two East Asian wide characters is dropped, not shown as a space (the rule of

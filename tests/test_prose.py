@@ -19,7 +19,7 @@ TTFT {{ m.ttft_ms | fig }}. {% for r in t.rows %}{{ r.path | text }}: {{ r.step_
 
 @pytest.fixture
 def templates(tmp_path, monkeypatch):
-    (tmp_path / "99_demo.en.md.j2").write_text(TEMPLATE, encoding="utf-8")
+    (tmp_path / "99_demo.md.j2").write_text(TEMPLATE, encoding="utf-8")
     monkeypatch.setattr(prose, "TEMPLATES", tmp_path)
     return tmp_path
 
@@ -40,7 +40,7 @@ def test_audit_mode_names_the_source_of_every_number(templates):
 
 
 def test_too_few_samples_is_said_with_its_counts_marked(templates):
-    (templates / "99_demo.en.md.j2").write_text(
+    (templates / "99_demo.md.j2").write_text(
         "{% block summary %}{{ direction(m.speedup.low, m.speedup.high) | say }}{% endblock %}", encoding="utf-8")
     few = {**RESULTS, "parameters": {"repeats": 3}}
     assert prose.render("99_demo", "summary", few) == "too few samples to say a direction (3 of the 5 needed)"
