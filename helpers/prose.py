@@ -178,13 +178,17 @@ def format_number(value: Any, digits: int = 3) -> str:
 
 
 UNIT_JOIN = {"x": "x", "%": " %", "": ""}
+# A recorded unit as a language writes it (TERMINOLOGY.md: tokens per second are tokens/s in Chinese,
+# never tok/s); a unit not listed is written as recorded.
+UNIT_NAMES = {"zh": {"tok/s": "tokens/s"}}
 
 
 class Renderer:
-    """Formats ``Fig`` values; in audit mode each one is wrapped as ``⟦source=text⟧`` for the tests."""
+    """Formats ``Fig`` values, their units as ``lang`` writes them; in audit mode each one is wrapped
+    as ``⟦source=text⟧`` for the tests."""
 
-    def __init__(self, audit: bool = False):
-        self.audit = audit
+    def __init__(self, audit: bool = False, lang: str = SOURCE_LANGUAGE):
+        self.audit, self.units = audit, UNIT_NAMES.get(lang, {})
 
     def mark(self, fig: Any, text: str) -> str:
         if self.audit and isinstance(fig, Fig):
@@ -200,6 +204,7 @@ class Renderer:
         """A recorded figure with its unit: ``{{ m.ttft_ms | fig }}`` -> ``12.3 ms``."""
         value = _figure(entry)
         unit = value.unit if isinstance(value, Fig) else ""
+        unit = self.units.get(unit, unit)
         return self.mark(value, format_number(_plain(value), digits) + UNIT_JOIN.get(unit, f" {unit}"))
 
     def size(self, value: Any) -> str:
@@ -215,6 +220,11 @@ class Renderer:
         """How many rows a recorded table (or a selection of it) has: a count, not a computation."""
         rows = list(rows)
         return self.mark(Fig(len(rows), "count"), format_number(len(rows)))
+
+    def unit(self, value: Any) -> str:
+        """A recorded unit on its own (``{{ claim.unit | unit }}``), as the page's language writes it."""
+        unit = str(_plain(value))
+        return self.units.get(unit, unit)
 
     def text(self, value: Any) -> str:
         """A recorded word (a dtype, a device, a kernel name) as it was recorded."""
@@ -355,7 +365,7 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
     env.add_extension("jinja2.ext.i18n")
     env.install_gettext_translations(translations(chapter, lang), newstyle=True)
     env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size,
-                       count=renderer.count)
+                       count=renderer.count, unit=renderer.unit)
     plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
                                                       "bandwidth_regime", "changed", "byte_bound")}
 
@@ -416,7 +426,7 @@ def _cached_environment(templates: Path, locale: Path, stamp: Optional[float], a
     # ones); one environment per folder, catalog, mode and language keeps each template compiled once
     # per process. Jinja's loader still checks the template file's time, so an edited template is
     # compiled again; the folders and the catalog's time are in the key for the same reason.
-    return environment(Renderer(audit), lang, chapter)
+    return environment(Renderer(audit, lang), lang, chapter)
 
 
 def chapter_environment(chapter: Optional[str], lang: str = "en", audit: bool = False):
