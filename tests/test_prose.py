@@ -138,7 +138,7 @@ def _run(chapter: str, case: str, results: dict) -> dict:
 @functools.lru_cache(maxsize=None)
 def page(chapter: str, case: str, lang: str) -> dict:
     """Every block of a chapter's page for one run or variant, in audit mode (figures marked):
-    rendered once per session, whatever checks read it."""
+    rendered once per test run, whatever checks read it."""
     results = _results(chapter, case)
     run = _run(chapter, case, results)
     return {block: prose.render(chapter, block, copy.deepcopy(results), run, lang=lang, audit=True)
