@@ -38,8 +38,8 @@ LEGACY_RUN_ID ?= legacy-smoke
 LEGACY_CACHE ?= $(abspath $(LEGACY_VENV)/model-cache)
 SMALL_MODEL = $(LEGACY_CACHE)/small/small-random-llama-2l.F16.gguf
 
-.PHONY: setup setup-vllm setup-legacy setup-for-test report test test-unit test-slow test-pins test-legacy lab kernel \
-        compare clean-reports workshop-prep
+.PHONY: setup setup-vllm setup-legacy setup-for-test report lab kernel compare clean-reports workshop-prep
+.PHONY: test test-unit test-slow test-pins test-legacy
 
 # Each step prints its duration against its budget ([time] lines, scripts/timed.py: a level that takes
 # more than 1.5 x its budget on an otherwise idle machine fails the target; budget 0 checks nothing).

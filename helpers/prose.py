@@ -2,9 +2,9 @@
 (layer: foundations; taught in every chapter from 00_environment_check on).
 
 Each chapter's summary cell is ``chapter.summary()``; the templates live in
-``helpers/templates/<chapter>.md.j2`` (one template for every language: English ``{% trans %}``
-messages translated by the gettext catalog ``helpers/locale/<lang>/LC_MESSAGES/<chapter>.po``) or,
-for a chapter not converted yet, ``<chapter>.<lang>.md.j2``; one ``{% block %}`` per paragraph. A template sees
+``helpers/templates/<chapter>.md.j2``, one template for every language: English ``{% trans %}``
+messages translated by the gettext catalog ``helpers/locale/<lang>/LC_MESSAGES/<chapter>.po``; one
+``{% block %}`` per paragraph. A template sees
 only what the chapter recorded (``results.json``: figures ``m``, tables ``t``, parameters ``p``, the
 environment ``env``, and other chapters of the run as ``run``), never the notebook's variables, so
 the same text renders from a fixture of any device in the tests.
@@ -124,8 +124,24 @@ def context_of(results: dict, run: Optional[dict] = None) -> dict:
               for name, rows in (results.get("tables") or {}).items()}
     return {"m": metrics, "t": tables, "p": Record(results.get("parameters") or {}, f"{chapter}.parameters"),
             "env": Record(results.get("environment") or {}, f"{chapter}.environment"),
-            "chapter": chapter,
-            "run": {name: context_of(data) for name, data in (run or {}).items() if name != chapter}}
+            "chapter": chapter, "run": _Run({name: data for name, data in (run or {}).items() if name != chapter})}
+
+
+class _Run(dict):
+    """The run's other chapters for a template (``run["03_end_to_end"].m...``): each chapter's record is
+    wrapped as a context when a template first reads it, not for every paragraph rendered."""
+
+    def __init__(self, records: dict):
+        super().__init__(records)
+        self._contexts = {}
+
+    def __getitem__(self, name):
+        if name not in self._contexts:
+            self._contexts[name] = context_of(super().__getitem__(name))
+        return self._contexts[name]
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
 
 
 # --- formatting ------------------------------------------------------------------------------------
@@ -162,13 +178,17 @@ def format_number(value: Any, digits: int = 3) -> str:
 
 
 UNIT_JOIN = {"x": "x", "%": " %", "": ""}
+# A recorded unit as a language writes it (TERMINOLOGY.md: tokens per second are tokens/s in Chinese,
+# never tok/s); a unit not listed is written as recorded.
+UNIT_NAMES = {"zh": {"tok/s": "tokens/s"}}
 
 
 class Renderer:
-    """Formats ``Fig`` values; in audit mode each one is wrapped as ``⟦source=text⟧`` for the tests."""
+    """Formats ``Fig`` values, their units as ``lang`` writes them; in audit mode each one is wrapped
+    as ``⟦source=text⟧`` for the tests."""
 
-    def __init__(self, audit: bool = False):
-        self.audit = audit
+    def __init__(self, audit: bool = False, lang: str = SOURCE_LANGUAGE):
+        self.audit, self.units = audit, UNIT_NAMES.get(lang, {})
 
     def mark(self, fig: Any, text: str) -> str:
         if self.audit and isinstance(fig, Fig):
@@ -184,6 +204,7 @@ class Renderer:
         """A recorded figure with its unit: ``{{ m.ttft_ms | fig }}`` -> ``12.3 ms``."""
         value = _figure(entry)
         unit = value.unit if isinstance(value, Fig) else ""
+        unit = self.units.get(unit, unit)
         return self.mark(value, format_number(_plain(value), digits) + UNIT_JOIN.get(unit, f" {unit}"))
 
     def size(self, value: Any) -> str:
@@ -199,6 +220,11 @@ class Renderer:
         """How many rows a recorded table (or a selection of it) has: a count, not a computation."""
         rows = list(rows)
         return self.mark(Fig(len(rows), "count"), format_number(len(rows)))
+
+    def unit(self, value: Any) -> str:
+        """A recorded unit on its own (``{{ claim.unit | unit }}``), as the page's language writes it."""
+        unit = str(_plain(value))
+        return self.units.get(unit, unit)
 
     def text(self, value: Any) -> str:
         """A recorded word (a dtype, a device, a kernel name) as it was recorded."""
@@ -319,9 +345,9 @@ def _catalog(path: Path, stamp: float) -> gettext.GNUTranslations:
 
 def translations(chapter: Optional[str], lang: str = "en") -> gettext.NullTranslations:
     """What ``{% trans %}`` says in ``lang`` for ``chapter``'s template: the English source itself for
-    English and for a chapter that still has one template per language, else the chapter's catalog
-    (a missing catalog is an error: a Chinese page never falls back to English silently)."""
-    if lang == SOURCE_LANGUAGE or chapter is None or not is_single(chapter):
+    English, else the chapter's catalog (a missing catalog is an error: a Chinese page never falls
+    back to English silently)."""
+    if lang == SOURCE_LANGUAGE or chapter is None:
         return gettext.NullTranslations()
     path = catalog_path(chapter, lang)
     if not path.exists():
@@ -339,7 +365,7 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
     env.add_extension("jinja2.ext.i18n")
     env.install_gettext_translations(translations(chapter, lang), newstyle=True)
     env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size,
-                       count=renderer.count)
+                       count=renderer.count, unit=renderer.unit)
     plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
                                                       "bandwidth_regime", "changed", "byte_bound")}
 
@@ -376,24 +402,41 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
     return env
 
 
-def is_single(chapter: str) -> bool:
-    """Whether ``chapter`` has one template for every language (``<chapter>.md.j2`` and catalogs)
-    rather than one per language (``<chapter>.<lang>.md.j2``, the older form, converted one chapter
-    at a time)."""
-    return (TEMPLATES / f"{chapter}.md.j2").exists()
-
-
 def template_name(chapter: str, lang: str = "en") -> str:
-    """The file that holds ``chapter``'s paragraphs in ``lang``: its one template, or its template
-    for that language."""
+    """The file that holds ``chapter``'s paragraphs, the same for every language (``lang`` is checked:
+    its catalog translates the template's messages)."""
     if lang not in LANGUAGES:
         raise ValueError(f"lang={lang!r} is not valid; choose one of {', '.join(LANGUAGES)}")
-    return f"{chapter}.md.j2" if is_single(chapter) else f"{chapter}.{lang}.md.j2"
+    return f"{chapter}.md.j2"
+
+
+def _catalog_stamp(chapter: Optional[str], lang: str) -> Optional[float]:
+    """When ``chapter``'s catalog for ``lang`` last changed (None without one): part of the key of a
+    cached environment, so an edited catalog is read again."""
+    if lang == SOURCE_LANGUAGE or chapter is None:
+        return None
+    path = catalog_path(chapter, lang)
+    return path.stat().st_mtime if path.exists() else None
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_environment(templates: Path, locale: Path, stamp: Optional[float], audit: bool, lang: str,
+                        chapter: Optional[str]):
+    # Compiling a chapter's template is most of what a render costs (a few hundred ms for the larger
+    # ones); one environment per folder, catalog, mode and language keeps each template compiled once
+    # per process. Jinja's loader still checks the template file's time, so an edited template is
+    # compiled again; the folders and the catalog's time are in the key for the same reason.
+    return environment(Renderer(audit, lang), lang, chapter)
+
+
+def chapter_environment(chapter: Optional[str], lang: str = "en", audit: bool = False):
+    """``environment`` for ``chapter`` in ``lang``, built once per process and reused by every render."""
+    return _cached_environment(TEMPLATES, LOCALE, _catalog_stamp(chapter, lang), audit, lang, chapter)
 
 
 def blocks(chapter: str, lang: str = "en") -> list[str]:
     """The paragraph names a chapter's template defines."""
-    return list(environment(Renderer()).get_template(template_name(chapter, lang)).blocks)
+    return list(chapter_environment(None).get_template(template_name(chapter, lang)).blocks)
 
 
 def render(chapter: str, block: str, results: dict, run: Optional[dict] = None, *, lang: str = "en",
@@ -406,14 +449,13 @@ def render(chapter: str, block: str, results: dict, run: Optional[dict] = None, 
     for key, value in extra.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise TypeError(f"{key}={value!r}: numbers reach a template only as recorded figures")
-    renderer = Renderer(audit)
     name = template_name(chapter, lang)  # checks lang first
-    template = environment(renderer, lang, chapter).get_template(name)
+    template = chapter_environment(chapter, lang, audit).get_template(name)
     if block not in template.blocks:
         raise KeyError(f"{template_name(chapter, lang)} has no block {block!r}; it has {list(template.blocks)}")
     context = template.new_context({**context_of(results, run), **extra})
     text = "".join(template.blocks[block](context)).strip()
-    return join_wide_lines(text) if lang != SOURCE_LANGUAGE and is_single(chapter) else text
+    return join_wide_lines(text) if lang != SOURCE_LANGUAGE else text
 
 
 # A line break between two East Asian wide characters is dropped, not shown as a space (the rule of

@@ -4,7 +4,7 @@ compared with ``diff -r``:
 
     python scripts/render_blocks.py OUT_DIR 01_operator_verification 02_ffn_fusion
 
-Used when a chapter's two templates become one template with a catalog: the English files must not
+Used before and after a change to a chapter's template or catalog: the English files must not
 change (apart from fixes named in the commit), the Chinese ones change only where a sentence was
 reworded on purpose.
 """

@@ -121,7 +121,10 @@ def test_the_chinese_render_of_every_fixture_shows_no_english_sentence(chapter):
     fragments = {part.strip() for parts in english for part in parts[::2] if len(part.strip().split()) >= 3}
     for path in sorted((REPO / "tests" / "fixtures" / "runs").glob(f"*/{chapter}/results.json")):
         results = json.loads(path.read_text(encoding="utf-8"))
+        # a recorded text (a rule, a reason) is shown as it was recorded: a fragment it holds is not a
+        # message left untranslated
+        recorded = json.dumps(results, ensure_ascii=False)
         for block in prose.blocks(chapter, "zh"):
             text = prose.render(chapter, block, copy.deepcopy(results), lang="zh")
-            shown = [f for f in fragments if f in text]
+            shown = [f for f in fragments if f in text and f not in recorded]
             assert not shown, f"{path.parent.parent.name}: {chapter}:{block} (zh) shows English {shown}"

@@ -189,7 +189,7 @@ def test_a_template_gets_the_count_from_the_recorded_figure():
     own = {"chapter": "x", "parameters": {"repeats": 2}, "metrics": {"s": {**figure, "n_samples": 9}}}
     assert render(own) == prose.words("en")["faster"]
     env = prose.environment(prose.Renderer(), "zh")
-    assert env.from_string(template).render(**prose.context_of(two)) == "样本太少，不足以判断方向（2 个，需要 5 个）"
+    assert env.from_string(template).render(**prose.context_of(two)) == "样本太少，不足以判断方向：只有 2 个，需要 5 个"
 
 
 def test_a_speedup_carries_the_fewer_samples_of_its_two_timings():
@@ -205,7 +205,7 @@ def test_say_phrases_every_decision_outside_a_template_too():
     assert prose.say(decide.FASTER) == prose.words("en")["faster"]
     assert prose.say(decide.too_few(2)) == "too few samples to say a direction (2 of the 5 needed)"
     assert "not recorded" in prose.say(decide.too_few(None))
-    assert prose.say(decide.too_few(2), "zh") == "样本太少，不足以判断方向（2 个，需要 5 个）"
+    assert prose.say(decide.too_few(2), "zh") == "样本太少，不足以判断方向：只有 2 个，需要 5 个"
     with pytest.raises(KeyError, match="no phrase for the decision 'sideways'"):
         prose.say("sideways")
 

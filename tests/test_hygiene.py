@@ -225,7 +225,7 @@ def test_template_exercises_are_rendered_from_each_run_fixture(tmp_path, monkeyp
 
     from helpers import prose
 
-    (tmp_path / "98_demo.en.md.j2").write_text(
+    (tmp_path / "98_demo.md.j2").write_text(
         "{% block exercises %}\n1. Run with `-p dtype={{ m.x.dtype | text }}`. What\n   changes?\n"
         "2. Second one.\n{% endblock %}\n", encoding="utf-8")
     monkeypatch.setattr(prose, "TEMPLATES", tmp_path)

@@ -202,7 +202,7 @@ def test_the_chinese_run_executed_every_chinese_notebook_and_answer(zh_run):
         assert results["status"] == "ok" and results["parameters"]["lang"] == "zh", results["parameters"]
         assert_key_figures_are_measured(results, f"zh/{name}")
         # the notebook that ran is the Chinese edition (its markdown), and lang=auto resolved to zh above,
-        # so its summaries came from the chapter's Chinese catalog
+        # so its summaries came from the chapter's template in Chinese (its zh catalog)
         executed = json.loads((zh_run["run_dir"] / f"{name}.ipynb").read_text(encoding="utf-8"))
         source = json.loads((REPO / "notebooks" / "zh" / f"{name}.ipynb").read_text(encoding="utf-8"))
         assert _markdown(executed) == _markdown(source), f"{name}: the executed notebook is not notebooks/zh/{name}"

@@ -1,9 +1,25 @@
-"""Templates render only recorded figures, with direction words from helpers.decide."""
+"""Templates render only recorded figures, with direction words from helpers.decide.
+
+The first part checks helpers.prose itself on a demo template. The second renders every chapter's
+page (all of its blocks) once per recorded run of a float32 CPU, a bf16 CPU, a float16 CPU, an NPU
+and a CUDA GPU (``tests/fixtures/runs``) and per variant of a quick run (``page_variants.py``: each
+takes another branch of a template), in every language, and checks each page as a whole: every
+number a recorded figure, every direction word a decision's, every dtype word the run's. The third
+checks, on the same renders, that each variant says what its data shows: which message of the
+template it says (in the reader's language, found through the chapter's catalog), which decision
+and which recorded text, rather than pinning an English sentence.
+"""
+import copy
+import functools
+import json
 import re
+from pathlib import Path
 
 import pytest
+from babel.messages import pofile
 
-from helpers import prose
+from helpers import decide, dtype_choice, prose
+from page_variants import KEPT_DENSE, VARIANTS, quick
 
 RESULTS = {"chapter": "99_demo", "parameters": {"repeats": 5},
            "metrics": {"speedup": {"value": 1.05, "unit": "x", "low": 0.91, "high": 1.23, "dtype": "float32"},
@@ -19,7 +35,7 @@ TTFT {{ m.ttft_ms | fig }}. {% for r in t.rows %}{{ r.path | text }}: {{ r.step_
 
 @pytest.fixture
 def templates(tmp_path, monkeypatch):
-    (tmp_path / "99_demo.en.md.j2").write_text(TEMPLATE, encoding="utf-8")
+    (tmp_path / "99_demo.md.j2").write_text(TEMPLATE, encoding="utf-8")
     monkeypatch.setattr(prose, "TEMPLATES", tmp_path)
     return tmp_path
 
@@ -40,7 +56,7 @@ def test_audit_mode_names_the_source_of_every_number(templates):
 
 
 def test_too_few_samples_is_said_with_its_counts_marked(templates):
-    (templates / "99_demo.en.md.j2").write_text(
+    (templates / "99_demo.md.j2").write_text(
         "{% block summary %}{{ direction(m.speedup.low, m.speedup.high) | say }}{% endblock %}", encoding="utf-8")
     few = {**RESULTS, "parameters": {"repeats": 3}}
     assert prose.render("99_demo", "summary", few) == "too few samples to say a direction (3 of the 5 needed)"
@@ -60,10 +76,18 @@ def test_templates_cannot_compute_numbers_or_take_them_from_the_notebook(templat
         prose.render("99_demo", "summary", RESULTS, lang="xx")
 
 
-# --- every chapter template, rendered from recorded runs of each device class -----------------------
+def test_a_template_is_compiled_once_and_an_edit_is_read_again(templates):
+    first = prose.chapter_environment("99_demo", "en").get_template("99_demo.md.j2")
+    assert prose.chapter_environment("99_demo", "en").get_template("99_demo.md.j2") is first
+    import os
 
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
+    (templates / "99_demo.md.j2").write_text("{% block summary %}edited{% endblock %}", encoding="utf-8")
+    stat = (templates / "99_demo.md.j2").stat()
+    os.utime(templates / "99_demo.md.j2", (stat.st_atime, stat.st_mtime + 5))
+    assert prose.render("99_demo", "summary", RESULTS) == "edited"
+
+
+# --- every chapter's page, rendered once per recorded run and per variant, in every language --------
 
 FIXTURE_RUNS = Path(__file__).parent / "fixtures" / "runs"
 REAL_TEMPLATES = sorted(p for p in prose.TEMPLATES.glob("[0-9][0-9]_*.md.j2"))
@@ -71,42 +95,109 @@ REAL_TEMPLATES = sorted(p for p in prose.TEMPLATES.glob("[0-9][0-9]_*.md.j2"))
 # the run's records the second), so no sentence can contradict the data beside it.
 DIRECTION_WORDS = ("faster", "slower", "fastest", "slowest", "best", "worst", "same effect", "memory-bound",
                    "compute-bound", "grows", "shrinks", "beats", "improves", "speeds up", "barely")
-DTYPE_WORDS = ("16-bit", "16 bit", "fp16", "bf16", "float16", "bfloat16", "float32", "fp32")
-# the same for the Chinese templates (words.zh.yaml holds their phrases)
+DTYPE_WORDS = ("16-bit", "16 bit", "fp16", "bf16", "float16", "bfloat16", "float32", "fp32", "half precision")
+# the same for the Chinese catalogs (words.zh.yaml holds their phrases)
 ZH_DIRECTION_WORDS = ("更快", "更慢", "最快", "最慢", "最好", "最佳", "效果相同", "内存受限", "带宽受限", "变快",
                       "变慢", "几乎不变", "16 位", "半精度")
+# Chapters whose templates keep further words out of their own text (their sentences compare sizes
+# and speeds that only a decision may order).
+MORE_DIRECTION_WORDS = {
+    "02_ffn_fusion": ("no difference", "met", "not met", "least time", "ahead", "beyond the noise", "float64",
+                      "fp64"),
+    "04_batching": ("quicker", "grew", "shrank", "nearly free", "bandwidth-bound", "within the noise",
+                    "beyond the noise", "slow down", "slows down", "better", "worse", "larger", "smaller",
+                    "higher", "lower", "increases", "decreases", "speed up"),
+}
+MARK = re.compile(f"{prose.AUDIT_OPEN}([^=]*)=([^{prose.AUDIT_CLOSE}]*){prose.AUDIT_CLOSE}")
+PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
-def _fixtures():
-    found = []
-    for path in sorted(FIXTURE_RUNS.glob("*/*/results.json")):
-        chapter = path.parent.name
-        for lang in prose.LANGUAGES:
-            if (prose.TEMPLATES / prose.template_name(chapter, lang)).exists():
-                found.append(pytest.param(path, lang, id=f"{path.parent.parent.name}-{chapter}-{lang}"))
-    return found
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _cases():
+    """``(chapter, case)``: every recorded run of every chapter, then every variant."""
+    found = [(path.parent.name, path.parent.parent.name) for path in sorted(FIXTURE_RUNS.glob("*/*/results.json"))]
+    return found + sorted(VARIANTS)
+
+
+def _results(chapter: str, case: str) -> dict:
+    if (chapter, case) in VARIANTS:
+        return VARIANTS[(chapter, case)]()
+    return _load(FIXTURE_RUNS / case / chapter / "results.json")
+
+
+def _run(chapter: str, case: str, results: dict) -> dict:
+    """The other chapters a page may read: the recorded run's, or the variant alone."""
+    if (chapter, case) in VARIANTS:
+        return {chapter: results}
+    return {p.parent.name: _load(p) for p in (FIXTURE_RUNS / case).glob("*/results.json")}
+
+
+@functools.lru_cache(maxsize=None)
+def page(chapter: str, case: str, lang: str) -> dict:
+    """Every block of a chapter's page for one run or variant, in audit mode (figures marked):
+    rendered once per test run, whatever checks read it."""
+    results = _results(chapter, case)
+    run = _run(chapter, case, results)
+    return {block: prose.render(chapter, block, copy.deepcopy(results), run, lang=lang, audit=True)
+            for block in prose.blocks(chapter, lang)}
+
+
+def plain(text: str) -> str:
+    """An audit render as the reader sees it: each mark replaced by the text it marks."""
+    return MARK.sub(lambda found: found.group(2), text)
 
 
 def _source_without_comments(path: Path) -> str:
-    """A template's text without its comments; for a one-file template (``<chapter>.md.j2``) its
-    catalogs' translations too, since they are what the other languages' readers see."""
+    """A template's text without its comments, and its catalogs' translations, which are what the
+    other languages' readers see."""
     text = re.sub(r"\{#.*?#\}", "", path.read_text(encoding="utf-8"), flags=re.S)
-    if path.name.count(".") == 2:
-        from babel.messages import pofile
-
-        for lang in prose.LANGUAGES:
-            po = prose.catalog_path(path.name.split(".")[0], lang)
-            if po.exists():
-                with open(po, "rb") as handle:
-                    text += "\n" + "\n".join(re.sub(r"%\(\w+\)s", " ", m.string) for m in pofile.read_po(handle) if m.id)
+    for lang in prose.LANGUAGES:
+        po = prose.catalog_path(path.name.split(".")[0], lang)
+        if po.exists():
+            with open(po, "rb") as handle:
+                text += "\n" + "\n".join(PLACEHOLDER.sub(" ", m.string) for m in pofile.read_po(handle) if m.id)
     return text
+
+
+def _recorded(results: dict, source: str):
+    """The recorded value a mark names (``04_batching.key.field``, ``04_batching.table[i].column``,
+    ``04_batching.parameters.name``), or a KeyError for one this page's chapter did not record."""
+    head, *rest = re.split(r"\.(?![^\[]*\])", source.split(".", 1)[1])
+    found = re.fullmatch(r"(\w+)\[(\d+)\]", head)
+    if found:
+        node = results["tables"][found.group(1)][int(found.group(2))]
+    else:
+        node = {"parameters": results.get("parameters"), "environment": results.get("environment")}.get(head)
+        node = results["metrics"][head] if node is None else node
+    for part in rest:
+        item = re.fullmatch(r"(\w+)\[(\d+)\]", part)
+        node = node[item.group(1)][int(item.group(2))] if item else node[part]
+    return node["value"] if isinstance(node, dict) and "value" in node else node
+
+
+@functools.lru_cache(maxsize=None)
+def _literal_numbers(chapter: str) -> frozenset:
+    """The numbers a chapter's template and catalogs write themselves (the exercises' own, "batch-1")."""
+    source = _source_without_comments(prose.TEMPLATES / prose.template_name(chapter))
+    return frozenset(re.findall(r"\d+(?:\.\d+)?", re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", source, flags=re.S)))
+
+
+@functools.lru_cache(maxsize=None)
+def _phrases() -> tuple:
+    """Every decision phrase of every language, longest first (a page says them through | say)."""
+    return tuple(sorted({p for lang in prose.LANGUAGES for p in prose.words(lang).values() if isinstance(p, str)},
+                        key=len, reverse=True))
 
 
 @pytest.mark.parametrize("template", REAL_TEMPLATES, ids=lambda p: p.name)
 def test_templates_spell_no_direction_or_dtype_word(template):
+    chapter = template.name.split(".")[0]
     text = _source_without_comments(template).lower()
     literal = re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", text, flags=re.S)  # fixed text only
-    for word in DIRECTION_WORDS + DTYPE_WORDS:
+    for word in DIRECTION_WORDS + DTYPE_WORDS + MORE_DIRECTION_WORDS.get(chapter, ()):
         assert not re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", literal), (
             f"{template.name} spells {word!r}: take it from a decision (| say) or from the run's records")
     for word in ZH_DIRECTION_WORDS:
@@ -114,23 +205,234 @@ def test_templates_spell_no_direction_or_dtype_word(template):
     assert "{% block exercises %}" in text, f"{template.name} has no exercises block"
 
 
-@pytest.mark.parametrize("path, lang", _fixtures())
-def test_every_block_renders_only_recorded_numbers(path, lang):
-    chapter = path.parent.name
-    results = json.loads(path.read_text(encoding="utf-8"))
-    run = {p.parent.name: json.loads(p.read_text(encoding="utf-8"))
-           for p in path.parent.parent.glob("*/results.json")}
-    source = _source_without_comments(prose.TEMPLATES / prose.template_name(chapter, lang))
-    fixed_numbers = set(re.findall(r"\d+(?:\.\d+)?", re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", source, flags=re.S)))
-    for block in prose.blocks(chapter, lang):
-        text = prose.render(chapter, block, results, run, lang=lang, audit=True)
-        assert text.strip(), f"{chapter}:{block} rendered nothing from {path}"
-        for source_name, shown in re.findall(r"⟦([^=⟧]+)=([^⟧]*)⟧", text):
-            assert source_name.split(".")[0] in run or source_name.startswith(("100*", "other_dtype", "count")), source_name
-        outside = re.sub(r"⟦[^⟧]*⟧", "", text)
-        stray = [n for n in re.findall(r"\d+(?:\.\d+)?", outside) if n not in fixed_numbers]
-        assert not stray, f"{chapter}:{block} states numbers that are no recorded figure: {stray}"
-        dtype = str(results.get("device_choice", {}).get("dtype") or "")
+@pytest.mark.parametrize("lang", prose.LANGUAGES)
+@pytest.mark.parametrize("chapter, case", _cases(), ids=lambda v: str(v))
+def test_every_page_states_recorded_numbers_decided_directions_and_the_runs_dtypes(chapter, case, lang):
+    results = _results(chapter, case)
+    run = _run(chapter, case, results)
+    dtype = str(results.get("device_choice", {}).get("dtype") or "")
+    for block, text in page(chapter, case, lang).items():
+        assert text.strip(), f"{chapter}:{block} rendered nothing for {case}"
+        for source_name, shown in MARK.findall(text):
+            assert source_name.split(".")[0] in run or source_name.startswith(("100*", "other_dtype", "count")), (
+                f"{chapter}:{block} ({case}) marks {source_name}, which this run did not record")
+            if source_name.startswith(f"{chapter}.") and not re.search(r" (bytes|kB|MB|GB)$", shown):
+                # a figure is shown as recorded: in the one number format (at a precision a template
+                # may choose) or as its recorded text
+                value = _recorded(results, source_name)
+                forms = {str(value)} | {prose.format_number(value, digits) for digits in range(1, 6)}
+                assert any(shown.startswith(form) for form in forms), (
+                    f"{chapter}:{block} ({case}) shows {shown!r} for {source_name}, recorded as {value!r}")
+        outside = MARK.sub("", text)
+        for phrase in _phrases():
+            outside = outside.replace(phrase, " ")
+        stray = [n for n in re.findall(r"\d+(?:\.\d+)?", outside) if n not in _literal_numbers(chapter)]
+        assert not stray, f"{chapter}:{block} ({case}, {lang}) states numbers that are no recorded figure: {stray}"
         for word in DTYPE_WORDS:
-            if word in outside.lower() and word != dtype:
-                raise AssertionError(f"{chapter}:{block} says {word!r} outside the run's records ({dtype} run)")
+            if re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", outside.lower()) and word != dtype:
+                raise AssertionError(f"{chapter}:{block} ({case}) says {word!r} outside the run's records ({dtype} run)")
+        for word in DIRECTION_WORDS + MORE_DIRECTION_WORDS.get(chapter, ()):
+            assert not re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", outside, re.I), (
+                f"{chapter}:{block} ({case}) says {word!r} without a decision")
+        for word in ZH_DIRECTION_WORDS:
+            assert word not in outside, f"{chapter}:{block} ({case}) says {word!r} without a decision"
+
+
+def test_the_number_check_can_fail():
+    text = prose.render("02_ffn_fusion", "summary", quick("02_ffn_fusion"))  # figures unmarked
+    assert [n for n in re.findall(r"\d+(?:\.\d+)?", text) if n not in _literal_numbers("02_ffn_fusion")]
+
+
+@pytest.mark.parametrize("chapter", sorted({c for c, _ in _cases()}))
+def test_the_quick_fixtures_are_real_quick_runs_without_sample_lists(chapter):
+    path = FIXTURE_RUNS / "cpu-quick" / chapter / "results.json"
+    results = _load(path)
+    assert results["chapter"] == chapter and results["parameters"]["profile"] == "quick"
+    assert results["status"] == "ok"
+    assert "_samples_ms" not in path.read_text(encoding="utf-8")
+
+
+def test_the_dtype_fixture_has_the_records_later_chapters_read():
+    r = quick("00_environment_check")
+    choice = r["metrics"]["dtype_choice"]
+    for field in ("reason", "decision", "rows", "shapes_source", "cpu_capability", "threads",
+                  "request_prompt_tokens", "request_new_tokens", "flip_longer_tokens", "flip_horizon_tokens"):
+        assert field in choice, field
+    for row in choice["rows"]:
+        assert {"decode_ms", "prefill_short_ms", "prefill_long_ms", "request_ms", "timed_layers"} <= set(row)
+    assert {"value", "p10", "p90", "noisy"} <= set(r["metrics"]["memory_bandwidth_gbps"])
+
+
+def test_the_ladder_headline_is_the_table_s_own_ratio():
+    results = quick("06_optimization_ladder")
+    best = results["metrics"]["ladder_best_batch1_speedup"]
+    row = next(r for r in results["tables"]["ladder"] if r["rung"] == best["rung"])
+    assert best["value"] == pytest.approx(row["speedup"])
+    assert (best["low"], best["high"]) == pytest.approx((row["speedup_low"], row["speedup_high"]))
+    text = page("06_optimization_ladder", "cpu-quick", "en")["ladder"]
+    assert "06_optimization_ladder.ladder_best_batch1_speedup.value=" in text
+    assert f"={prose.format_number(row['speedup'])}x" in text  # the number shown is the table's
+
+
+# --- what each variant says: the message, the decision, the recorded text --------------------------
+
+@functools.lru_cache(maxsize=None)
+def _messages(chapter: str) -> dict:
+    """``{msgid: {lang: text}}`` of a chapter's template, from its catalogs (the English is the msgid)."""
+    found = {}
+    for lang in prose.LANGUAGES:
+        if lang == prose.SOURCE_LANGUAGE:
+            continue
+        with open(prose.catalog_path(chapter, lang), "rb") as handle:
+            for m in pofile.read_po(handle):
+                if m.id:
+                    found.setdefault(m.id, {prose.SOURCE_LANGUAGE: m.id})[lang] = m.string
+    return found
+
+
+def says(text: str, chapter: str, lang: str, start: str) -> bool:
+    """Whether ``text`` says the template's message whose English starts with ``start``, in ``lang``:
+    every fixed part of the message (between its placeholders) is in the text, spaces aside."""
+    found = [m for m in _messages(chapter) if m.startswith(start)]
+    assert len(found) == 1, f"{chapter}: {len(found)} messages start with {start!r}: {found}"
+    squeeze = lambda s: re.sub(r"\s+", "", s)  # noqa: E731  (line breaks and CJK joining aside)
+    parts = [squeeze(p.replace("%%", "%")) for p in PLACEHOLDER.split(_messages(chapter)[found[0]][lang])[::2]]
+    return all(p in squeeze(text) for p in parts if p)
+
+
+def _say(key, lang):
+    return prose.words(lang)[key]
+
+
+def _expect_00(case, blocks, lang):
+    dtype = plain(blocks["dtype"])
+    if case == "counted bf16 cpu":
+        assert "**bfloat16**" in dtype and _say(decide.FASTER, lang) in dtype
+    if case == "cpu-quick":  # the fixture records no sample count: no direction is said
+        assert _say(decide.FASTER, lang) not in dtype
+        assert _say("too few samples, not recorded", lang).format(need=decide.MIN_SAMPLES) in dtype
+    if case == "counted float32 kept, spreads overlap":
+        assert "**float32**" in dtype and _say(decide.SAME, lang) in dtype and _say(decide.FASTER, lang) not in dtype
+    if case == "counted float32 kept, 16-bit slower":
+        assert "**float32**" in dtype and _say(decide.SLOWER, lang) in dtype and _say(decide.FASTER, lang) not in dtype
+    if case == "no 16-bit dtype runs":
+        assert "RuntimeError: not implemented" in dtype and _say(decide.SAME, lang) not in dtype
+        assert says(dtype, "00_environment_check", lang, "So the run works in **%(dtype)s**: no dtype")
+    if case == "dtype set by the parameter":
+        assert "`float32`" in dtype and says(dtype, "00_environment_check", lang, "The `dtype` parameter set")
+    if case == "float16 until a longer prompt":
+        assert "**float16**" in dtype and "797" in dtype and "**bfloat16**" in dtype
+        assert says(dtype, "00_environment_check", lang, "With the same figures, prompts of")
+    if case == "float32 kept, 16-bit slower":
+        assert "797" not in dtype and f"{dtype_choice.FLIP_HORIZON_TOKENS:,}" in dtype
+        assert says(dtype, "00_environment_check", lang, "No longer prompt, up to")
+    if case in ("npu float16", "npu line complete"):
+        assert "**float16**" in dtype and says(dtype, "00_environment_check", lang, "`dtype=auto` on `%(device)s`")
+        assert "npu-smi 23.0.0" in blocks["npu_smi"]
+    if case == "npu float16":
+        line = plain(blocks["npu_line"])
+        assert "`torch_npu.npu_swiglu`" in line and "`torchair mode`" in line
+        assert says(blocks["bandwidth"], "00_environment_check", lang, " The samples spread")
+    if case == "npu line complete":
+        assert says(blocks["npu_line"], "00_environment_check", lang, "**%(line)s.** It has everything")
+        assert not says(blocks["bandwidth"], "00_environment_check", lang, " The samples spread")
+        assert "upgrade CANN" in blocks["pairing"]
+    if case == "cpu-quick":
+        assert "npu-smi 23.0.0" not in blocks["npu_smi"] and "`cpu`" in plain(blocks["npu_smi"])
+
+
+def _merged_sentence(text):
+    """The bullet about the merged gate_up (its bold title names it in every language)."""
+    return next(s for s in plain(text).split("- **") if "gate_up" in s.split("**")[0])
+
+
+def _expect_02(case, blocks, lang):
+    chapter = "02_ffn_fusion"
+    if case == "merged inside its noise":
+        for block in ("ffn_variants", "summary"):
+            sentence = _merged_sentence(blocks[block])
+            assert "1.05x" in sentence and "0.910–1.23" in sentence
+            assert _say(decide.SAME, lang) in sentence and _say(decide.FASTER, lang) not in sentence
+    if case == "merged beyond its noise":
+        assert _say(decide.FASTER, lang) in _merged_sentence(blocks["summary"])
+    if case in ("precision bound missed", "precision bound met"):
+        precision = plain(blocks["precision"])
+        assert ("0.00500" in precision) == (case == "precision bound missed")
+        assert (_say("not met", lang) in precision) == (case == "precision bound missed")
+        assert _say("met", lang) in precision
+    if case in ("cpu-quick", "float32"):
+        used = "float32" if case == "float32" else "bfloat16"
+        exercises = plain(blocks["exercises"])
+        assert f"-p dtype={prose.other_dtype(used, 'cpu')}`" in exercises and f"-p dtype={used}`" not in exercises
+    if case == "no graph mode":
+        assert says(blocks["residual_norm"], chapter, lang, "Graph mode was not run")
+        assert "Residual + RMSNorm" not in plain(blocks["summary"])
+        assert "compile_ops=true" in blocks["exercises"]
+
+
+def _expect_04(case, blocks, lang):
+    chapter = "04_batching"
+    if case == "float32-cpu":
+        assert says(blocks["padding"], chapter, lang, "In %(dtype)s, the batched greedy outputs equal")
+        run_blocks = " ".join(plain(v) for k, v in blocks.items() if k != "llama2_kv")
+        assert "float32" in run_blocks and "float16" not in run_blocks  # nor bfloat16
+        assert "float16" in plain(blocks["llama2_kv"])  # Llama-2-7B's dtype, recorded as such
+    if case == "npu-batch8":
+        assert says(blocks["padding"], chapter, lang, "In %(reference)s they match")
+        assert "float32" in plain(blocks["padding"]) and "float16" in plain(blocks["padding"])
+        assert says(blocks["memory"], chapter, lang, "So this figure does not show the batch")
+        assert _say("at the bandwidth", lang) in blocks["memory"]
+        assert says(blocks["summary"], chapter, lang, "**Batch %(batch)s:** %(throughput)sx the batch-1")
+        assert says(blocks["ratios"], chapter, lang, "The guide's claim for Llama-2-7B on a 910B")
+        assert "5.80x" in plain(blocks["ratios"])
+    if case == "batch1-failed":
+        assert says(blocks["ratios"], chapter, lang, "Batch 1 produced no usable decode figure")
+        assert says(blocks["summary"], chapter, lang, "**Batch %(batch)s** did not complete")
+        assert "oom" in plain(blocks["summary"]) and "OutOfMemoryError" in plain(blocks["summary"])
+    if case == "padding-broken":
+        assert says(blocks["padding"], chapter, lang, "In %(reference)s they differ too")
+
+
+def _expect_06(case, blocks, lang):
+    chapter = "06_optimization_ladder"
+    results = _results(chapter, case)
+    decision = results["metrics"]["ladder_best_batch1_speedup"]["decision"]
+    assert _say(decision, lang) in blocks["ladder"]
+    if case == "kept dense":
+        assert KEPT_DENSE in plain(blocks["formats"])
+    if case == "no llama.cpp":
+        assert "llama-cpp-python is not installed" in plain(blocks["references"])
+    if case == "graph":
+        exercises = plain(blocks["exercises"])
+        assert says(exercises, chapter, lang, "Graph mode's compile time against one request: the graph rung")
+        assert "41.5" in exercises and not says(exercises, chapter, lang, "was off")
+    if case == "cpu-quick":
+        exercises = plain(blocks["exercises"])
+        assert says(exercises, chapter, lang, "Graph mode's compile time against one request: graph mode did not")
+        assert says(exercises, chapter, lang, "was off")
+    if case == "blocked":
+        assert says(blocks["references"], chapter, lang, "Where llama.cpp spends that part instead: its weight")
+
+
+def _expect_07(case, blocks, lang):
+    if case.startswith("relabelled"):
+        device = case.split()[1].split(":")[0]
+        assert device in blocks["tensor_parallel"] and device in blocks["summary"]
+
+
+EXPECT = {"00_environment_check": _expect_00, "02_ffn_fusion": _expect_02, "04_batching": _expect_04,
+          "06_optimization_ladder": _expect_06, "07_serving": _expect_07}
+
+
+@pytest.mark.parametrize("lang", prose.LANGUAGES)
+@pytest.mark.parametrize("chapter, case", [c for c in _cases() if c[0] in EXPECT and (
+    c in VARIANTS or c[1] == "cpu-quick")], ids=lambda v: str(v))
+def test_each_variant_says_what_its_data_shows(chapter, case, lang):
+    EXPECT[chapter](case, page(chapter, case, lang), lang)
+
+
+def test_the_message_check_can_fail():
+    blocks = page("04_batching", "padding-broken", "zh")
+    assert says(blocks["padding"], "04_batching", "zh", "In %(reference)s they differ too")
+    assert not says(blocks["padding"], "04_batching", "zh", "In %(reference)s they match")
+    assert not says(blocks["padding"], "04_batching", "en", "In %(reference)s they differ too")  # Chinese text
