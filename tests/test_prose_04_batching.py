@@ -158,17 +158,3 @@ def test_the_branches_say_what_their_data_shows():
     assert "no usable decode figure" in plain["batch1-failed"]["ratios"]
     assert "**Batch 1** did not complete: oom" in plain["batch1-failed"]["summary"]
     assert "they differ too, so the padding is broken" in plain["padding-broken"]["padding"]
-
-
-def test_the_solutions_quote_every_exercise_of_the_template():
-    from test_hygiene import _words, quotes, solution_sections
-
-    rendered = prose.render(CHAPTER, "exercises", _fixture())
-    items = [re.sub(r"^\d+\.\s*", "", item).replace("\n", " ")
-             for item in re.split(r"\n(?=\d+\.\s)", rendered.strip())]
-    assert len(items) == 3
-    solution = nbformat.read(str(REPO / "solutions" / f"{CHAPTER}_solutions.ipynb"), as_version=4)
-    sections = solution_sections(solution)
-    assert sorted(sections) == [1, 2, 3]
-    for k, item in enumerate(items, 1):
-        assert quotes(sections[k], item), f"exercise {k} ({' '.join(_words(item)[:8])} ...) is not quoted"

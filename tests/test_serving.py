@@ -902,30 +902,3 @@ def test_the_template_holds_on_another_device_and_dtype(device, dtype, lang):
         for word in ("float16", "bfloat16", "float32", "fp16", "bf16", "16-bit", "16 位", "半精度"):
             assert word not in outside.lower() or word == dtype, (block, word)
         assert device.split(":")[0] in text or block not in ("tensor_parallel", "summary"), (block, text)
-
-
-@pytest.mark.parametrize("lang, folder, heading", [("en", "solutions", "Exercise"),
-                                                    ("zh", "solutions/zh", "练习")], ids=["en", "zh"])
-def test_the_worked_answers_quote_each_rendered_exercise(lang, folder, heading):
-    """The exercises are a template block; their first eight words are fixed text, and the
-    solutions notebook of the same edition quotes them under '## Exercise k' ('## 练习 k')."""
-    import re
-
-    import nbformat
-
-    from helpers import prose
-
-    text = prose.render("07_serving", "exercises", json.loads(FIXTURE.read_text()), lang=lang)
-    items = re.split(r"(?m)^\d+\.\s", text)[1:]
-    assert len(items) == 3
-
-    def words(s):
-        return re.findall(r"\w+", s.lower())
-
-    solution = nbformat.read(str(Path(__file__).parent.parent / folder / "07_serving_solutions.ipynb"), 4)
-    markdown = " ".join(c.source for c in solution.cells if c.cell_type == "markdown")
-    sections = re.split(rf"## {heading} (\d+)", markdown)[1:]
-    assert len(sections) == 6, f"{folder}: one '## {heading} k' heading per exercise"
-    by = {int(k): " ".join(words(v)) for k, v in zip(sections[::2], sections[1::2])}
-    for k, item in enumerate(items, 1):
-        assert " ".join(words(item)[:8]) in by[k], (k, item)

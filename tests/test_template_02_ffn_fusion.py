@@ -102,18 +102,15 @@ def _as_float32(results):
     return other
 
 
-def test_exercises_name_the_other_dtype_and_keep_their_first_words():
+def test_the_exercises_line_names_this_runs_dtype_and_the_other_one():
+    """The exercises are markdown in the notebook; the template adds only this run's values."""
     run = _results()
     dtype = run["metrics"]["ffn_merged_speedup_decode"]["dtype"]
-    first = {}
     for results in (run, _as_float32(run)):
         text = prose.render(CHAPTER, "exercises", results)
         used = results["metrics"]["ffn_merged_speedup_decode"]["dtype"]
         assert f"-p dtype={prose.other_dtype(used, 'cpu')}`" in text and f"-p dtype={used}`" not in text
-        items = re.findall(r"^\d+\. (.*)$", text, re.M)
-        assert len(items) == 3
-        first.setdefault("words", [" ".join(re.findall(r"\w+", i.lower())[:8]) for i in items])
-        assert first["words"] == [" ".join(re.findall(r"\w+", i.lower())[:8]) for i in items]
+        assert f"computed in {used}" in text and not re.findall(r"^\d+\. ", text, re.M)
     assert dtype in ("bfloat16", "float32")
 
 

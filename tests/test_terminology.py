@@ -1,6 +1,6 @@
 """One terminology in the Chinese edition (TERMINOLOGY.md): the rejected variants of a term are
 found in no Chinese file a reader sees: the chapter templates, the words / labels tables, the
-catalogs' translations, and the markdown of the Chinese notebooks and worked answers."""
+catalogs' translations, the markdown of the Chinese notebooks and worked answers, and docs/zh."""
 from __future__ import annotations
 
 import json
@@ -89,6 +89,8 @@ def chinese_files() -> dict:
                 # the worked answers' quotes are the exercises, which follow the terms
                 text = re.sub(r"^>.*$", " ", text, flags=re.M)
             files[path] = text
+    for path in sorted((REPO / "docs" / "zh").glob("*.md")):  # the Chinese glossary and guides
+        files[path] = path.read_text(encoding="utf-8")
     return {str(p.relative_to(REPO)): _code_free(text) for p, text in files.items()}
 
 
