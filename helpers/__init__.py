@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 # goes in that chapter's study module. CONTRIBUTING.md draws the same table.
 LAYERS = (
     ("foundations", ("params", "results", "decide", "pages", "prose", "plots", "roofline", "versions",
-                     "guide_api")),
+                     "guide_api", "progress")),
     ("the guides' claims", ("claims",)),
     ("the device", ("backend",)),
     ("measurement", ("profiling", "bench", "quality")),

@@ -129,7 +129,7 @@ def batch_sweep(model, tokenizer, batch_sizes: Iterable[int], max_new_tokens: in
             r["achieved_gbps"] = achieved_bandwidth_gbps(r["bytes_per_step"], r["decode_ms_per_token"])
         return r
 
-    return run_sweep(sorted(set(batch_sizes)), point, device)
+    return run_sweep(sorted(set(batch_sizes)), point, device, name=lambda b: f"batch {b}")
 
 
 # The columns of a batch sweep a reader compares first (the recorded table keeps every column).

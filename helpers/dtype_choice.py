@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from . import model_files
+from . import model_files, progress
 from .backend import DTYPES, as_device, cpu_capability, dtype_name, return_freed_heap
 from .backend import named_dtype
 from .bench import Timing, assert_within, measure
@@ -443,7 +443,7 @@ def measure_cpu_dtype(model=None, *, prompt_tokens: int = REQUEST_PROMPT_TOKENS,
     models, layers = _probe_models(widths, budget, [d for d, p in problems.items() if not p])
     try:
         probes = {d: _ForwardProbe(m, d, tuple(probe_prompts), layers) for d, m in models.items()}
-        for _ in range(rounds):  # dtypes in turn, samples pooled: a load change hits all of them alike
+        for _ in progress.steps(range(rounds), lambda _: "dtype probe round"):  # dtypes in turn, samples pooled: a load change hits all of them alike
             for probe in probes.values():
                 probe.sample(decode_iters, prefill_iters)
         rows = [probes[d].row(prompt_tokens, new_tokens) if d in probes

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from . import backend, bench, static_decode, versions
+from . import backend, bench, progress, static_decode, versions
 from .backend import as_device, dtype_name
 from .models import chat_inputs, weight_bytes
 from .params import check_positive_int
@@ -294,14 +294,16 @@ def achieved_bandwidth_gbps(bytes_per_step: float, decode_ms_per_token: float) -
     return bytes_per_step / (decode_ms_per_token / 1e3) / 1e9
 
 
-def run_sweep(points: Iterable, fn: Callable[[Any], dict], device) -> list[dict]:
+def run_sweep(points: Iterable, fn: Callable[[Any], dict], device,
+              name: Callable[[Any], str] = str) -> list[dict]:
     """Call ``fn(point)`` for each point; a point that fails is recorded and the sweep goes on.
+    A progress line names the point running (``name(point)``, ``progress.steps``).
 
     Each row has ``point``, ``status`` (ok / oom / failed), ``error`` and the dict ``fn`` returned.
     Memory is freed after an out-of-memory error so the next (often smaller) point can run.
     """
     rows = []
-    for point in points:
+    for point in progress.steps(list(points), name):
         row: dict = {"point": point, "status": "ok", "error": ""}
         t0 = time.perf_counter()
         try:

@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-from . import backend, bench, claims, generation, models, prose, quality, quant
+from . import backend, bench, claims, generation, models, progress, prose, quality, quant
 from .models import load_model, weight_bytes
 from .params import check_positive_int
 
@@ -51,7 +51,7 @@ def measure_variants(names: Iterable[str], model_name: str, device, dtype, eval_
     variant whose logits are not finite here, is returned in ``skipped`` with its reason:
     ``(rows, skipped)``."""
     rows, skipped = {}, []
-    for name in names:
+    for name in progress.steps(list(names)):
         try:
             lm, tok, info = build_variant(name, model_name, device, dtype)
         except quant.VariantUnavailable as exc:
@@ -227,7 +227,7 @@ def calibration_sweep(model_name: str, device, dtype, tokenizer, pool: list, cou
                          "calibration sentences; lower it or lower eval_tokens")
     calib_model = build_variant("dense", model_name, device, dtype)[0]
     rows = []
-    for n in counts:
+    for n in progress.steps(list(counts), lambda n: f"{n} calibration samples"):
         scales = quant.calibrate(calib_model, tokenizer, pool[:n], max_tokens=max_tokens)
         lm, _, info = build_variant("w8a8_static", model_name, device, dtype, act_scales=scales)
         rows.append({"calibration_samples": n, "kernel": info["impl"],

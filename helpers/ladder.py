@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
-from . import claims, decide, llamacpp, profiling, static_decode, versions
+from . import claims, decide, llamacpp, profiling, progress, static_decode, versions
 from .backend import as_device
 from .bench import Timing, speedup
 from .decide import SAME, direction, met
@@ -101,7 +101,7 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
     rows: list[dict] = []
     kept: list = []  # (row, variant) of the ok rungs, timed again in the rounds
     try:
-        for rung in rungs:
+        for rung in progress.steps(rungs, lambda r: r.name):
             row: dict = {"rung": rung.name, "description": rung.description, "status": "ok", "error": ""}
             variant = None
             start = time.perf_counter()
@@ -126,7 +126,7 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
             if on_rung is not None:
                 on_rung(row)
         outs: dict = {id(row): [] for row, _ in kept}
-        for i in range(rounds):
+        for i in progress.steps(range(rounds), lambda _: "round of every rung"):
             if between_rounds is not None:
                 between_rounds(i)
             for row, variant in kept:

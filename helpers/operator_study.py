@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import backend, bench, claims, decide, ops
+from . import backend, bench, claims, decide, ops, progress
 from .params import check_choice
 
 # --- chapters 01 and 02: each variant checked against its reference, then timed ---------------------
@@ -36,7 +36,7 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
     """
     measure = measure or (lambda fn, name: bench.measure(fn, device, name=name))
     rows, timings, base = [], {}, None
-    for labels, fn, *own_bytes in variants:
+    for labels, fn, *own_bytes in progress.steps(variants, lambda v: " ".join(map(str, v[0].values()))):
         key = tuple(labels.values())
         if baseline is not None and not rows and key[-1] != baseline:
             raise ValueError(f"baseline={baseline!r}: the first variant must be the baseline, got {key}")

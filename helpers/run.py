@@ -22,9 +22,11 @@ import html
 import io
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 import tokenize
 import traceback
@@ -198,16 +200,35 @@ def describe_failure(exc: BaseException, cell_timeout: Optional[int]) -> tuple[s
     return "error", f"{name}: {exc}"
 
 
-def keep_output(notebook: Path, failure: Optional[str], with_html: bool) -> Optional[str]:
+# A markdown link to a file of the repository: ``[glossary](../docs/glossary.md)``.
+RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)")
+
+
+def relink(text: str, source: Path, copy: Path) -> str:
+    """``text``'s relative links to files beside ``source`` (a notebook's folder), made relative to
+    ``copy`` (where its executed copy lies), so the glossary link works from the run folder too."""
+    def moved(found):
+        target = source / found.group(1)
+        return f"]({os.path.relpath(target, copy)})" if target.exists() else found.group(0)
+    return RELATIVE_LINK.sub(moved, text)
+
+
+def keep_output(notebook: Path, failure: Optional[str], with_html: bool,
+                source: Optional[Path] = None) -> Optional[str]:
     """Finish the kept copy of an executed notebook (if papermill wrote one); returns the name of
     its HTML copy, or None.
 
     ``failure`` puts a red banner on top, for a failure papermill did not annotate (it adds its
     own for a failing cell, not when the kernel died or the run was interrupted); without it the
-    kept copy would look like a clean partial run. The HTML copy is for browsers.
+    kept copy would look like a clean partial run. Each cell's stream output is merged as a notebook
+    front end shows it (a progress line redrawn in place keeps its last state, not every redraw:
+    ``helpers.progress``), and links to the repository's files (the glossary) are made relative to
+    the copy's folder when ``source``, the notebook's own folder, is given. The HTML copy is for
+    browsers.
     """
     try:
         import nbformat
+        from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
         nb = nbformat.read(str(notebook), as_version=4)
         if failure and not any("workbook-failure" in c.metadata.get("tags", []) for c in nb.cells):
@@ -216,7 +237,11 @@ def keep_output(notebook: Path, failure: Optional[str], with_html: bool) -> Opti
                 f"{html.escape(failure)}</span>\n\n"
                 "Cells below ran until the failure; later cells have no output.",
                 metadata={"tags": ["workbook-failure"]}))
-            nbformat.write(nb, str(notebook))
+        nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
+        for cell in nb.cells:
+            if source is not None and cell.cell_type == "markdown":
+                cell.source = relink(cell.source, source, notebook.parent)
+        nbformat.write(nb, str(notebook))
         if with_html:
             from nbconvert import HTMLExporter
 
@@ -295,6 +320,56 @@ def _environment_summary() -> dict:
         return {"device": f"unknown ({exc})"}
 
 
+# A cell still running after this many seconds is named in the runner's output (its number, as the
+# executed notebook shows it, and its first line), and its duration once it ends.
+SLOW_CELL_S = float(os.environ.get("WORKBOOK_SLOW_CELL_S", "10"))
+
+
+def cell_lines_engine() -> str:
+    """Register (once) and name papermill's nbclient engine with the runner's lines about slow cells:
+    ``    cell [12] of 31 running for 10 s: rows = ladder.run_ladder(...`` while it runs, then
+    ``    cell [12] done in 145.2 s``, so a long chapter says where it is."""
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class CellLines(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, **kwargs):
+            code = [i for i, c in enumerate(nb_man.nb.cells) if c.cell_type == "code"]
+            start, complete, now = nb_man.cell_start, nb_man.cell_complete, {}
+
+            def announce(number: int, cell) -> None:
+                first = next((line for line in cell.source.splitlines()
+                              if line.strip() and not line.lstrip().startswith("#")), "")
+                first = first if len(first) <= 72 else first[:69] + "..."
+                print(f"    cell [{number}] of {len(code)} running for {SLOW_CELL_S:g} s: {first}", flush=True)
+                now["announced"] = True
+
+            def cell_start(cell, cell_index=None, **kw):
+                if cell.cell_type == "code" and cell_index in code:
+                    number = code.index(cell_index) + 1
+                    timer = threading.Timer(SLOW_CELL_S, announce, (number, cell))
+                    timer.daemon = True
+                    now.update(timer=timer, started=time.perf_counter(), number=number, announced=False)
+                    timer.start()
+                return start(cell, cell_index, **kw)
+
+            def cell_complete(cell, cell_index=None, **kw):
+                timer = now.pop("timer", None)
+                if timer is not None:
+                    timer.cancel()
+                    if now.get("announced"):
+                        print(f"    cell [{now['number']}] done in {time.perf_counter() - now['started']:.1f} s",
+                              flush=True)
+                return complete(cell, cell_index, **kw)
+
+            nb_man.cell_start, nb_man.cell_complete = cell_start, cell_complete
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    if "workbook" not in papermill_engines._engines:
+        papermill_engines.register("workbook", CellLines)
+    return "workbook"
+
+
 def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional[int],
                   no_html: bool) -> None:
     """Run one notebook into ``run_dir`` and record the outcome in ``entry``.
@@ -308,6 +383,7 @@ def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional
     try:
         papermill.execute_notebook(
             str(path), str(output), parameters=entry["parameters"], kernel_name="python3",
+            engine_name=cell_lines_engine(),
             cwd=str(path.parent), execution_timeout=cell_timeout, progress_bar=False,
             log_output=False, request_save_on_cell_execute=True,
             # ipykernel warns on stderr that local TCP is unencrypted; it is harmless noise here.
@@ -317,7 +393,7 @@ def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional
     except KeyboardInterrupt:
         entry.update(status="failed", error="interrupted (Ctrl-C)", failure="interrupted",
                      duration_s=time.perf_counter() - start)
-        keep_output(output, entry["error"], with_html=False)
+        keep_output(output, entry["error"], with_html=False, source=path.parent)
         raise
     except Exception as exc:  # noqa: BLE001  (every failure is recorded, the run goes on)
         failure, error = describe_failure(exc, cell_timeout)
@@ -326,7 +402,7 @@ def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional
             entry["traceback"] = traceback.format_exc(limit=5)
     entry["duration_s"] = time.perf_counter() - start
     failure = entry["error"] if entry.get("failure") not in (None, "error") else None
-    page = keep_output(output, failure, with_html=not no_html)
+    page = keep_output(output, failure, with_html=not no_html, source=path.parent)
     if page is not None:
         entry["html"] = page
     print(f"    {entry['status']} in {entry['duration_s']:.1f} s"

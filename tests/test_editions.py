@@ -104,3 +104,39 @@ def test_both_languages_have_every_phrase_and_label(kind):
     zh = yaml.safe_load((prose.TEMPLATES / f"{kind}.zh.yaml").read_text(encoding="utf-8"))
     assert _keys(en) == _keys(zh), sorted(_keys(en) ^ _keys(zh))
 
+
+PARAMETER_ROW = re.compile(r"^\| `(\w+)` \| (.+) \|$", re.M)
+
+
+def unexplained_parameters(cells: list, declared: list) -> list[str]:
+    """What keeps a Chinese notebook's parameters from being explained in Chinese: the code (and so
+    the comments) of the parameters cell is the English edition's, so the markdown cell just above
+    it has a row ``| `name` | 说明 |`` per declared parameter, in the cell's order."""
+    index = next((i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if not index or cells[index - 1]["cell_type"] != "markdown":
+        return ["no markdown cell right above the parameters cell"]
+    rows = dict(PARAMETER_ROW.findall("".join(cells[index - 1]["source"])))
+    problems = [] if list(rows) == list(declared) else [
+        f"the rows name {list(rows)}, the parameters cell declares {list(declared)}"]
+    return problems + [f"{name}: no Chinese in its explanation" for name, text in rows.items()
+                       if not CJK.search(text)]
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=_ids)
+def test_the_chinese_edition_explains_every_parameter_in_chinese(pair):
+    from helpers.run import declared_parameters
+
+    _, chinese = pair
+    cells = json.loads(chinese.read_text(encoding="utf-8"))["cells"]
+    problems = unexplained_parameters(cells, list(declared_parameters(chinese)))
+    assert not problems, f"{chinese.relative_to(REPO)}: " + "; ".join(problems)
+
+
+def test_the_parameter_explanation_check_can_fail():
+    params = {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": ["x: int = 1  # x"]}
+    note = {"cell_type": "markdown", "metadata": {}, "source": ["| 参数 | 含义 |\n|---|---|\n| `x` | 一个数 |"]}
+    assert unexplained_parameters([note, params], ["x"]) == []
+    assert unexplained_parameters([note, params], ["x", "y"])  # a new parameter without its row
+    english = dict(note, source=["| `x` | a number |"])
+    assert unexplained_parameters([english, params], ["x"]) == ["x: no Chinese in its explanation"]
+    assert unexplained_parameters([params], ["x"]) == ["no markdown cell right above the parameters cell"]

@@ -126,38 +126,6 @@ def exercises(chapter_nb, lang: str = "en") -> list[str]:
     return items
 
 
-# Recorded runs of each chapter (``<run>/<chapter>/results.json``), committed small: a chapter whose
-# exercises are its template's ``exercises`` block is checked on the text each run renders.
-FIXTURE_RUNS = REPO / "tests" / "fixtures" / "runs"
-
-
-def template_exercises(chapter: str, lang: str = "en") -> "dict[str, list[str]] | None":
-    """``{run: items}``: the chapter template's ``exercises`` block rendered from every committed
-    run fixture of the chapter; None when the chapter has no template with that block."""
-    import json
-
-    from helpers import prose
-
-    if not (prose.TEMPLATES / prose.template_name(chapter, lang)).exists() or (
-            "exercises" not in prose.blocks(chapter, lang)):
-        return None  # its exercises, if any, are markdown in the notebook
-    return {path.parent.parent.name: numbered_items(prose.render(
-                chapter, "exercises", json.loads(path.read_text(encoding="utf-8")), lang=lang))
-            for path in sorted(FIXTURE_RUNS.glob(f"*/{chapter}/results.json"))}
-
-
-def chapter_exercises(path, lang: str = "en") -> "dict[str, list[str]]":
-    """What a chapter asks, as the reader sees it: its markdown exercises, or its template's
-    rendered from each run fixture (``{source: items}``)."""
-    rendered = template_exercises(path.stem, lang)
-    if rendered is not None:
-        assert rendered, (f"{path.name} renders its exercises from a template; commit a run fixture "
-                          f"tests/fixtures/runs/<run>/{path.stem}/results.json to check them")
-        return rendered
-    items = exercises(nbformat.read(str(path), as_version=4), lang)
-    return {"markdown": items} if items else {}
-
-
 def solution_sections(solution_nb) -> dict[int, str]:
     """``## Exercise k`` -> the markdown from that heading up to the next ``## Exercise``."""
     sections: dict[int, str] = {}
@@ -187,10 +155,8 @@ def quotes(section: str, exercise: str, words: int = 8) -> bool:
     return f" {wanted} " in f" {' '.join(_words(section))} "
 
 
-CHAPTERS_WITH_EXERCISES = [pytest.param(p, lang, id=_ids(p))
-                           for p, lang in [(p, "en") for p in CHAPTERS] + [(p, "zh") for p in ZH_CHAPTERS]
-                           if template_exercises(p.stem, lang) is not None
-                           or exercises(nbformat.read(str(p), as_version=4), lang)]
+EDITION_CHAPTERS = [pytest.param(p, lang, id=_ids(p))
+                    for p, lang in [(p, "en") for p in CHAPTERS] + [(p, "zh") for p in ZH_CHAPTERS]]
 
 
 def test_the_exercise_parser_and_the_quote_check_can_fail():
@@ -220,49 +186,28 @@ def test_the_chinese_headings_and_quote_check_can_fail():
     assert not quotes("> 换一种数据种类比较各个实现", items[0])
 
 
-def test_template_exercises_are_rendered_from_each_run_fixture(tmp_path, monkeypatch):
-    import json
-
-    from helpers import prose
-
-    (tmp_path / "98_demo.md.j2").write_text(
-        "{% block exercises %}\n1. Run with `-p dtype={{ m.x.dtype | text }}`. What\n   changes?\n"
-        "2. Second one.\n{% endblock %}\n", encoding="utf-8")
-    monkeypatch.setattr(prose, "TEMPLATES", tmp_path)
-    runs = tmp_path / "runs"
-    for run, dtype in (("cpu-a", "float32"), ("cpu-b", "bfloat16")):
-        (runs / run / "98_demo").mkdir(parents=True)
-        (runs / run / "98_demo" / "results.json").write_text(json.dumps(
-            {"chapter": "98_demo", "metrics": {"x": {"value": 1, "dtype": dtype}}}), encoding="utf-8")
-    monkeypatch.setitem(globals(), "FIXTURE_RUNS", runs)
-    assert template_exercises("98_demo") == {
-        "cpu-a": ["Run with `-p dtype=float32`. What changes?", "Second one."],
-        "cpu-b": ["Run with `-p dtype=bfloat16`. What changes?", "Second one."]}
-    assert template_exercises("97_no_template") is None
-    # a solution quoting the float32 text fails on the bfloat16 run: the first words depend on it
-    section = solution_sections(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
-        "## Exercise 1\n\n> Run with `-p dtype=float32`. What changes?")]))[1]
-    assert quotes(section, template_exercises("98_demo")["cpu-a"][0])
-    assert not quotes(section, template_exercises("98_demo")["cpu-b"][0])
+@pytest.mark.parametrize("chapter, lang", EDITION_CHAPTERS)
+def test_every_chapter_shows_its_exercises_in_the_committed_notebook(chapter, lang):
+    """A reader browsing the repository sees the exercises: they are markdown, not text a run makes."""
+    items = exercises(nbformat.read(str(chapter), as_version=4), lang)
+    assert len(items) >= 2, (f"{chapter.name}: no numbered exercises under '{EXERCISES_HEADING[lang]}' "
+                             "in the committed notebook; write them in its markdown")
 
 
-@pytest.mark.parametrize("chapter, lang", CHAPTERS_WITH_EXERCISES)
+@pytest.mark.parametrize("chapter, lang", EDITION_CHAPTERS)
 def test_every_exercise_has_a_worked_answer_that_quotes_it(chapter, lang):
     # notebooks/NAME.ipynb -> solutions/NAME_solutions.ipynb, notebooks/zh/... -> solutions/zh/...
     solution = REPO / "solutions" / chapter.relative_to(REPO / "notebooks").with_name(
         f"{chapter.stem}{SOLUTION_SUFFIX}.ipynb")
-    for source, items in chapter_exercises(chapter, lang).items():
-        assert solution.exists(), (f"{chapter.name} has {len(items)} exercises but no "
-                                   f"solutions/{solution.name}")
-        sections = solution_sections(nbformat.read(str(solution), as_version=4))
-        assert sorted(sections) == list(range(1, len(items) + 1)), (
-            f"{solution.name} answers exercises {sorted(sections)}, the chapter has 1-{len(items)} "
-            f"(rendered from {source})")
-        for k, text in enumerate(items, 1):
-            assert quotes(sections[k], text), (
-                f"{solution.name}: '## Exercise {k}' does not quote the chapter's exercise {k} as "
-                f"rendered from {source} ({' '.join(_words(text)[:8])} ...); did the exercise "
-                "change, or do its first eight words depend on the run?")
+    items = exercises(nbformat.read(str(chapter), as_version=4), lang)
+    assert solution.exists(), f"{chapter.name} has {len(items)} exercises but no solutions/{solution.name}"
+    sections = solution_sections(nbformat.read(str(solution), as_version=4))
+    assert sorted(sections) == list(range(1, len(items) + 1)), (
+        f"{solution.name} answers exercises {sorted(sections)}, the chapter has 1-{len(items)}")
+    for k, text in enumerate(items, 1):
+        assert quotes(sections[k], text), (
+            f"{solution.name}: '## Exercise {k}' does not quote the chapter's exercise {k} "
+            f"({' '.join(_words(text)[:8])} ...); did the exercise change?")
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=_ids)

@@ -359,3 +359,38 @@ def test_an_index_that_cannot_be_written_loses_no_notebook(tmp_path, monkeypatch
     assert code == 1 and "index.html not written (KeyError" in err
     recorded = json.loads((tmp_path / "noindex" / "run.json").read_text())
     assert [e["status"] for e in recorded["notebooks"]] == ["ok", "ok"]
+
+
+def test_a_slow_cell_is_named_while_it_runs_and_timed_when_it_ends(tmp_path, monkeypatch, capsys):
+    """The runner says which cell of which chapter it is in: a cell still running after
+    SLOW_CELL_S gets a line with its number (as the executed notebook shows it) and first line."""
+    monkeypatch.setattr(runner, "SLOW_CELL_S", 0.5)
+    code = runner.main(["--profile", "quick", "--notebooks-dir", str(FIXTURES), "--reports-dir", str(tmp_path),
+                        "--no-html", "--only", "05", "--run-id", "slow", "-p", "nap=2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    # code cells: parameters, papermill's injected parameters, the nap, the results
+    assert "[1/1] 05_naps ...\n    cell [3] of 4 running for 0.5 s: import time\n" in out, out
+    assert "    cell [3] done in 2." in out, out
+    assert "cell [1]" not in out and "cell [2]" not in out, out  # quick cells are not named
+
+
+def test_the_kept_copy_shows_a_progress_line_once_and_links_from_the_run_folder(tmp_path):
+    """A progress bar's redraws are merged as JupyterLab shows them (its last state, one line), and
+    a link to the glossary is rewritten so it works from the run folder."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("Terms: see the [glossary](../docs/glossary.md) and [web](https://x.org)."),
+        nbformat.v4.new_code_cell("", outputs=[
+            nbformat.v4.new_output("stream", name="stdout", text=f"\r{i}/3 rung [00:0{i}]") for i in range(4)]
+            + [nbformat.v4.new_output("stream", name="stdout", text="\ndone\n")])])
+    copy = tmp_path / "reports" / "run-1" / "00_x.ipynb"
+    copy.parent.mkdir(parents=True)
+    nbformat.write(nb, str(copy))
+    runner.keep_output(copy, None, with_html=False, source=REPO / "notebooks")
+    kept = nbformat.read(str(copy), as_version=4)
+    assert [o["text"] for o in kept.cells[1].outputs] == ["3/3 rung [00:03]\ndone\n"]
+    link = os.path.relpath(REPO / "docs" / "glossary.md", copy.parent)
+    assert kept.cells[0].source == f"Terms: see the [glossary]({link}) and [web](https://x.org)."
+    assert (copy.parent / link).resolve() == (REPO / "docs" / "glossary.md").resolve()
+    # a link to nothing beside the notebook stays as written
+    assert runner.relink("[a](missing.md)", REPO / "notebooks", copy.parent) == "[a](missing.md)"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from .. import REPO, model_files
+from .. import REPO, model_files, progress
 
 VLLM_VENV = REPO / os.environ.get("VLLM_VENV", ".venv-vllm")  # a relative path is the repo's
 UNAVAILABLE_FILE = ".vllm-unavailable"  # written by scripts/setup_vllm.sh when it cannot build
@@ -365,7 +366,7 @@ class VllmServer:
         import httpx
 
         deadline = self.started_at + timeout_s
-        while True:
+        for _ in progress.steps(itertools.count(), lambda _: "waiting for the server's /health"):
             if not self.running():
                 self.stop()
                 raise ServerError(f"the vLLM server exited before it became healthy (exit "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .. import backend, params
+from .. import backend, params, progress
 from ..prose import words
 from ..results import device_class, load_results
 from .client import (GOOD_SHARE, BenchNotRun, PromptSource, as_dict, bench_plan, bench_row,
@@ -241,7 +241,7 @@ def measure_sweep(url: str, model: str, prompts: PromptSource, specs: Sequence[t
     import pandas as pd
 
     levels, requests = [], []
-    for concurrency, input_len, output_len in specs:
+    for concurrency, input_len, output_len in progress.steps(list(specs), lambda s: f"concurrency {s[0]}"):
         row, results = measure_level(url, model, prompts, concurrency=int(concurrency), input_len=int(input_len),
                                      output_len=int(output_len), min_requests=min_requests, targets=targets,
                                      repeats=repeats, request_timeout_s=request_timeout_s)
