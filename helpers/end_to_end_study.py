@@ -16,15 +16,32 @@ from typing import Callable, Optional
 
 import torch
 
-from . import backend, bench, decide, plots, profiling, roofline
+from . import backend, bench, decide, plots, profiling, prose, roofline
 from .backend import as_device, dtype_name
 from .claims import claimed_range, load_claims
 from .generation import decode_step, generate_tokens, measure_generation, run_sweep, sweep_table
+from .prose import N_, message
 from .model_files import tiny_llama
 from .params import check_positive_int
 from .profiling import count_ops
 from .roofline import decode_ceiling_tok_s, load_specs
 from .static_decode import GraphRecompileError, compile_model, restore_eager, static_generate_kwargs
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("decode_two_generates_ms"), N_("decode_two_generates_p10_ms"), N_("decode_two_generates_p90_ms"),
+    N_("decode_two_generates_resolved"), N_("static_cache"), N_("repeats"), N_("weight_matmul_ms"),
+    N_("attention_ms"), N_("other_kernel_ms"), N_("matmul_kernels"), N_("kernel_profile"), N_("calls"),
+    N_("self_cpu_ms_per_step"), N_("graphs built"), N_("matmul"), N_("ms_per_step"), N_("ceiling_tok_s"),
+    N_("guide's claim"), N_("claimed tok/s"), N_("spec status"), N_("bandwidth needed (GB/s)"),
+    N_("device bandwidth (GB/s)"), N_("% of bandwidth the claim needs"), N_("ceiling tok/s"),
+    N_("prefill floor (ms)"), N_("total_ms"), N_("decode_samples"), N_("step_ms"), N_("matmul_ms"),
+    N_("rest_ms"), N_("matmul_share_pct"), N_("roofline_ms"), N_("roofline_pct"), N_("matmul_gbps"),
+    N_("note"), N_("dynamic cache"), N_("static cache"), N_("impossible"), N_("plausible"),
+    N_("tokens_per_s_per_user"), N_("tokens_per_s_aggregate"), N_("decode_steps_per_generate"),
+    N_("memory_growth_bytes"), N_("kv_cache_bytes"), N_("weight_bytes"),
+)
 
 
 # --- the prefill's logits: the slice transformers takes against plain rows ------------------------
@@ -238,6 +255,12 @@ def compiled_module_runs_generate_compiled() -> bool:
 
 # --- the guides' speed and first-token claims against the device bounds ---------------------------
 
+def this_device(device, source) -> "prose.Message":
+    """The ceilings table's row label for the device this run measured: ``this cpu (measured in
+    chapter 00 of this run)``."""
+    return message("this {device} ({source})", device=str(device), source=source)
+
+
 def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None):
     """Each device's batch-1 ceiling for ``weight_bytes``; ``extra`` adds measured rows {label: GB/s}."""
     import pandas as pd
@@ -247,7 +270,7 @@ def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None
              "source": r.source} for r in specs.itertuples()]
     for label, gbps in (extra or {}).items():
         rows.append({"device": label, "bandwidth_gbps": float(gbps), "status": "measured",
-                     "source": "measured in this run"})
+                     "source": message("measured in this run")})
     df = pd.DataFrame(rows)
     df["ceiling_tok_s"] = [decode_ceiling_tok_s(b, weight_bytes) for b in df["bandwidth_gbps"]]
     return df
@@ -255,7 +278,8 @@ def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None
 
 # (claim id in data/guide_claims.csv, the spec row it is about, the label shown); the claimed numbers
 # are read from the claims table, where each is quoted once with its Chinese original.
-DECODE_CLAIMS = (("C18", "910B1", "batch 1, one 910B1"), ("C18", "all 8 chips", "the same on all 8 chips"),
+DECODE_CLAIMS = (("C18", "910B1", message("batch 1, one 910B1")),
+                 ("C18", "all 8 chips", message("the same on all 8 chips")),
                  ("C26", "910B1", "Llama-2-7B fp16, 910B"), ("C27", "A100 80GB SXM", "Llama-2-7B fp16, A100"))
 
 
@@ -274,7 +298,8 @@ def guide_decode_claims(specs, weight_bytes: float):
         low, _ = claimed_range(table.loc[claim_id, "claimed_value"])
         need = required_bandwidth_gbps(low, weight_bytes)
         bound = decode_ceiling_tok_s(float(device.bandwidth_gbps), weight_bytes)
-        rows.append({"claim": claim_id, "guide's claim": f"{table.loc[claim_id, 'text_zh']} ({label})",
+        rows.append({"claim": claim_id,
+                     "guide's claim": message("{claim} ({label})", claim=table.loc[claim_id, "text_zh"], label=label),
                      "claimed tok/s": low, "device": device.variant, "spec status": device.status,
                      "bandwidth needed (GB/s)": need, "device bandwidth (GB/s)": float(device.bandwidth_gbps),
                      "% of bandwidth the claim needs": 100 * need / float(device.bandwidth_gbps),
@@ -287,8 +312,9 @@ def prefill_floor_table(prompt_lengths, parameters: int, tflops: float, budget_m
     and the utilisation a ``budget_ms`` first token would need; plus the longest prompt that fits."""
     import pandas as pd
 
+    needs = message("{budget:g} ms needs utilisation (%)", budget=budget_ms)
     rows = [{"prompt tokens": n, "prefill floor (ms)": prefill_floor_ms(n, parameters, tflops),
-             f"{budget_ms:g} ms needs utilisation (%)": 100 * prefill_floor_ms(n, parameters, tflops) / budget_ms}
+             needs: 100 * prefill_floor_ms(n, parameters, tflops) / budget_ms}
             for n in sorted(set(prompt_lengths))]
     longest = budget_ms / 1e3 * tflops * 1e12 / (2 * parameters)
     return pd.DataFrame(rows), longest

@@ -10,6 +10,26 @@ from typing import Optional
 import torch
 
 from . import ge_support, ops, versions
+from .prose import N_
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("fact"), N_("device name"), N_("device count"), N_("host RAM (GiB)"), N_("device memory (GiB)"),
+    N_("torch threads"), N_("workbook commit"), N_("not found"), N_("not used"), N_("request_ms"),
+    N_("request_p10_ms"), N_("request_p90_ms"), N_("request_prompt_tokens"), N_("request_new_tokens"),
+    N_("decode_context_tokens"), N_("prefill_short_tokens"), N_("prefill_short_ms"),
+    N_("prefill_short_p10_ms"), N_("prefill_short_p90_ms"), N_("prefill_long_tokens"), N_("prefill_long_ms"),
+    N_("prefill_long_p10_ms"), N_("prefill_long_p90_ms"), N_("timed_layers"), N_("request_time_ratio"),
+    N_("request_ratio_low"), N_("request_ratio_high"), N_("decode_time_ratio"), N_("decode_ratio_low"),
+    N_("decode_ratio_high"), N_("prefill_long_time_ratio"), N_("prefill_long_ratio_low"),
+    N_("prefill_long_ratio_high"), N_("cann"), N_("guide_name"), N_("real_api"), N_("documented"),
+    N_("exists_here"), N_("op"), N_("available_here"), N_("feature"), N_("available"), N_("present"),
+    N_("used for"), N_("without it"), N_("class"), N_("attention_heads"), N_("kv_heads"), N_("vocab_size"),
+    N_("tied_embeddings"), N_("parameters"), N_("weight_bytes"), N_("HF_ENDPOINT set"), N_("endpoint used"),
+    N_("before importing"), N_("after importing"), N_("sum (read)"), N_("copy (read+write)"),
+)
+
 
 # --- the device and the dtype choice (from backend and dtype_choice) -----------------------------
 

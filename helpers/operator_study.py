@@ -13,6 +13,23 @@ from torch import nn
 
 from . import backend, bench, claims, decide, ops
 from .params import check_choice
+from .prose import N_, message
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("implementation"), N_("runs as"), N_("layout"), N_("contiguous"), N_("non-contiguous"),
+    N_("% of bandwidth"), N_("matches"), N_("max_abs_diff"), N_("has_bias"), N_("ops_per_call"), N_("ops"),
+    N_("slowdown"), N_("non-contiguous is"), N_("config defaults"), N_("speedup_vs_unfused"),
+    N_("max_abs_diff_vs_unfused"), N_("comparison"), N_("output max |y|"), N_("guide threshold"),
+    N_("max_abs_diff_vs_eager"), N_("speedup_vs_eager"), N_("speedup_vs_eager_low"),
+    N_("speedup_vs_eager_high"), N_("elementwise_ms"), N_("unfused_ffn_ms"), N_("elementwise_share_pct"),
+    N_("best_variant"), N_("best_clear"), N_("best_speedup"), N_("best_speedup_low"),
+    N_("best_speedup_high"), N_("saved_pct_merged"), N_("saved_pct_fused_act"), N_("saved_pct_graph"),
+    N_("weight MB"), N_("% of read bandwidth"), N_("matmul_calls"), N_("generated_kernels"),
+    N_("unfused_ms"), N_("share_pct"), N_("low_pct"), N_("high_pct"), N_("unfused float16 vs float64"),
+)
+
 
 # --- chapters 01 and 02: each variant checked against its reference, then timed ---------------------
 
@@ -210,11 +227,13 @@ def edge_op_variants(table: torch.Tensor, lm_head: torch.Tensor, prompt_tokens: 
     many = torch.randint(0, vocab, (1, prompt_tokens), generator=g).to(table.device)
     h = torch.randn(1, 1, hidden, generator=g).to(table.device, table.dtype)
     size = table.element_size()
-    return [({"op": "embedding, 1 token", "shape": f"ids 1x1, table {vocab}x{hidden}"},
+    table_shape = f"{vocab}x{hidden}"
+    return [({"op": message("embedding, 1 token"), "shape": message("ids 1x1, table {table}", table=table_shape)},
              lambda: F.embedding(one, table), 2 * hidden * size),
-            ({"op": f"embedding, {prompt_tokens} tokens", "shape": f"ids 1x{prompt_tokens}, table {vocab}x{hidden}"},
+            ({"op": message("embedding, {tokens} tokens", tokens=prompt_tokens),
+              "shape": message("ids 1x{tokens}, table {table}", tokens=prompt_tokens, table=table_shape)},
              lambda: F.embedding(many, table), 2 * prompt_tokens * hidden * size),
-            ({"op": "lm_head, 1 token", "shape": f"1x{hidden} @ {vocab}x{hidden}^T"},
+            ({"op": message("lm_head, 1 token"), "shape": f"1x{hidden} @ {vocab}x{hidden}^T"},
              lambda: F.linear(h, lm_head), vocab * hidden * size + vocab * size)]
 
 
@@ -245,7 +264,9 @@ def shape_label(shape, guide=GUIDE_RMS_SHAPE) -> str:
     profile's smaller tensor is never labelled as the guide's."""
     dims = [int(d) for d in shape]
     size, theirs = "x".join(map(str, dims)), "x".join(map(str, guide))
-    return f"guide's shape {size}" if dims == list(guide) else f"run's shape {size} (the guide's is {theirs})"
+    if dims == list(guide):
+        return message("guide's shape {size}", size=size)
+    return message("run's shape {size} (the guide's is {theirs})", size=size, theirs=theirs)
 
 
 def guide_ffn_line() -> dict:
@@ -371,11 +392,12 @@ def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
              "output_max_abs": out_max, "ulp_at_output": ulp(out_max, torch.float16),
              "weight_contiguous_at_op": w16_nc[2].is_contiguous()}
     facts["fused_vs_unfused_ulps"] = facts["fused_vs_unfused"] / facts["ulp_at_output"]
-    rows = [(f"{variant} vs unfused (the guide's comparison)", facts["fused_vs_unfused"], "< 1e-3"),
+    rows = [(message("{variant} vs unfused (the guide's comparison)", variant=variant), facts["fused_vs_unfused"],
+             "< 1e-3"),
             ("unfused float16 vs float64", facts["unfused_vs_float64"], ""),
             (f"{variant} float16 vs float64", facts["fused_vs_float64"], ""),
-            (f"{variant}, non-contiguous weights vs contiguous", facts["noncontig_vs_contig"],
-             "> 1e-2 if misaligned")]
+            (message("{variant}, non-contiguous weights vs contiguous", variant=variant), facts["noncontig_vs_contig"],
+             message("> {threshold} if misaligned", threshold="1e-2"))]
     rows = [{"comparison": c, "max_abs_diff": d, "output max |y|": out_max, "guide threshold": t}
             for c, d, t in rows]
     return rows, facts
