@@ -10,9 +10,10 @@ inline code and links, identifiers and numbers (anything with a digit, an unders
 slash inside: ``rms_norm``, ``1x256x2048``, ``GB/s``, ``float32``), single letters (``H=576``), names
 with a capital after the first letter (``TTFT``, ``EPYC``, ``SmolLM``), and the names and units of
 ``ALLOWED``, the one list of what stays English in a Chinese page (TERMINOLOGY.md keeps these
-terms). An output line is a line of a code cell's output as the page shows it: printed text, a
-Markdown display (the chapters' summaries), a table's text; a figure's text is inside its image and
-is not read here. ``tests/test_english_lines.py`` fails above ``LIMIT`` over the Chinese quick run.
+terms); and a line whose English words all come from the model's own text (``MODEL_TEXT``: the
+prompts and answers a chapter recorded). An output line is a line of a code cell's output as the
+page shows it: printed text, a Markdown display (the chapters' summaries), a table's text; a
+figure's text is inside its image and is not read here. ``tests/test_english_lines.py`` fails above ``LIMIT`` over the Chinese quick run.
 """
 from __future__ import annotations
 
@@ -43,6 +44,12 @@ ALLOWED = frozenset("""
     true false none nan inf ok x
 """.split())
 
+# The model's own text is data in the model's language, not the workbook's words: the prompts the
+# chapters send and what the model answered, as each chapter recorded them (results.json). A line
+# whose English words all come from that text is quoted model text and is not counted.
+MODEL_TEXT = {"metrics": ("smoke_generation", "request_answer"), "tables": ("answers",),
+              "fields": ("prompt", "answer", "alone", "batched")}
+
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 WORD = re.compile(r"[A-Za-z]+(?:['\u2019-][A-Za-z]+)*")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -68,9 +75,39 @@ def english_words(line: str) -> list[str]:
     return words
 
 
-def is_english_only(line: str) -> bool:
-    """No Han character and three or more English words (names, units and identifiers excepted)."""
-    return not HAN.search(line) and len(english_words(line)) >= 3
+def is_english_only(line: str, model_words: frozenset = frozenset()) -> bool:
+    """No Han character and three or more English words (names, units and identifiers excepted),
+    not all of them words of the model's own text (``model_words``)."""
+    if HAN.search(line):
+        return False
+    words = english_words(line)
+    return len(words) >= 3 and not all(w.lower() in model_words for w in words)
+
+
+def model_words(run_dir: Path) -> frozenset:
+    """The words of the model's own text recorded in a run folder (``MODEL_TEXT``), lower-case."""
+    texts = []
+
+    def walk(value, key=None):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, k)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v, key)
+        elif isinstance(value, str) and key in MODEL_TEXT["fields"]:
+            texts.append(value)
+
+    for path in sorted(Path(run_dir).glob("*/results.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for name in MODEL_TEXT["metrics"]:
+            entry = (data.get("metrics") or {}).get(name) or {}
+            texts += [str(entry.get("value", "")), str(entry.get("prompt", ""))]
+        for name in MODEL_TEXT["tables"]:
+            for row in (data.get("tables") or {}).get(name) or []:
+                texts += [str(k) for k in row] + [str(v) for v in row.values()]
+        walk(data)
+    return frozenset(w.lower() for text in texts for w in WORD.findall(text))
 
 
 def output_lines(notebook: dict) -> list[str]:
@@ -112,9 +149,9 @@ class Count:
         return len(self.english) / self.lines if self.lines else 0.0
 
 
-def count_notebook(path: Path) -> Count:
+def count_notebook(path: Path, model: frozenset = frozenset()) -> Count:
     lines = output_lines(json.loads(path.read_text(encoding="utf-8")))
-    return Count(path.stem, len(lines), [line for line in lines if is_english_only(line)])
+    return Count(path.stem, len(lines), [line for line in lines if is_english_only(line, model)])
 
 
 def count_run(run_dir: Path) -> tuple[Count, list[Count]]:
@@ -124,7 +161,8 @@ def count_run(run_dir: Path) -> tuple[Count, list[Count]]:
     notebooks = sorted(run_dir.glob("*.ipynb"))
     if not notebooks:
         raise FileNotFoundError(f"{run_dir}: no executed notebook (<chapter>.ipynb) in this run folder")
-    counts = [count_notebook(path) for path in notebooks]
+    model = model_words(run_dir)
+    counts = [count_notebook(path, model) for path in notebooks]
     total = Count("all", sum(c.lines for c in counts), [line for c in counts for line in c.english])
     return total, counts
 

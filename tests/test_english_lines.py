@@ -79,6 +79,19 @@ def test_the_check_fails_on_an_english_run_folder_and_passes_on_a_chinese_one(tm
         english_lines.count_run(tmp_path / "empty")
 
 
+def test_the_model_s_own_text_is_not_counted(tmp_path):
+    (tmp_path / "05_x").mkdir()
+    (tmp_path / "05_x" / "results.json").write_text(json.dumps({
+        "metrics": {"smoke_generation": {"value": "The capital of France is Paris.", "prompt": "Name it."}},
+        "tables": {"answers": [{"variant": "dense", "Write one sentence about the sea.": "The night sky is blue"}]}}))
+    path = _notebook(tmp_path, "05_x", [{"output_type": "stream", "name": "stdout", "text": [
+        "dense  The capital of France is Paris.\n", "Write one sentence about the sea.\n",
+        "the night sky is a decode of the bandwidth here\n"]}])
+    words = english_lines.model_words(tmp_path)
+    assert english_lines.count_notebook(path, words).english == ["the night sky is a decode of the bandwidth here"]
+    assert len(english_lines.count_notebook(path).english) == 3  # without the run's model text
+
+
 @pytest.mark.notebooks
 def test_the_chinese_quick_run_shows_at_most_two_percent_english_only_lines(zh_quick_run):
     run_dir = zh_quick_run["run_dir"]
