@@ -64,7 +64,7 @@ def import_torch_npu(refresh: bool = False) -> NpuImport:
         import torch_npu  # noqa: F401  (registers torch.npu)
     except (ImportError, RuntimeError, OSError) as exc:
         if isinstance(exc, ModuleNotFoundError) and exc.name == "torch_npu":
-            _NPU_IMPORT = NpuImport(error="torch_npu is not installed")
+            _NPU_IMPORT = NpuImport(error=message("torch_npu is not installed"))
         else:
             _NPU_IMPORT = NpuImport(error=f"{type(exc).__name__}: {exc}", hint=AUTOLOAD_HINT)
     else:
@@ -128,13 +128,15 @@ def pick_device(requested: str = "auto") -> DeviceChoice:
         detail = ""
         if kind == "npu":
             npu = import_torch_npu()
-            detail = f" torch_npu: {npu.error or 'imported, but torch.npu.is_available() is False'}."
+            detail = message(" torch_npu: {error}.", error=npu.error or message(
+                "imported, but torch.npu.is_available() is False"))
             if npu.hint:
-                detail += " " + npu.hint
-        raise RuntimeError(
-            f"device={requested!r} was requested but this machine has no {kind} device; "
-            f"devices found: {', '.join(found)}.{detail} Use device='auto' to fall back."
-        )
+                detail = message("{detail} {hint}", detail=detail, hint=npu.hint)
+        # the message is the catalog's: a worked answer shows it in its edition's language
+        raise RuntimeError(message(
+            "device={requested!r} was requested but this machine has no {kind} device; devices found: "
+            "{found}.{detail} Use device='auto' to fall back.", requested=requested, kind=kind,
+            found=", ".join(found), detail=detail))
     device = torch.device(f"{kind}:{index}" if index else kind)
     return DeviceChoice(device, requested, message("requested {device}", device=value))
 

@@ -78,6 +78,12 @@ class Chapter:
         recorded = run.get(self.name) or json.loads(self.results.path.read_text(encoding="utf-8"))
         return prose.render(self.name, block, recorded, run, lang=self.lang, **words)
 
+    @staticmethod
+    def message(msgid: str, **args):
+        """``prose.message``: a chart title or a label the chapter composes, kept as its catalog key so
+        the chart says it in its own language (``plots.chart_language``)."""
+        return prose.message(msgid, **args)
+
     def show(self, frame):
         """A table as this chapter's reader sees it (``prose.show``: column names and text cells in
         the edition's language). Record the frame itself: recorded tables keep their English names."""

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from . import ge_support, ops, versions
-from .prose import N_
+from .prose import Message, N_, message
 
 # The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
 # them on the page through the runtime catalog; the recorded tables keep the English.
@@ -31,6 +31,9 @@ TABLE_WORDS = (
 )
 
 
+
+
+
 # --- the device and the dtype choice (from backend and dtype_choice) -----------------------------
 
 def environment_table(report: dict):
@@ -44,7 +47,7 @@ def environment_table(report: dict):
     memory = props.get("total_memory_bytes")
     rows = [("python", report.get("python")), ("torch", report.get("torch")),
             ("transformers", report.get("transformers")),
-            ("torch_npu", report.get("torch_npu") or f"not loaded ({report.get('torch_npu_error')})"),
+            ("torch_npu", report.get("torch_npu") or message("not loaded ({error})", error=report.get("torch_npu_error"))),
             ("CANN", report.get("cann") or "not found"), ("CUDA", report.get("cuda") or "not used"),
             ("device", report.get("device")), ("device name", props.get("name")),
             ("device count", props.get("count")),
@@ -52,7 +55,7 @@ def environment_table(report: dict):
              round(memory / 2**30, 1) if memory else None),
             ("CPU", report.get("cpu_model")), ("torch threads", report.get("torch_threads")),
             ("workbook commit", report.get("workbook_commit"))]
-    return pd.DataFrame(rows, columns=["fact", "value"]).astype({"value": str})
+    return pd.DataFrame([(f, v if isinstance(v, Message) else str(v)) for f, v in rows], columns=["fact", "value"])
 
 
 def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
@@ -134,7 +137,7 @@ def pairing_check(torch_version: str, torch_npu_version: Optional[str],
                   cann: Optional[str] = None) -> dict:
     """Does this torch_npu pair with this torch (and CANN)? Returns verdict + advice."""
     if not torch_npu_version:
-        return {"ok": None, "verdict": "torch_npu not installed: nothing to pair", "advice": ""}
+        return {"ok": None, "verdict": message("torch_npu not installed: nothing to pair"), "advice": ""}
     t, n = versions.version_tuple(torch_version), versions.version_tuple(torch_npu_version)
     if t != n:
         want = versions.dotted(n)
@@ -194,7 +197,8 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
     whether this torchair has a GE converter for it (``ge_support.ge_probe``); otherwise those rows say
     "not probed" (``present`` None) and are not counted as lacking."""
     if torch_npu_module is None:
-        return {"torch_npu": None, "line": "torch_npu not loaded: no NPU line to detect", "rows": [], "lacks": []}
+        return {"torch_npu": None, "line": message("torch_npu not loaded: no NPU line to detect"), "rows": [],
+                "lacks": []}
     version = versions.torch_npu_version(torch_npu_module)
     row = next((r for r in versions.KNOWN_GOOD if r["torch_npu"] == version), None)
     line = f"torch_npu {version}" + (f" (torch {row['torch']}, CANN {row['cann']} in the known-good table)" if row

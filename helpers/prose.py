@@ -444,6 +444,7 @@ def join_wide_lines(text: str) -> str:
 # ``results.json`` keeps a message as its English text under its key and, beside it, the key and
 # arguments under ``<key>_msg`` (``Message.record``), so old records and tools that read text still work.
 RUNTIME_DOMAIN = "runtime"
+DECISION = "decision"  # the context of a message that is a helpers.decide decision (``decision``)
 MESSAGE_SUFFIX = "_msg"  # results.MESSAGE_SUFFIX: results.json's field beside a recorded message
 
 
@@ -454,7 +455,8 @@ class Message(str):
 
     def __new__(cls, msgid: str, args: Optional[dict] = None, context: Optional[str] = None):
         args = dict(args or {})
-        self = super().__new__(cls, _format(msgid, args, SOURCE_LANGUAGE))
+        english = msgid if context == DECISION else _format(msgid, args, SOURCE_LANGUAGE)
+        self = super().__new__(cls, english)
         self.msgid, self.args, self.context = msgid, args, context
         return self
 
@@ -506,6 +508,12 @@ def pmessage(context: str, msgid: str, **args) -> Message:
     return Message(msgid, args, context)
 
 
+def decision(key: str) -> Message:
+    """A ``helpers.decide`` decision inside a message: its key in English (as the records have always
+    said it), its phrase of ``words.<lang>.yaml`` in another language (``say``)."""
+    return Message(str(key), None, DECISION)
+
+
 def N_(msgid: str) -> str:
     """Marks a table's word (a column name, a category in a cell) for the catalog; ``show``
     translates it on the page. Returns it unchanged."""
@@ -554,6 +562,10 @@ def tr(value: Any, lang: str = SOURCE_LANGUAGE) -> Any:
     if isinstance(value, Message):
         if lang == SOURCE_LANGUAGE:
             return str.__str__(value)
+        if value.context == DECISION:
+            return say(value.msgid, lang)
+        if not value.msgid:
+            return ""
         catalog = runtime_translations(lang)
         pattern = catalog.pgettext(value.context, value.msgid) if value.context else catalog.gettext(value.msgid)
         return _format(pattern, value.args, lang)
@@ -595,8 +607,8 @@ def translate_cell(value: Any, lang: str) -> Any:
     """One table cell for a reader of ``lang``: a ``Message`` rendered; a text that is a word of the
     catalog (``N_``) or the English rendering of one of its messages, translated; anything else
     (numbers, names, identifiers) as it is."""
-    if lang == SOURCE_LANGUAGE or not isinstance(value, str):
-        return value
+    if lang == SOURCE_LANGUAGE or not isinstance(value, str) or not value.strip():
+        return value  # (gettext("") is the catalog's header)
     if isinstance(value, Message):
         return tr(value, lang)
     catalog = runtime_translations(lang)
@@ -608,7 +620,8 @@ def translate_cell(value: Any, lang: str) -> Any:
         found = pattern.match(value)
         if found:  # the arguments are text now: a number's format spec ({ratio:.2f}) no longer applies
             said = catalog.gettext(msgid)
-            return re.sub(r"\{(\w+)[:!][^}]*\}", r"{\1}", said).format(**found.groupdict())
+            args = {k: translate_cell(v, lang) for k, v in found.groupdict().items()}  # shorter: it ends
+            return re.sub(r"\{(\w+)[:!][^}]*\}", r"{\1}", said).format(**args)
     return value
 
 
@@ -617,9 +630,10 @@ def show(frame: Any, lang: str = SOURCE_LANGUAGE) -> Any:
     the ``runtime`` catalog, every text cell through ``translate_cell``. The recorded tables keep
     their English names (``results.table`` is given the frame itself); this is only the page's copy,
     and in English it is the frame itself."""
-    if lang == SOURCE_LANGUAGE:
-        return frame
     import pandas as pd
+
+    if lang == SOURCE_LANGUAGE or not isinstance(frame, (pd.DataFrame, pd.Series)):
+        return frame  # in English, or not a table (a cell may show a note instead of one)
 
     catalog = runtime_translations(lang)
     name = lambda value: catalog.gettext(value) if isinstance(value, str) else value  # noqa: E731
