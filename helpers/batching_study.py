@@ -41,6 +41,7 @@ TABLE_WORDS = (
 
 
 
+
 # --- padding: the guide's call and whether left padding changes greedy outputs --------------------
 
 def guide_padding_call(texts=("Hello", "a longer prompt")) -> dict:

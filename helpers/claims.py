@@ -48,6 +48,7 @@ TABLE_WORDS = (
 )
 
 
+
 CLAIMS_CSV = Path(__file__).resolve().parent.parent / "data" / "guide_claims.csv"
 COLUMNS = ("id", "seed", "section", "text_zh", "gloss_en", "kind", "claimed_value", "unit", "hardware", "model",
            "rule", "args")

@@ -47,6 +47,7 @@ TABLE_WORDS = (
 
 
 
+
 # --- the prefill's logits: the slice transformers takes against plain rows ------------------------
 
 def logits_of_last_position(model, prompt_tokens: int, device=None, *, min_iters: int = 5,

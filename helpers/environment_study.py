@@ -34,6 +34,7 @@ TABLE_WORDS = (
 
 
 
+
 # --- the device and the dtype choice (from backend and dtype_choice) -----------------------------
 
 def environment_table(report: dict):

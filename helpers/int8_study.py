@@ -40,6 +40,7 @@ TABLE_WORDS = (
 
 
 
+
 # Greedy answers shown side by side; the timed request is the chapter's ``prompt`` parameter.
 ANSWER_PROMPTS = ["What is the capital of France? Answer in one sentence.",
                   "Give two reasons why lighthouses flash in patterns.",

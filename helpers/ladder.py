@@ -48,6 +48,7 @@ TABLE_WORDS = (
 
 
 
+
 COLUMNS = ("rung", "description", "status", "latency_ms", "tokens_per_s", "peak_memory_bytes",
            "roofline_pct", "speedup", "speedup_low", "speedup_high", "error")
 

@@ -34,6 +34,7 @@ TABLE_WORDS = (
 
 
 
+
 # --- chapters 01 and 02: each variant checked against its reference, then timed ---------------------
 
 def check_and_time(variants: list, device, *, expected=None, measure: Optional[Callable] = None,

@@ -455,7 +455,8 @@ class Message(str):
 
     def __new__(cls, msgid: str, args: Optional[dict] = None, context: Optional[str] = None):
         args = dict(args or {})
-        english = msgid if context == DECISION else _format(msgid, args, SOURCE_LANGUAGE)
+        # without arguments a msgid is its text as it is (a recorded word may hold a brace)
+        english = msgid if context == DECISION or not args else _format(msgid, args, SOURCE_LANGUAGE)
         self = super().__new__(cls, english)
         self.msgid, self.args, self.context = msgid, args, context
         return self
@@ -568,7 +569,7 @@ def tr(value: Any, lang: str = SOURCE_LANGUAGE) -> Any:
             return ""
         catalog = runtime_translations(lang)
         pattern = catalog.pgettext(value.context, value.msgid) if value.context else catalog.gettext(value.msgid)
-        return _format(pattern, value.args, lang)
+        return _format(pattern, value.args, lang) if value.args else pattern
     if isinstance(value, (list, tuple)) and any(isinstance(v, Message) for v in value):
         return list_separator(lang).join(str(tr(v, lang)) for v in value)
     return value

@@ -44,15 +44,16 @@ TABLE_WORDS = (
     N_("warmup_excluded"), N_("drain_excluded"), N_("good_fraction"), N_("output_tok_s"), N_("ttft_p50_ms"),
     N_("ttft_p50_lo_ms"), N_("ttft_p95_ms"), N_("tpot_p50_ms"), N_("tpot_p50_lo_ms"), N_("tpot_p50_hi_ms"),
     N_("tpot_p95_ms"), N_("itl_p50_ms"), N_("itl_p50_lo_ms"), N_("itl_p50_hi_ms"), N_("itl_p95_ms"),
-    N_("request_rate"), N_("sent_rate"), N_("mean_in_flight"), N_("our client"), N_("vllm bench serve"),
-    N_("bench / client"), N_("definitions"), N_("ours_ttft_ms"), N_("vllm_ttft_ms"), N_("ours_tpot_ms"),
-    N_("vllm_tpot_ms"), N_("ours_decode_tok_s_aggregate"), N_("vllm_decode_tok_s_aggregate"),
-    N_("vllm_over_ours_ttft"), N_("vllm_over_ours_decode"), N_("no_ratio"), N_("engine"), N_("lengths"),
-    N_("rule"), N_("levels"), N_("probes"), N_("users_served"), N_("upper"), N_("at_least"), N_("shown"),
-    N_("resolution"), N_("limit"), N_("from"), N_("to"), N_("throughput_gain"), N_("ttft_p50_ms_gain"),
-    N_("ttft_p95_ms_gain"), N_("good_fraction_at_to"), N_("judged"), N_("within TTFT target"), N_("needed"),
+    N_("request_rate"), N_("sent_rate"), N_("mean_in_flight"), N_("our client"), N_("bench / client"),
+    N_("definitions"), N_("ours_ttft_ms"), N_("vllm_ttft_ms"), N_("ours_tpot_ms"), N_("vllm_tpot_ms"),
+    N_("ours_decode_tok_s_aggregate"), N_("vllm_decode_tok_s_aggregate"), N_("vllm_over_ours_ttft"),
+    N_("vllm_over_ours_decode"), N_("no_ratio"), N_("engine"), N_("lengths"), N_("rule"), N_("levels"),
+    N_("probes"), N_("users_served"), N_("upper"), N_("at_least"), N_("shown"), N_("resolution"),
+    N_("limit"), N_("from"), N_("to"), N_("throughput_gain"), N_("ttft_p50_ms_gain"), N_("ttft_p95_ms_gain"),
+    N_("good_fraction_at_to"), N_("judged"), N_("within TTFT target"), N_("needed"),
     N_("smallest TPOT target ms"), N_("limited by"),
 )
+
 
 
 
