@@ -176,7 +176,7 @@ def memory_bandwidth(device="cpu", size_mib: int = 256, dtype=torch.float32,
             "read_gbps_p90": nbytes / read.p10 / 1e9, "copy_gbps": 2 * nbytes / copy.median / 1e9,
             "buffer_mib": size_mib, "dtype": dtype_name(dtype), "device": str(device),
             "read_timing": read.summary(), "copy_timing": copy.summary(),
-            "code_path": "torch.sum over a contiguous buffer; copy_ into a second buffer"}
+            "code_path": message("torch.sum over a contiguous buffer; copy_ into a second buffer")}
 
 
 def reference_bandwidth(device, run_dir=None, size_mib: int = 128) -> tuple[float, str]:

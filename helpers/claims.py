@@ -163,6 +163,16 @@ def parse_args(text: str) -> dict[str, str]:
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
+# The arguments of a claim's rule that are sentences a page shows (scripts/update_catalogs.py puts them
+# in the runtime catalog, so a Chinese page says them in Chinese)
+SAID_ARGS = ("note", "why", "where", "source", "factor_source", "unlike")
+
+
+def _said(args: dict, key: str):
+    """A sentence argument of a claim's rule (``SAID_ARGS``) as a message, '' when absent."""
+    return Message(args[key]) if args.get(key) else ""
+
+
 def number(text: "str | float | int") -> float:
     """A claimed number: ``"16.5"``, ``">1000"``, or arithmetic on the guide's figures (``"29.3/16.5"``)."""
     if isinstance(text, (int, float)):
@@ -372,7 +382,7 @@ def _judged(claim: dict, ev: Evidence, chapter: str, entry: dict, ok: bool, deta
     model = ev.chapter_model(chapter)
     target, want_model = claim.get("hardware", ""), claim.get("model", "")
     on = _context(entry) or device
-    unlike = parse_args(claim.get("args", "")).get("unlike", "")
+    unlike = _said(parse_args(claim.get("args", "")), "unlike")
     label, numbers = (seen.args.get("effect", seen), seen.args.get("numbers", "")) if isinstance(seen, Message) \
         and seen.msgid == SEEN else (seen, "")
     if unlike:  # the figure measures something else than the claim: it neither reproduces nor contradicts
@@ -484,7 +494,7 @@ def rule_measured(claim: dict, args: dict, ev: Evidence) -> Verdict:
     if op is not None and op not in _CMP:
         raise ValueError(f"claim {claim['id']}: op={op!r}; choose one of {', '.join(_CMP)}")
     entry = ev.entry(args["metric"])
-    note = args.get("note", "")
+    note = _said(args, "note")
     if entry is None:
         v = _not_measured(ev, args["metric"])
         if note and not op:
@@ -493,7 +503,7 @@ def rule_measured(claim: dict, args: dict, ev: Evidence) -> Verdict:
     if "requires" in args:
         key, _, wanted = args["requires"].partition(":")
         if str(entry.get(key)).lower() != wanted.lower():
-            why = args.get("why") or message("the figure does not test the claim")
+            why = _said(args, "why") or message("the figure does not test the claim")
             return Verdict(NOT_MEASURED, message("{metric} was recorded with {key}={value!r}, not {wanted}: {why}",
                                                  metric=args["metric"], key=key, value=entry.get(key), wanted=wanted,
                                                  why=why), "none")
@@ -618,7 +628,7 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
                               device=ev.chapter_device(chapter, entry), model=ev.chapter_model(chapter) or "?",
                               claimed_model=claim.get("model") or message("the claimed model"))
     return Verdict(NEEDS[want], message("within the bound (floor {how}; claimed {shown}); run {where}{other}", how=how,
-                                        shown=shown, where=args.get("where") or message(
+                                        shown=shown, where=_said(args, "where") or message(
                                             "the matching chapter on that device"), other=other_model),
                    "bound", ratio=bound / claimed_s)
 
@@ -702,7 +712,7 @@ def rule_spec(claim: dict, args: dict, ev: Evidence) -> Verdict:
     if "derive_from" not in args:
         value, src = ev.spec(device, args["column"])
         if value is None:
-            where = args.get("where") or message("a benchmark")
+            where = _said(args, "where") or message("a benchmark")
             return Verdict(NEEDS["npu"], message("no published {column} for {device} in {source}; measure with {where}",
                                                  column=args["column"], device=device, source=ev.specs_source,
                                                  where=where), "none")
@@ -722,7 +732,7 @@ def rule_spec(claim: dict, args: dict, ev: Evidence) -> Verdict:
     factor = number(args["factor"])
     derived = base * factor
     how = message("{column} {base:g} x {factor:g} ({factor_source}) = {derived:.3g} {unit}; specs table: {source}",
-                  column=args["derive_from"], base=base, factor=factor, factor_source=args["factor_source"],
+                  column=args["derive_from"], base=base, factor=factor, factor_source=_said(args, "factor_source"),
                   derived=derived, unit=unit, source=src)
     tol = float(args.get("tolerance", 0.25))
     if claimed > derived * (1 + tol):
@@ -732,7 +742,7 @@ def rule_spec(claim: dict, args: dict, ev: Evidence) -> Verdict:
     detail = message("claimed {claimed:g} {unit} is {ratio:.2f}x the derived {how}", claimed=claimed, unit=unit,
                      ratio=claimed / derived, how=how)
     if not ok and args.get("note"):
-        detail = message("{detail}; {note}", detail=detail, note=args["note"])
+        detail = message("{detail}; {note}", detail=detail, note=_said(args, "note"))
     return Verdict("agrees with sources" if ok else "disagrees with sources", detail, "bound",
                    ratio=claimed / derived)
 
@@ -787,7 +797,7 @@ def rule_consistency(claim: dict, args: dict, ev: Evidence) -> Verdict:
     else:
         values = [number(v) for v in args["others"].split(",")]
         spread = max(abs(v / claimed - 1) for v in values)
-        where = args.get("where") or message("elsewhere in the guide")
+        where = _said(args, "where") or message("elsewhere in the guide")
         return Verdict("internally consistent" if spread <= tol else "internally inconsistent",
                        message("{claimed:.4g} here vs {others} {where} (differ by up to {spread:.1%}, tolerance "
                                "{tol:.0%})", claimed=claimed, others=", ".join(f"{v:.4g}" for v in values),
@@ -802,8 +812,8 @@ def rule_documented(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """Only for claims no measurement or bound can decide: the verdict comes with its source, or,
     for one that nothing measures, ``not measured in this run`` with the ``note`` saying why."""
     if args["verdict"] == NOT_MEASURED:
-        return Verdict(NOT_MEASURED, args.get("note") or message("no chapter measures this"), "none")
-    return Verdict(args["verdict"], args["source"], "documentation")
+        return Verdict(NOT_MEASURED, _said(args, "note") or message("no chapter measures this"), "none")
+    return Verdict(args["verdict"], _said(args, "source"), "documentation")
 
 
 def rule_torch_autoload(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -840,7 +850,7 @@ def rule_npu_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
                        message("ladder step {before} -> {after}: {measured:.2f}x vs claimed {claimed:g}x (±{tol:.0%})",
                                before=before["rung"], after=row["rung"], measured=measured, claimed=claimed, tol=tol),
                        measured, measured / claimed, "")
-    return Verdict(NEEDS["npu"], message("run {where}", where=args.get("where") or message(
+    return Verdict(NEEDS["npu"], message("run {where}", where=_said(args, "where") or message(
         "chapter 06 on an NPU, where the options exist")), "none")
 
 

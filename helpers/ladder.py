@@ -681,7 +681,8 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
     """What the references paragraph of chapter 06's template states, each a recorded figure:
     llama.cpp's decode and TTFT (or why it was not measured), the highest batch-1 rung's ratio to it
     with what stands in its way, the float32 eager run, and the INT8 rung's own step."""
-    shape = f"batch 1, {llama.get('prompt_tokens', '?')}-token prompt, {new_tokens} new tokens"
+    shape = message("batch {batch}, {prompt}-token prompt, {new} new tokens", batch=1,
+                    prompt=llama.get("prompt_tokens", "?"), new=new_tokens)
     if llama.get("status") == "ok":
         ctx = dict(device=device, dtype=f"{llama['quantization']} weights (GGUF)", shape=shape,
                    code_path=llama["code_path"])
@@ -709,8 +710,9 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
         results.record("ladder_best_batch1_vs_llamacpp", best["ratio"]["ratio"], "x", key_figure=True,
                        device=device, dtype=dtype, shape=shape, rung=best["rung"], low=best["ratio"]["low"],
                        high=best["ratio"]["high"], verdict=best["verdict"], goal=facts["fraction"],
-                       tok_s=best["tok_s"], code_path="decode tok/s of the batch-1 rung with the highest median "
-                       "over llama.cpp's, same run (not part of the ladder's own ratios)",
+                       tok_s=best["tok_s"], code_path=message("decode tok/s of the batch-1 rung with the highest "
+                                                              "median over llama.cpp's, same run (not part of the "
+                                                              "ladder's own ratios)"),
                        blocker=blocker.get("blocker"), step_ms=blocker.get("step_ms"),
                        target_ms=blocker.get("target_ms"), instead=blocker.get("instead"),
                        weights=best.get("dtype"), roofline_share=best.get("roofline_share"),

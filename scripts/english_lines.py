@@ -7,7 +7,7 @@ on its own:
 
 A line is English only when it has no Han character and three or more English words. Not words:
 inline code and links, identifiers and numbers (anything with a digit, an underscore, a dot or a
-slash inside: ``rms_norm``, ``1x256x2048``, ``GB/s``, ``float32``), single letters (``H=576``), names
+slash inside: ``rms_norm``, ``1x256x2048``, ``GB/s``, ``float32``), single letters (``H=576``), command-line options (``--model``), names
 with a capital after the first letter (``TTFT``, ``EPYC``, ``SmolLM``), and the names and units of
 ``ALLOWED``, the one list of what stays English in a Chinese page (TERMINOLOGY.md keeps these
 terms); and a line whose English words all come from the model's own text (``MODEL_TEXT``: the
@@ -68,6 +68,8 @@ def english_words(line: str) -> list[str]:
     """The English words of a line that are neither identifiers nor in ``ALLOWED``."""
     words = []
     for token in SEPARATORS.split(NOT_PROSE.sub(" ", ANSI.sub("", line))):
+        if token.startswith("-") and token.strip("-"):
+            continue  # a command-line option: -m, --model, --use-flash-attn
         token = token.strip(EDGES)
         if (len(token) > 1 and WORD.fullmatch(token) and token.lower() not in ALLOWED
                 and not NAME.search(token)):

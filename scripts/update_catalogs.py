@@ -15,7 +15,8 @@ The ``runtime`` domain holds what the helpers say to a reader at run time (reaso
 table's words, the worked answers' paragraphs): the calls to ``prose.message`` / ``pmessage`` /
 ``tell`` / ``N_`` / ``pgettext`` with a literal msgid in ``helpers/**.py`` and in the code cells of
 the English notebooks and worked answers (the Chinese ones have the same code), read with Babel's
-Python extractor, and the text columns of the shipped data the tables show (``RUNTIME_DATA``), in
+Python extractor, the text columns of the shipped data the tables show (``RUNTIME_DATA``) and the
+sentences among the claims' rule arguments (``helpers.claims.SAID_ARGS``), in
 ``runtime_messages``; tests/test_messages.py extracts the same way.
 """
 from __future__ import annotations
@@ -92,6 +93,13 @@ def runtime_messages() -> Catalog:
         for lineno, text, comments, context in found:
             catalog.add(text, None, [(str(path.relative_to(REPO)), lineno)], auto_comments=comments,
                         context=context)
+    from helpers.claims import SAID_ARGS, parse_args
+
+    with open(REPO / "data" / "guide_claims.csv", newline="", encoding="utf-8") as handle:
+        for lineno, row in enumerate(csv.DictReader(handle), start=2):  # the sentences of the claims' rules
+            for key, value in parse_args(row.get("args") or "").items():
+                if key in SAID_ARGS and value.strip():
+                    catalog.add(value, None, [("data/guide_claims.csv", lineno)])
     for name, columns in RUNTIME_DATA.items():
         with open(REPO / name, newline="", encoding="utf-8") as handle:
             for lineno, row in enumerate(csv.DictReader(handle), start=2):

@@ -32,6 +32,7 @@ def test_an_english_line_is_found(line):
     "`torch_npu.npu_rms_norm(x, gamma, epsilon)` 1x256x2048 GB/s float32 bfloat16 ms tokens/s",
     "0    large H=1024 I=2816, T=1    unfused   1.689",  # single letters are variables, not words
     "decode prefill batch KV cache TTFT",  # terms the Chinese edition keeps (TERMINOLOGY.md)
+    "#    --use-flash-attn --use-fused-swiglu --use-fused-rmsnorm --fp16",  # command-line options
     "运行 `python -m helpers.run --profile quick --only 03` 与 [指南](https://example.com/the-long-path)",
     "`python -m helpers.run --only 03 a long command` [x](https://example.com/a-long-english-path-here)",
 ])

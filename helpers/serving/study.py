@@ -301,7 +301,8 @@ def record_levels(ch, levels, prefix: str, key_figures: Sequence[str] = (), **co
     (``"output_tok_s_c8"``...) that go on the index."""
     for row in levels.to_dict(orient="records"):
         c = int(row["concurrency"])
-        shape = f"concurrency {c}, prompt {row['input_len']} tokens, {row['output_len']} new tokens"
+        shape = message("concurrency {concurrency}, prompt {prompt} tokens, {new} new tokens", concurrency=c,
+                        prompt=row["input_len"], new=row["output_len"])
         for name, unit in LEVEL_FIGURES:
             if row.get(name) is not None:
                 ch.record(f"{prefix}_{name}_c{c}", row[name], unit, key_figure=f"{name}_c{c}" in key_figures,
@@ -916,11 +917,12 @@ def record_comparison(ch, points: Sequence[dict], matched):
     for row in comparison[comparison["no_ratio"] == ""].to_dict(orient="records"):
         if row["chapter"] != "03_end_to_end":
             continue
-        shape = f"batch 1, prompt {row['prompt_tokens']} tokens, {row['new_tokens']} new tokens"
+        shape = message("batch {batch}, prompt {prompt} tokens, {new} new tokens", batch=1, prompt=row["prompt_tokens"],
+                        new=row["new_tokens"])
         ch.record("engine_batch1_decode_ratio", row["vllm_over_ours_decode"], "x", key_figure=True,
                   shape=shape, low=row["vllm_over_ours_decode_low"], high=row["vllm_over_ours_decode_high"],
                   caveat=row["caveat"],
-                  code_path="vLLM 1000 / median TPOT over chapter 03's (t(N) - t(1)) / (N - 1), same run")
+                  code_path=message("vLLM 1000 / median TPOT over chapter 03's (t(N) - t(1)) / (N - 1), same run"))
         ch.record("engine_batch1_ttft_ratio", row["vllm_over_ours_ttft"], "x", shape=shape,
                   low=row["vllm_over_ours_ttft_low"], high=row["vllm_over_ours_ttft_high"],
                   code_path="vLLM median TTFT over chapter 03's 1-token generate")
