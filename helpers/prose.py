@@ -367,8 +367,9 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
     env.globals["other_dtype"] = lambda dtype, device: renderer.mark(
         Fig(other_dtype(dtype, device), "other_dtype"), other_dtype(dtype, device))
     env.filters["say"] = lambda decision: say(decision, lang, mark=renderer.mark)
-    # a recorded word or sentence as recorded; a recorded message (a reason, a label) in the page's language
-    env.filters["text"] = lambda value: renderer.mark(value, str(tr(_plain(value), lang)))
+    # a recorded word or sentence as recorded; a recorded message (a reason, a label, a word of the
+    # runtime catalog, read back from its English in a table) in the page's language
+    env.filters["text"] = lambda value: renderer.mark(value, str(translate_cell(_plain(value), lang)))
 
     def plural(value: Any, one: str, other: str) -> str:
         """``one`` for a count of exactly 1 (a recorded figure, or a list: its length), else
