@@ -426,34 +426,42 @@ def answer_request_lengths(runs: dict, lang: str = "en") -> str:
     """Exercise 1: ``runs`` maps new tokens to ``measure_generation`` results (two lengths). TTFT
     against decode per token (stamped per token), and the two-generate cross-check at each length."""
     (short, s), (long_, l) = sorted(runs.items())[0], sorted(runs.items())[-1]
-    parts = [prose.tell(lang, "The whole request grows {growth:.1f}x from {short} to {long} new tokens; TTFT changes by "
-                  "{ttft:+.0f} %", growth=l["total_ms"] / s["total_ms"], short=short, long=long_,
-                  ttft=100 * (l["ttft_ms"] / s["ttft_ms"] - 1))]
+    parts = [prose.tell(lang, "The whole request grows {growth:.1f}x from {short} to {long} new tokens; TTFT "
+                        "changes by {ttft:+.0f} %", growth=l["total_ms"] / s["total_ms"], short=short, long=long_,
+                        ttft=100 * (l["ttft_ms"] / s["ttft_ms"] - 1))]
     if _resolved(s["decode_ms_per_token"]) and _resolved(l["decode_ms_per_token"]):
-        overlap = decide.spreads_overlap((s["decode_p10_ms"], s["decode_p90_ms"]), (l["decode_p10_ms"], l["decode_p90_ms"]))
+        overlap = decide.spreads_overlap((s["decode_p10_ms"], s["decode_p90_ms"]),
+                                         (l["decode_p10_ms"], l["decode_p90_ms"]))
         change = 100 * (l["decode_ms_per_token"] / s["decode_ms_per_token"] - 1)
-        parts.append(prose.tell(lang, " and decode per token by {change:+.0f} % (their p10-p90 spreads overlap: no change beyond "
-                          "the noise).", change=change) if overlap else
-                     prose.tell(lang, " and decode per token by {change:+.0f} % (their p10-p90 spreads are apart: something "
-                          "besides the request length, or the longer KV cache, moved the step).", change=change))
+        if overlap:
+            parts.append(prose.tell(lang, " and decode per token by {change:+.0f} % (their p10-p90 spreads overlap: "
+                                    "no change beyond the noise).", change=change))
+        else:
+            parts.append(prose.tell(lang, " and decode per token by {change:+.0f} % (their p10-p90 spreads are "
+                                    "apart: something besides the request length, or the longer KV cache, moved "
+                                    "the step).", change=change))
     else:
-        parts.append(prose.tell(lang, "; the decode per token did not resolve at {lengths} new tokens, so this run cannot "
-                          "compare it.", lengths=[str(n) for n, r in sorted(runs.items())
-                                                   if not _resolved(r["decode_ms_per_token"])]))
-    parts.append(prose.tell(lang, " TTFT is one prefill of the same prompt, so the number of new tokens does not enter it. Decode "
-                      "is timed per token inside each generate, so each sample is one step whatever N is; the longer "
-                      "request attends over {more} more positions on average, which adds to each step's attention but "
-                      "not to the weights it reads.", more=(long_ - short) // 2))
+        unresolved = [str(n) for n, r in sorted(runs.items()) if not _resolved(r["decode_ms_per_token"])]
+        parts.append(prose.tell(lang, "; the decode per token did not resolve at {lengths} new tokens, so this run "
+                                "cannot compare it.", lengths=unresolved))
+    parts.append(prose.tell(lang, " TTFT is one prefill of the same prompt, so the number of new tokens does not "
+                            "enter it. Decode is timed per token inside each generate, so each sample is one step "
+                            "whatever N is; the longer request attends over {more} more positions on average, which "
+                            "adds to each step's attention but not to the weights it reads.",
+                            more=(long_ - short) // 2))
     checks = []
     for n, r in sorted(runs.items()):
         two = r.get("decode_two_generates_ms")
-        checks.append(prose.tell(lang, "{n} tokens: {two:.2f} ms against {stamped:.2f} ms stamped", n=n, two=two,
-                           stamped=r["decode_ms_per_token"]) if _resolved(two)
-                      else prose.tell(lang, "{n} tokens: no figure (the one-token generates took as long as the full ones)", n=n))
-    parts.append(prose.tell(lang, " The cross-check (t(N) − t(1)) / (N − 1) divides a small difference of two noisy totals by "
-                      "N − 1: {checks}. The longer the request, the more decode time the difference holds above the "
-                      "noise of the totals, so it needs the longer request to resolve; the stamped steps do not.",
-                      checks="; ".join(checks)))
+        if _resolved(two):
+            checks.append(prose.tell(lang, "{n} tokens: {two:.2f} ms against {stamped:.2f} ms stamped", n=n, two=two,
+                                     stamped=r["decode_ms_per_token"]))
+        else:
+            checks.append(prose.tell(lang, "{n} tokens: no figure (the one-token generates took as long as the full "
+                                     "ones)", n=n))
+    parts.append(prose.tell(lang, " The cross-check (t(N) − t(1)) / (N − 1) divides a small difference of two noisy "
+                            "totals by N − 1: {checks}. The longer the request, the more decode time the difference "
+                            "holds above the noise of the totals, so it needs the longer request to resolve; the "
+                            "stamped steps do not.", checks="; ".join(checks)))
     return "".join(parts)
 
 
@@ -463,38 +471,42 @@ def answer_dtype_ratio(by_dtype: dict, lang: str = "en") -> str:
     what the data says: a fixed cost per step pulls the time ratio below the bytes ratio, towards 1;
     a time ratio above the bytes ratio means the larger step moves its bytes at a lower rate."""
     if len(by_dtype) != 2:
-        return prose.tell(lang, "The chapter's dtype has no second dtype to compare with here, so this run has no ratio to read.")
+        return prose.tell(lang, "The chapter's dtype has no second dtype to compare with here, so this run has no "
+                          "ratio to read.")
     small, large = sorted(by_dtype, key=lambda n: by_dtype[n]["bytes_per_step"])
     a, b = by_dtype[small], by_dtype[large]
     unresolved = [n for n, r in ((small, a), (large, b)) if not _resolved(r.get("decode_ms_per_token"))]
     bytes_ratio = b["bytes_per_step"] / a["bytes_per_step"]
     if unresolved:
-        return prose.tell(lang, "Bytes per step change {bytes:.2f}x ({small} to {large}), but the decode per token of {which} did "
-                    "not resolve in this run, so there is no time ratio to set beside it.", bytes=bytes_ratio,
-                    small=small, large=large, which=" and ".join(unresolved))
+        return prose.tell(lang, "Bytes per step change {bytes:.2f}x ({small} to {large}), but the decode per token "
+                          "of {which} did not resolve in this run, so there is no time ratio to set beside it.",
+                          bytes=bytes_ratio, small=small, large=large, which=" and ".join(unresolved))
     ratio = b["decode_ms_per_token"] / a["decode_ms_per_token"]
     low, high = b["decode_p10_ms"] / a["decode_p90_ms"], b["decode_p90_ms"] / a["decode_p10_ms"]
     gbps = {n: r["bytes_per_step"] / r["decode_ms_per_token"] / 1e6 for n, r in ((small, a), (large, b))}
-    text = prose.tell(lang, "Bytes per step change {bytes:.2f}x ({small} to {large}); decode time per token changes {ratio:.2f}x "
-                "(spread {low:.2f}-{high:.2f}x from the p10-p90 of each). The steps move {small_gbps:.1f} GB/s in "
-                "{small} and {large_gbps:.1f} GB/s in {large}. ", bytes=bytes_ratio, small=small, large=large,
-                ratio=ratio, low=low, high=high, small_gbps=gbps[small], large_gbps=gbps[large])
+    text = prose.tell(lang, "Bytes per step change {bytes:.2f}x ({small} to {large}); decode time per token changes "
+                      "{ratio:.2f}x (spread {low:.2f}-{high:.2f}x from the p10-p90 of each). The steps move "
+                      "{small_gbps:.1f} GB/s in {small} and {large_gbps:.1f} GB/s in {large}. ", bytes=bytes_ratio,
+                      small=small, large=large, ratio=ratio, low=low, high=high, small_gbps=gbps[small],
+                      large_gbps=gbps[large])
     if decide.spreads_overlap((low, high), (bytes_ratio, bytes_ratio)):
-        return text + prose.tell(lang, "Within the spread the time follows the bytes: both dtypes stream their bytes at about "
-                           "the same rate, as a step bound by reading its weights and KV cache would.")
+        return text + prose.tell(lang, "Within the spread the time follows the bytes: both dtypes stream their bytes "
+                                 "at about the same rate, as a step bound by reading its weights and KV cache would.")
     if low > bytes_ratio:
-        return text + prose.tell(lang, "The whole spread lies above the bytes ratio: the {large} step costs more than its extra "
-                           "bytes. That is not overhead: a fixed cost per step (launches, Python) would pull the time "
-                           "ratio below the bytes ratio, towards 1. The {large} step moves its bytes at a lower rate "
-                           "than the {small} one, so here the {large} kernels are the slower per byte; which kernels, "
-                           "the chapter's decode-gap decomposition in each dtype shows.", large=large, small=small)
-    return text + (prose.tell(lang, "The whole spread lies below the bytes ratio: part of each step does not grow with the bytes "
-                        "read (a fixed cost per step: launches, Python, small kernels), and that part pulls the time "
-                        "ratio towards 1, here all the way: within the spread the time did not change.")
-                   if low <= 1 <= high else
-                   prose.tell(lang, "The whole spread lies below the bytes ratio: part of each step does not grow with the bytes "
-                        "read (a fixed cost per step: launches, Python, small kernels), and that part pulls the time "
-                        "ratio towards 1; the rest of the step follows the bytes."))
+        return text + prose.tell(lang, "The whole spread lies above the bytes ratio: the {large} step costs more than "
+                                 "its extra bytes. That is not overhead: a fixed cost per step (launches, Python) "
+                                 "would pull the time ratio below the bytes ratio, towards 1. The {large} step moves "
+                                 "its bytes at a lower rate than the {small} one, so here the {large} kernels are the "
+                                 "slower per byte; which kernels, the chapter's decode-gap decomposition in each "
+                                 "dtype shows.", large=large, small=small)
+    if low <= 1 <= high:
+        return text + prose.tell(lang, "The whole spread lies below the bytes ratio: part of each step does not grow "
+                                 "with the bytes read (a fixed cost per step: launches, Python, small kernels), and "
+                                 "that part pulls the time ratio towards 1, here all the way: within the spread the "
+                                 "time did not change.")
+    return text + prose.tell(lang, "The whole spread lies below the bytes ratio: part of each step does not grow with "
+                             "the bytes read (a fixed cost per step: launches, Python, small kernels), and that part "
+                             "pulls the time ratio towards 1; the rest of the step follows the bytes.")
 
 
 def answer_aggregate_users(claim_tok_s: float, per_user_tok_s, weight_bytes: float, device_row,
@@ -512,8 +524,10 @@ def answer_aggregate_users(claim_tok_s: float, per_user_tok_s, weight_bytes: flo
         return text + prose.tell(lang, "This run's batch-1 decode ({dtype}, {model}) did not resolve, so it gives no "
                                  "per-user speed to divide the aggregate by: rerun chapter 03 for the number of "
                                  "users.", dtype=dtype, model=model)
-    return text + prose.tell(lang, "At this run's measured {per_user:.1f} tok/s per user ({dtype}, {model}), {claim:g} "
-                             "tok/s of aggregate throughput needs about {users:.0f} concurrent users, if per-user speed "
+    return text + prose.tell(lang, "At this run's measured {per_user:.1f} tok/s per user ({dtype}, {model}), "
+                                   "{claim:g} "
+                             "tok/s of aggregate throughput needs about {users:.0f} concurrent users, if per-user "
+                             "speed "
                              "did not drop with the batch; chapter 04 measures how much it does drop.",
                              per_user=per_user_tok_s, dtype=dtype, model=model, claim=claim_tok_s,
                              users=claim_tok_s / per_user_tok_s)

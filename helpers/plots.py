@@ -175,7 +175,8 @@ def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7
     speed.plot(ok["point"], ok["tokens_per_s_aggregate"], marker="o", label=prose.tell(lang, "aggregate"))
     speed.plot(ok["point"], ok["tokens_per_s_per_user"], marker="o", label=prose.tell(lang, "per user"))
     speed.set(ylabel="tokens/s", title=prose.tell(lang, "throughput vs batch"))
-    latency.errorbar(ok["point"], ok["decode_ms_per_token"], marker="o", capsize=3, label=prose.tell(lang, "decode per step"),
+    latency.errorbar(ok["point"], ok["decode_ms_per_token"], marker="o", capsize=3, label=prose.tell(lang, "decode "
+                                                                                                           "per step"),
                      yerr=error_bars(ok["decode_ms_per_token"], ok["decode_p10_ms"], ok["decode_p90_ms"]))
     latency.plot(ok["point"], ok["ttft_ms"], marker="s", label="TTFT")
     latency.set(ylabel=prose.tell(lang, "ms (median, p10-p90)"), title=prose.tell(lang, "latency vs batch"))
@@ -188,8 +189,10 @@ def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7
     gain.plot([1] + [b for b, _ in claimed], [1.0] + [x for _, x in claimed], marker="x", ls="none",
               color="tab:red", label=prose.tell(lang, "guide's claim (Llama-2-7B)"))
     gain.set(ylabel=prose.tell(lang, "aggregate throughput / batch 1 (x)"), title=prose.tell(lang, "throughput gain"))
-    memory.plot(ok["point"], ok["memory_growth_bytes"] / 2 ** 20, marker="o", label=prose.tell(lang, "growth over the region"))
-    memory.plot(ok["point"], ok["kv_cache_bytes"] / 2 ** 20, marker="s", ls="--", label=prose.tell(lang, "KV cache (config)"))
+    memory.plot(ok["point"], ok["memory_growth_bytes"] / 2 ** 20, marker="o", label=prose.tell(lang, "growth over "
+                                                                                                     "the region"))
+    memory.plot(ok["point"], ok["kv_cache_bytes"] / 2 ** 20, marker="s", ls="--", label=prose.tell(lang, "KV cache "
+                                                                                                         "(config)"))
     memory.set(yscale="log", ylabel=prose.tell(lang, "MiB (log scale)"),
                title=prose.tell(lang, "memory the request adds"))
     ticks = sorted({1, *ok["point"].astype(int), *guide})
@@ -264,7 +267,8 @@ def plot_ladder(ladders: list, title: str = "", lang: str = "en"):
     if not any(known(v) for ladder in ladders for _, v in ladder["rungs"]):
         return None
     lang = chart_language(lang)
-    title = prose.tr(title, lang) or prose.tell(lang, "Optimisation ladders: each rung's ratio to its ladder's first rung")
+    title = prose.tr(title, lang) or prose.tell(lang, "Optimisation ladders: each rung's ratio to its ladder's first "
+                                                      "rung")
     fig, axes = plt.subplots(1, len(ladders), figsize=(min(13.0, max(6.0, 3.6 * len(ladders))), 3.8),
                              squeeze=False)
     for ax, ladder in zip(axes[0], ladders):
@@ -272,8 +276,8 @@ def plot_ladder(ladders: list, title: str = "", lang: str = "en"):
         rungs = ladder["rungs"]
         first = next((float(v) for _, v in rungs if known(v)), None)
         if first is None:
-            ax.text(0.5, 0.5, prose.tr(ladder.get("empty") or prose.message("no ladder"), lang), ha="center", va="center",
-                    transform=ax.transAxes, fontsize=8)
+            empty = prose.tr(ladder.get("empty") or prose.message("no ladder"), lang)
+            ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, fontsize=8)
             ax.set_xticks([])
             ax.set_yticks([])
             continue
