@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from .prose import message
 from .results import LOAD_PER_CORE_WARNING  # the one load threshold every page warns at
 from .versions import installed_version, npu_op_missing
 
@@ -63,7 +64,7 @@ def import_torch_npu(refresh: bool = False) -> NpuImport:
         import torch_npu  # noqa: F401  (registers torch.npu)
     except (ImportError, RuntimeError, OSError) as exc:
         if isinstance(exc, ModuleNotFoundError) and exc.name == "torch_npu":
-            _NPU_IMPORT = NpuImport(error="torch_npu is not installed")
+            _NPU_IMPORT = NpuImport(error=message("torch_npu is not installed"))
         else:
             _NPU_IMPORT = NpuImport(error=f"{type(exc).__name__}: {exc}", hint=AUTOLOAD_HINT)
     else:
@@ -111,30 +112,33 @@ def pick_device(requested: str = "auto") -> DeviceChoice:
         )
     found = available_devices()
     if kind == "auto" and found[0] != "cpu":
-        return DeviceChoice(torch.device(found[0]), requested, f"auto: {found[0]} is available")
+        return DeviceChoice(torch.device(found[0]), requested,
+                            message("auto: {device} is available", device=found[0]))
     if kind == "auto":
         from . import AUTOLOAD_DISABLED_REASON
 
         npu = import_torch_npu()
-        why = "no NPU or CUDA device found"
+        why = message("no NPU or CUDA device found")
         if npu.error and npu.error != "torch_npu is not installed":
-            why += f" (torch_npu failed to load: {npu.error})"
+            why = message("no NPU or CUDA device found (torch_npu failed to load: {error})", error=npu.error)
         if AUTOLOAD_DISABLED_REASON:
-            why += f"; {AUTOLOAD_DISABLED_REASON}"
-        return DeviceChoice(torch.device("cpu"), requested, f"auto: {why}; running on the CPU")
+            why = message("{why}; {autoload}", why=why, autoload=AUTOLOAD_DISABLED_REASON)
+        return DeviceChoice(torch.device("cpu"), requested, message("auto: {why}; running on the CPU", why=why))
     if kind not in found:
         detail = ""
         if kind == "npu":
             npu = import_torch_npu()
-            detail = f" torch_npu: {npu.error or 'imported, but torch.npu.is_available() is False'}."
+            detail = message(" torch_npu: {error}.", error=npu.error or message(
+                "imported, but torch.npu.is_available() is False"))
             if npu.hint:
-                detail += " " + npu.hint
-        raise RuntimeError(
-            f"device={requested!r} was requested but this machine has no {kind} device; "
-            f"devices found: {', '.join(found)}.{detail} Use device='auto' to fall back."
-        )
+                detail = message("{detail} {hint}", detail=detail, hint=npu.hint)
+        # the message is the catalog's: a worked answer shows it in its edition's language
+        raise RuntimeError(message(
+            "device={requested!r} was requested but this machine has no {kind} device; devices found: "
+            "{found}.{detail} Use device='auto' to fall back.", requested=requested, kind=kind,
+            found=", ".join(found), detail=detail))
     device = torch.device(f"{kind}:{index}" if index else kind)
-    return DeviceChoice(device, requested, f"requested {value}")
+    return DeviceChoice(device, requested, message("requested {device}", device=value))
 
 
 def as_device(device: "torch.device | str | DeviceChoice") -> torch.device:

@@ -20,6 +20,26 @@ from .generation import (achieved_bandwidth_gbps, decode_bytes_per_step, decode_
                          measure_generation, run_sweep, ttft_timing)
 from .model_files import byte_tokenizer
 from .params import check_positive_int
+from .prose import N_
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("runs"), N_("match"), N_("first_difference"), N_("alone"), N_("batched"), N_("point"),
+    N_("throughput_ratio"), N_("throughput_low"), N_("throughput_high"), N_("latency_growth_pct"),
+    N_("latency_growth_low_pct"), N_("latency_growth_high_pct"), N_("ttft_growth_pct"),
+    N_("memory_growth_mib"), N_("kv_cache_mib"), N_("memory_growth_pct"), N_("guide_throughput"),
+    N_("guide_memory_pct"), N_("guide_latency_pct"), N_("context_tokens"), N_("kv_cache_MiB"),
+    N_("kv_share_of_weights_pct"), N_("bytes_per_step_MB"), N_("measured_growth_MiB"), N_("peak_memory_MiB"),
+    N_("weights_gb"), N_("kv_per_token_kib"), N_("context_for_claim"), N_("kv_growth_pct_512"),
+    N_("kv_growth_pct_2048"), N_("padding"), N_("prompt"), N_("aggregate_low"), N_("aggregate_high"),
+    N_("pct_of_bandwidth"), N_("weights GB"), N_("KV per token KiB"), N_("KV batch 8 x 2048 GB"),
+    N_("growth batch 8 vs 1 %"), N_("left"), N_("right"),
+)
+
+
+
+
 
 
 # --- padding: the guide's call and whether left padding changes greedy outputs --------------------

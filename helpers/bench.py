@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .backend import as_device, dtype_name, synchronize
+from .prose import message
 from .results import load_results, metric
 
 NOISY_STDEV_PCT = 10.0
@@ -175,7 +176,7 @@ def memory_bandwidth(device="cpu", size_mib: int = 256, dtype=torch.float32,
             "read_gbps_p90": nbytes / read.p10 / 1e9, "copy_gbps": 2 * nbytes / copy.median / 1e9,
             "buffer_mib": size_mib, "dtype": dtype_name(dtype), "device": str(device),
             "read_timing": read.summary(), "copy_timing": copy.summary(),
-            "code_path": "torch.sum over a contiguous buffer; copy_ into a second buffer"}
+            "code_path": message("torch.sum over a contiguous buffer; copy_ into a second buffer")}
 
 
 def reference_bandwidth(device, run_dir=None, size_mib: int = 128) -> tuple[float, str]:
@@ -186,9 +187,10 @@ def reference_bandwidth(device, run_dir=None, size_mib: int = 128) -> tuple[floa
     if run_dir:
         value = metric(load_results(run_dir, "00_environment_check"), "memory_bandwidth_gbps")
         if value:
-            return float(value), "measured in chapter 00 of this run"
+            return float(value), message("measured in chapter 00 of this run")
     measured = memory_bandwidth(device, size_mib=size_mib, min_seconds=0.3)
-    return measured["read_gbps"], f"measured now ({size_mib} MiB torch.sum on {device})"
+    return measured["read_gbps"], message("measured now ({size} MiB torch.sum on {device})", size=size_mib,
+                                          device=str(device))
 
 
 # --- correctness: one tolerance rule for every check ----------------------------------------------

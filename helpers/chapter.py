@@ -78,6 +78,17 @@ class Chapter:
         recorded = run.get(self.name) or json.loads(self.results.path.read_text(encoding="utf-8"))
         return prose.render(self.name, block, recorded, run, lang=self.lang, **words)
 
+    @staticmethod
+    def message(msgid: str, **args):
+        """``prose.message``: a chart title or a label the chapter composes, kept as its catalog key so
+        the chart says it in its own language (``plots.chart_language``)."""
+        return prose.message(msgid, **args)
+
+    def show(self, frame):
+        """A table as this chapter's reader sees it (``prose.show``: column names and text cells in
+        the edition's language). Record the frame itself: recorded tables keep their English names."""
+        return prose.show(frame, self.lang)
+
     def summary(self, block: str = "summary", **words):
         """``render`` as Markdown in the notebook (a summary is never printed as plain text)."""
         from IPython.display import Markdown
@@ -120,7 +131,7 @@ def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any,
                                            run_dir=parameters.get("run_dir") or None, reuse=reuse)
         return picked.dtype, picked.reason, picked.source, picked
     dtype = backend.named_dtype(requested, device)
-    return dtype, "set by the dtype parameter", "the dtype parameter", None
+    return dtype, prose.message("set by the dtype parameter"), prose.message("the dtype parameter"), None
 
 
 def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optional[dict] = None,
@@ -161,8 +172,8 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
 
 def _show_choice(chapter: Chapter, contention: Optional[str]) -> None:
     label = prose.words(chapter.lang)
-    text = (f"**{label['device']}** `{chapter.DEV}` ({chapter.device_reason}) · "
-            f"**{label['dtype']}** `{chapter.DT}` ({chapter.dtype_reason})")
+    text = (f"**{label['device']}** `{chapter.DEV}` ({prose.tr(chapter.device_reason, chapter.lang)}) · "
+            f"**{label['dtype']}** `{chapter.DT}` ({prose.tr(chapter.dtype_reason, chapter.lang)})")
     if contention:
         text += f"\n\n**{label['warning']}** {contention}"
     try:

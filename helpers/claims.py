@@ -27,9 +27,27 @@ from typing import Any, Optional
 
 from . import decide, roofline
 from .guide_api import api_check
+from .prose import Message, N_, decision, message
 from .results import device_class, read_run
 from .roofline import LLAMA2_7B_CONFIG, llama2_weight_bytes, llama_parameter_count
 from .versions import KNOWN_GOOD
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("reproduced"), N_("contradicted"), N_("physically impossible"), N_("contradicted by sources"),
+    N_("supported by sources"), N_("guide inconsistent"), N_("guide consistent"),
+    N_("measured on other hardware"), N_("needs the claimed hardware"), N_("not for inference"),
+    N_("API does not exist"), N_("API exists"), N_("disagrees with sources"), N_("agrees with sources"),
+    N_("internally inconsistent"), N_("internally consistent"), N_("does not apply to inference"),
+    N_("bound"), N_("computed"), N_("documentation"), N_("section"), N_("gloss_en"), N_("text_zh"),
+    N_("claimed_value"), N_("hardware"), N_("verdict_class"), N_("elsewhere"), N_("decided_by"),
+    N_("measured_on"), N_("device class"), N_("figures"), N_("duration_s"), N_("plot"), N_("drawn"),
+    N_("full run"), N_("only 00"), N_("with the table's bandwidth"), N_("at 800 GB/s"), N_("elsewhere_run"),
+    N_("device_class"),
+)
+
+
 
 CLAIMS_CSV = Path(__file__).resolve().parent.parent / "data" / "guide_claims.csv"
 COLUMNS = ("id", "seed", "section", "text_zh", "gloss_en", "kind", "claimed_value", "unit", "hardware", "model",
@@ -38,9 +56,9 @@ KINDS = ("api", "performance", "ratio", "fact", "hardware")
 
 # The hardware class a claim is about ('' for claims that hold on any device: APIs, formulas, the
 # guide's own arithmetic) and the verdict it keeps until a run on that class measures it.
-HARDWARE = {"npu": "an Ascend NPU (910B)", "cuda": "a CUDA GPU (A100)"}
-NEEDS = {"npu": "needs an NPU to check", "cuda": "needs a CUDA GPU to check"}
-NOT_MEASURED = "not measured in this run"
+HARDWARE = {"npu": N_("an Ascend NPU (910B)"), "cuda": N_("a CUDA GPU (A100)")}
+NEEDS = {"npu": N_("needs an NPU to check"), "cuda": N_("needs a CUDA GPU to check")}
+NOT_MEASURED = N_("not measured in this run")
 
 # The classes the index, the claims report and chapter 08 count verdicts in, with what each means.
 VERDICT_CLASSES = {
@@ -105,7 +123,9 @@ GUIDE_LADDER = [dict(zip(("rung", "label", "latency_ms", "tokens_per_s", "memory
 # What a claim's ``unlike=`` argument makes of a measurement: the figure the claim is checked against
 # measures something else (another engine, another rung), so it shows no effect of the claim's
 # technique, in either direction, and the claim is not "measured on other hardware".
-UNLIKE = "unlike evidence"
+UNLIKE = N_("unlike evidence")
+# what a measurement elsewhere showed (``_seen``): a decide.effect decision and its figures
+SEEN = N_("{effect}: {numbers}")
 
 
 def verdict_class(verdict: str, elsewhere: str = "") -> str:
@@ -141,6 +161,16 @@ def parse_args(text: str) -> dict[str, str]:
 
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+# The arguments of a claim's rule that are sentences a page shows (scripts/update_catalogs.py puts them
+# in the runtime catalog, so a Chinese page says them in Chinese)
+SAID_ARGS = ("note", "why", "where", "source", "factor_source", "unlike")
+
+
+def _said(args: dict, key: str):
+    """A sentence argument of a claim's rule (``SAID_ARGS``) as a message, '' when absent."""
+    return Message(args[key]) if args.get(key) else ""
 
 
 def number(text: "str | float | int") -> float:
@@ -287,8 +317,10 @@ class Evidence:
         if not matches:
             return None, ""
         best = max(matches, key=lambda r: r[column])
-        return float(best[column]), (f"{best['device']} {best['variant']}: {best[column]:g} ({best['source']}; "
-                                     f"{best['status']}; from {self.specs_source})")
+        return float(best[column]), message("{device} {variant}: {value:g} ({source}; {status}; from {table})",
+                                            device=best["device"], variant=best["variant"], value=best[column],
+                                            source=Message(best["source"]), status=Message(best["status"]),
+                                            table=self.specs_source)
 
 
 def gather_evidence(run_dir: "str | Path", specs_path=None) -> Evidence:
@@ -300,10 +332,10 @@ def gather_evidence(run_dir: "str | Path", specs_path=None) -> Evidence:
     specs_source = Path(specs_path or roofline.SPECS_PATH).name
     api_rows = (results.get("00_environment_check") or {}).get("tables", {}).get("api_check")
     if api_rows:
-        api_source = "chapter 00 api_check table of this run"
+        api_source = message("chapter 00 api_check table of this run")
     else:
         api_rows = api_check(None)
-        api_source = "helpers.guide_api.API_CLAIMS (documented; chapter 00 did not run)"
+        api_source = message("helpers.guide_api.API_CLAIMS (documented; chapter 00 did not run)")
     return Evidence(results, specs, specs_source, list(api_rows), api_source, str(run_dir), run.device,
                     {n: (c.status, c.reason) for n, c in run.chapters.items()})
 
@@ -350,21 +382,27 @@ def _judged(claim: dict, ev: Evidence, chapter: str, entry: dict, ok: bool, deta
     model = ev.chapter_model(chapter)
     target, want_model = claim.get("hardware", ""), claim.get("model", "")
     on = _context(entry) or device
-    unlike = parse_args(claim.get("args", "")).get("unlike", "")
+    unlike = _said(parse_args(claim.get("args", "")), "unlike")
+    label, numbers = (seen.args.get("effect", seen), seen.args.get("numbers", "")) if isinstance(seen, Message) \
+        and seen.msgid == SEEN else (seen, "")
     if unlike:  # the figure measures something else than the claim: it neither reproduces nor contradicts
-        seen = f"{UNLIKE} ({unlike}): {seen.partition(': ')[2] or seen}"
+        label, numbers = message("{unlike} ({what})", unlike=Message(UNLIKE), what=unlike), numbers or label
         if not target or (cls == target and comparable_model(want_model, model)):
-            return Verdict(NOT_MEASURED, f"{detail}; model {model or '?'}; {UNLIKE}: {unlike}", "measured",
-                           measured, on, ratio, device_class=cls)
+            return Verdict(NOT_MEASURED, message("{detail}; model {model}; {unlike}: {what}", detail=detail,
+                                                 model=model or "?", unlike=Message(UNLIKE), what=unlike),
+                           "measured", measured, on, ratio, device_class=cls)
     if not target or (cls == target and comparable_model(want_model, model)):
-        return Verdict("reproduced" if ok else "contradicted", f"{detail}; model {model or '?'}", "measured",
+        return Verdict("reproduced" if ok else "contradicted",
+                       message("{detail}; model {model}", detail=detail, model=model or "?"), "measured",
                        measured, on, ratio, device_class=cls)
-    about = HARDWARE[target] + (f" running {want_model}" if want_model else "")
-    label, _, numbers = seen.partition(": ")
-    return Verdict(NEEDS[target], f"{detail}; measured on {device or '?'} with {model or '?'}, but the claim "
-                                  f"is about {about}", "measured", measured, on, ratio,
-                   elsewhere=f"{label} on {device or '?'} ({model or '?'})" + (f": {numbers}" if numbers else ""),
-                   device_class=cls)
+    about = (message("{hardware} running {model}", hardware=Message(HARDWARE[target]), model=want_model)
+             if want_model else Message(HARDWARE[target]))
+    elsewhere = message("{effect} on {device} ({model})", effect=label, device=device or "?", model=model or "?")
+    return Verdict(NEEDS[target], message("{detail}; measured on {device} with {model}, but the claim is about "
+                                          "{about}", detail=detail, device=device or "?", model=model or "?",
+                                          about=about), "measured", measured, on, ratio,
+                   elsewhere=message("{elsewhere}: {numbers}", elsewhere=elsewhere, numbers=numbers)
+                   if numbers else elsewhere, device_class=cls)
 
 
 def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[dict] = None,
@@ -376,7 +414,7 @@ def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[di
     unit = claim.get("unit", "")
     neutral = float(args["neutral"]) if "neutral" in args else {"x": 1.0, "%": 0.0}.get(unit)
     if neutral is None:
-        return "holds" if ok else "does not hold"
+        return message("holds") if ok else message("does not hold")
     noise = float(args.get("noise", 0.05 if unit == "x" else 2.0))
     claimed = number(claim["claimed_value"])
     factor = float(args.get("factor", decide.SAME_EFFECT_FACTOR))
@@ -388,19 +426,27 @@ def _seen(claim: dict, args: dict, measured: float, ok: bool, entry: Optional[di
                          noise=noise * abs(neutral) if neutral else noise, factor=factor,
                          samples=samples if entry is not None and decide.has_spread(entry) else decide.EXACT)
     shown = (f"{args['op']} " if "op" in args else "") + f"{number(claim['claimed_value']):.3g}"
-    spread = f" (spread {low:.3g}-{high:.3g})" if low is not None else ""
-    size = "" if math.isinf(factor) else f"; same effect means within {factor:g}x of the claimed size"
-    return f"{text}: {measured:.3g}{unit}{spread} vs claimed {shown}{unit}{size}"
+    spread = message(" (spread {low:.3g}-{high:.3g})", low=low, high=high) if low is not None else ""
+    numbers = message("{measured:.3g}{unit}{spread} vs claimed {shown}{unit}", measured=measured, unit=unit,
+                      spread=spread, shown=shown)
+    if not math.isinf(factor):
+        numbers = message("{numbers}; same effect means within {factor:g}x of the claimed size", numbers=numbers,
+                          factor=factor)
+    return Message(SEEN, {"effect": decision(text), "numbers": numbers})
 
 
 def _not_measured(ev: Evidence, dotted: str) -> Verdict:
     chapter, _, name = dotted.partition(".")
     state = ev.chapter_state(chapter)
-    why = f"{chapter} {state}" if state not in ("ok", "skipped") else f"{chapter} ({state}) did not record {name}"
+    why = (message("{chapter} {state}", chapter=chapter, state=Message(state)) if state not in ("ok", "skipped")
+           else message("{chapter} ({state}) did not record {name}", chapter=chapter, state=Message(state), name=name))
     recorded = ev.results.get(chapter, {})
     # a chapter that ran but could not record the figure says why (``Results.not_recorded``)
-    reason = recorded.get("status_reason") or (recorded.get("not_recorded") or {}).get(name, "")
-    return Verdict(NOT_MEASURED, why + (f": {reason}" if reason else ""), "none")
+    from_record = Message.from_record
+    reason = (from_record(recorded.get("status_reason_msg"), recorded.get("status_reason"))
+              or from_record((recorded.get("not_recorded_msg") or {}).get(name),
+                             (recorded.get("not_recorded") or {}).get(name, "")))
+    return Verdict(NOT_MEASURED, message("{why}: {reason}", why=why, reason=reason) if reason else why, "none")
 
 
 def rule_api(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -408,24 +454,27 @@ def rule_api(claim: dict, args: dict, ev: Evidence) -> Verdict:
     name, source = args["name"], ev.api_source
     row = next((r for r in ev.api_rows if r.get("guide_name") == name), None)
     if row is None:
-        return Verdict(NOT_MEASURED, f"{name} is in no API table ({source})", "none")
+        return Verdict(NOT_MEASURED, message("{name} is in no API table ({source})", name=name, source=source),
+                       "none")
     live, real = row.get("exists_here"), row.get("real_api", "")
     documented = str(row.get("documented", ""))
+    said = Message(documented)  # the API table's documented sentences are catalog words (guide_api)
     if live is True:
-        return Verdict("API exists", f"hasattr check on this machine found {name}; documented: {documented}",
-                       "measured", True, device_class=ev.device_class)
+        return Verdict("API exists", message("hasattr check on this machine found {name}; documented: {documented}",
+                                             name=name, documented=said), "measured", True, device_class=ev.device_class)
     if live is False and "set-only" in documented:
         # a set-only attribute has no getter, so hasattr is False on a real NPU too: trust the docs
-        return Verdict("API exists", f"{documented}; the live hasattr check is False because the attribute "
-                                     f"has no getter, which is expected (source: {source})", "documentation")
+        return Verdict("API exists", message("{documented}; the live hasattr check is False because the attribute "
+                                             "has no getter, which is expected (source: {source})",
+                                             documented=said, source=source), "documentation")
     if live is False:
-        return Verdict("API does not exist", f"hasattr check on this machine: missing. Real API: {real}",
-                       "measured", False, device_class=ev.device_class)
+        return Verdict("API does not exist", message("hasattr check on this machine: missing. Real API: {real}",
+                                                     real=real), "measured", False, device_class=ev.device_class)
     if documented.lower().startswith(("does not exist", "no ")):
-        return Verdict("API does not exist", f"{documented}. Real API: {real} (source: {source})",
-                       "documentation")
-    return Verdict("API exists", f"{documented}; real form: {real} (source: {source}; live check "
-                                 "needs torch_npu)", "documentation")
+        return Verdict("API does not exist", message("{documented}. Real API: {real} (source: {source})",
+                                                     documented=said, real=real, source=source), "documentation")
+    return Verdict("API exists", message("{documented}; real form: {real} (source: {source}; live check needs "
+                                         "torch_npu)", documented=said, real=real, source=source), "documentation")
 
 
 _CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
@@ -445,38 +494,48 @@ def rule_measured(claim: dict, args: dict, ev: Evidence) -> Verdict:
     if op is not None and op not in _CMP:
         raise ValueError(f"claim {claim['id']}: op={op!r}; choose one of {', '.join(_CMP)}")
     entry = ev.entry(args["metric"])
-    note = f" ({args['note']})" if args.get("note") else ""
+    note = _said(args, "note")
     if entry is None:
         v = _not_measured(ev, args["metric"])
-        v.detail += "" if op else note
+        if note and not op:
+            v.detail = message("{detail} ({note})", detail=v.detail, note=note)
         return v
     if "requires" in args:
         key, _, wanted = args["requires"].partition(":")
         if str(entry.get(key)).lower() != wanted.lower():
-            why = args.get("why", "the figure does not test the claim")
-            return Verdict(NOT_MEASURED, f"{args['metric']} was recorded with {key}={entry.get(key)!r}, "
-                                         f"not {wanted}: {why}", "none")
+            why = _said(args, "why") or message("the figure does not test the claim")
+            return Verdict(NOT_MEASURED, message("{metric} was recorded with {key}={value!r}, not {wanted}: {why}",
+                                                 metric=args["metric"], key=key, value=entry.get(key), wanted=wanted,
+                                                 why=why), "none")
     measured = float(entry["value"])
     on = _context(entry) or "?"
     if op is not None:
         tol = float(args.get("tolerance", 0.0))
         bound = claimed * (1 - tol) if op in (">", ">=") else claimed * (1 + tol)
         ok = _CMP[op](measured, bound)
-        shown = f"{claimed:g}" + (f" (tolerance {tol:.0%}: {bound:.3g})" if tol else "")
-        detail = f"measured {measured:.3g} {op if ok else 'is not ' + op} {shown}; on {on}"
+        shown = (message("{claimed:g} (tolerance {tol:.0%}: {bound:.3g})", claimed=claimed, tol=tol, bound=bound)
+                 if tol else f"{claimed:g}")
+        detail = (message("measured {measured:.3g} {op} {shown}; on {on}", measured=measured, op=op, shown=shown, on=on)
+                  if ok else message("measured {measured:.3g} is not {op} {shown}; on {on}", measured=measured, op=op,
+                                     shown=shown, on=on))
         ratio = measured / claimed if claimed and op in (">", ">=") else None
     else:
         if "abs_tol" in args:
             tol = float(args["abs_tol"])
             ok = abs(measured - claimed) <= tol
-            rule_text = f"|measured - claimed| = {abs(measured - claimed):.3g} vs tolerance {tol:g}"
+            rule_text = message("|measured - claimed| = {diff:.3g} vs tolerance {tol:g}", diff=abs(measured - claimed),
+                                tol=tol)
         else:
             tol = float(args.get("tolerance", 0.25))
             ok = claimed != 0 and abs(measured / claimed - 1) <= tol
-            rule_text = f"measured/claimed = {measured / claimed:.2f} (tolerance ±{tol:.0%})"
+            rule_text = message("measured/claimed = {ratio:.2f} (tolerance ±{tol:.0%})", ratio=measured / claimed
+                                if claimed else math.nan, tol=tol)
         ratio = measured / claimed if claimed else None
         unit = claim["unit"] and " " + claim["unit"]
-        detail = f"measured {measured:.3g}{unit} vs claimed {claimed:.3g}: {rule_text}; on {on}{note}"
+        detail = message("measured {measured:.3g}{unit} vs claimed {claimed:.3g}: {rule}; on {on}", measured=measured,
+                         unit=unit, claimed=claimed, rule=rule_text, on=on)
+        if note:
+            detail = message("{detail} ({note})", detail=detail, note=note)
     return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, measured, ratio,
                    _seen(claim, args, measured, ok, entry, ev.samples(args["metric"].partition(".")[0], entry)))
 
@@ -498,15 +557,17 @@ def rule_speedup_every_shape(claim: dict, args: dict, ev: Evidence) -> Verdict:
     if not ratios:
         return _not_measured(ev, args["table"])
     shown = "; ".join(f"{case}: {r:.2f}x" for case, r in ratios.items())
-    detail = f"{slow} / {fast} time per shape: {shown} (the claim needs > 1 at each)"
+    detail = message("{slow} / {fast} time per shape: {shown} (the claim needs > 1 at each)", slow=slow, fast=fast,
+                     shown=shown)
     noise = float(args.get("noise", 0.05))
     counts = [ev.samples(chapter, row) for row in ev.rows(chapter, name)]
     samples = None if any(c is None for c in counts) else min(counts, default=None)
     sides = {decide.effect(2.0, r, 1.0, noise=noise, factor=math.inf, samples=samples) for r in ratios.values()}
-    seen = sides.pop() if len(sides) == 1 else "mixed effect"
+    seen = decision(sides.pop()) if len(sides) == 1 else message("mixed effect")
     ok = all(r > 1 for r in ratios.values())
     entry = {"device": ev.chapter_device(chapter)}
-    return _judged(claim, ev, chapter, entry, ok, detail, min(ratios.values()), None, f"{seen}: {shown}")
+    return _judged(claim, ev, chapter, entry, ok, detail, min(ratios.values()), None,
+                   Message(SEEN, {"effect": seen, "numbers": shown}))
 
 
 def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -528,24 +589,27 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
     work = 2 * llama_parameter_count(**LLAMA2_7B_CONFIG) * prompt if prompt else 0.0
     low, high = claimed_range(claim["claimed_value"])
     if unit == "tok/s":  # the most lenient end: the slowest claimed rate
-        claimed_s, shown = 1.0 / low, f"{low:g} tok/s = {1e3 / low:.3g} ms per token"
+        claimed_s, shown = 1.0 / low, message("{rate:g} tok/s = {ms:.3g} ms per token", rate=low, ms=1e3 / low)
     elif unit == "ms":  # the most lenient end: the longest claimed time
         claimed_s, shown = high / 1e3, f"{high:g} ms"
     else:
         raise ValueError(f"claim {claim['id']}: rule bound needs unit tok/s or ms, not {unit!r}")
     if bw is None:
-        return Verdict(NEEDS[want], f"no bandwidth for {device} in {ev.specs_source}", "none")
+        return Verdict(NEEDS[want], message("no bandwidth for {device} in {source}", device=device,
+                                            source=ev.specs_source), "none")
     t_mem = nbytes / (bw * 1e9 * n)
     t_cmp = work / (flops * 1e12 * n) if (work and flops) else 0.0
     bound = max(t_mem, t_cmp)
     how = (f"{nbytes / 1e9:.3g} GB / ({n} x {bw:g} GB/s) = {t_mem * 1e3:.3g} ms"
            + (f"; {work / 1e9:.3g} GFLOP / ({n} x {flops:g} TFLOPS) = {t_cmp * 1e3:.3g} ms" if t_cmp else ""))
     if claimed_s < bound:
-        source = f"spec {bw_src}" + (f"; {fl_src}" if t_cmp else "")
+        source = message("spec {source}", source=bw_src)
+        if t_cmp:
+            source = message("{detail}; {note}", detail=source, note=fl_src)
         need = nbytes / claimed_s / 1e12
         return Verdict("physically impossible",
-                       f"claimed {shown}, but the floor is {how} (it would need {need:.3g} TB/s); {source}",
-                       "bound", ratio=bound / claimed_s)
+                       message("claimed {shown}, but the floor is {how} (it would need {need:.3g} TB/s); {source}",
+                               shown=shown, how=how, need=need, source=source), "bound", ratio=bound / claimed_s)
     chapter = str(args.get("metric", "")).partition(".")[0]
     entry = ev.entry(args["metric"]) if args.get("metric") else None
     if entry and (device_class(ev.chapter_device(chapter, entry)) != want
@@ -556,14 +620,16 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
         measured = float(entry["value"])
         ok = low * 0.75 <= measured <= high * 1.25  # the guides give no tolerance; ±25 % of the range
         return _judged(claim, ev, chapter, entry, ok,
-                       f"measured {measured:.3g} {unit} vs claimed {claim['claimed_value']} {unit} (±25%)",
-                       measured, measured / ((low + high) / 2), "")
+                       message("measured {measured:.3g} {unit} vs claimed {claimed} {unit} (±25%)", measured=measured,
+                               unit=unit, claimed=claim["claimed_value"]), measured, measured / ((low + high) / 2), "")
     if entry:  # the right device, another model: an absolute figure says nothing here
-        other_model = (f"; this run's {chapter} measured {float(entry['value']):.3g} {unit} on "
-                       f"{ev.chapter_device(chapter, entry)} with {ev.chapter_model(chapter) or '?'}, not "
-                       f"{claim.get('model') or 'the claimed model'}")
-    return Verdict(NEEDS[want], f"within the bound (floor {how}; claimed {shown}); run "
-                                f"{args.get('where', 'the matching chapter on that device')}{other_model}",
+        other_model = message("; this run's {chapter} measured {value:.3g} {unit} on {device} with {model}, not "
+                              "{claimed_model}", chapter=chapter, value=float(entry["value"]), unit=unit,
+                              device=ev.chapter_device(chapter, entry), model=ev.chapter_model(chapter) or "?",
+                              claimed_model=claim.get("model") or message("the claimed model"))
+    return Verdict(NEEDS[want], message("within the bound (floor {how}; claimed {shown}); run {where}{other}", how=how,
+                                        shown=shown, where=_said(args, "where") or message(
+                                            "the matching chapter on that device"), other=other_model),
                    "bound", ratio=bound / claimed_s)
 
 
@@ -591,14 +657,15 @@ def rule_weight_memory(claim: dict, args: dict, ev: Evidence) -> Verdict:
     claimed = number(claim["claimed_value"])
     weights = llama2_weight_bytes(args.get("weights", "float16"))
     as_gb, as_gib, ratio = claimed * 1e9, claimed * 2**30, claimed * 1e9 / weights
-    text = f"Llama-2-7B {args.get('weights', 'float16')} weights are {weights / 1e9:.2f} GB " \
-           f"({weights / 2**30:.2f} GiB)"
+    text = message("Llama-2-7B {weights} weights are {gb:.2f} GB ({gib:.2f} GiB)", weights=args.get("weights", "float16"),
+                   gb=weights / 1e9, gib=weights / 2**30)
     if max(as_gb, as_gib) < weights:
-        return Verdict("physically impossible", f"claimed {claimed:g} GB holds less than the weights: {text}",
-                       "bound", ratio=ratio)
+        return Verdict("physically impossible", message("claimed {claimed:g} GB holds less than the weights: {text}",
+                                                        claimed=claimed, text=text), "bound", ratio=ratio)
     if args.get("mode") == "storage":
-        return Verdict("agrees with sources", f"{claimed:g} GB holds the weights ({text}) with room for a "
-                                              "second copy in another format", "bound", ratio=ratio)
+        return Verdict("agrees with sources", message("{claimed:g} GB holds the weights ({text}) with room for a "
+                                                      "second copy in another format", claimed=claimed, text=text),
+                       "bound", ratio=ratio)
     target = claim.get("hardware") or "npu"
     found = _table_value(ev, args["peak"]) if "peak" in args else None
     if found is not None:
@@ -607,13 +674,15 @@ def rule_weight_memory(claim: dict, args: dict, ev: Evidence) -> Verdict:
         if cls == target and comparable_model(claim.get("model", ""), ev.chapter_model(chapter)):
             measured_gb, tol = value / 1e9, float(args.get("tolerance", 0.10))
             return _judged(claim, ev, chapter, {}, abs(measured_gb / claimed - 1) <= tol,
-                           f"peak memory {measured_gb:.3g} GB ({where}) vs claimed {claimed:g} GB "
-                           f"(tolerance ±{tol:.0%}); {text}", measured_gb, measured_gb / claimed, "")
-    note = " (only under a GiB reading of the unit)" if as_gb < weights else ""
-    return Verdict(NEEDS[target], f"claimed {claimed:g} GB covers the weights{note}: {text}; the peak memory "
-                                  f"needs {args.get('peak', 'a peak-memory figure')} from a run on "
-                                  f"{HARDWARE[target]} with {claim.get('model') or 'the model'}", "bound",
-                   ratio=ratio)
+                           message("peak memory {measured:.3g} GB ({where}) vs claimed {claimed:g} GB (tolerance "
+                                   "±{tol:.0%}); {text}", measured=measured_gb, where=where, claimed=claimed, tol=tol,
+                                   text=text), measured_gb, measured_gb / claimed, "")
+    note = message(" (only under a GiB reading of the unit)") if as_gb < weights else ""
+    return Verdict(NEEDS[target], message("claimed {claimed:g} GB covers the weights{note}: {text}; the peak memory "
+                                          "needs {peak} from a run on {hardware} with {model}", claimed=claimed,
+                                          note=note, text=text, peak=args.get("peak") or message("a peak-memory figure"),
+                                          hardware=Message(HARDWARE[target]),
+                                          model=claim.get("model") or message("the model")), "bound", ratio=ratio)
 
 
 def rule_fits(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -622,14 +691,16 @@ def rule_fits(claim: dict, args: dict, ev: Evidence) -> Verdict:
     weights = llama2_weight_bytes(args.get("weights", "float16"), size)
     mem, src = ev.spec(args["device"], "memory_gb")
     if mem is None:
-        return Verdict(NOT_MEASURED, f"no memory size for {args['device']}", "none")
-    detail = (f"{args['model']} {args.get('weights', 'float16')} weights are {weights / 1e9:.1f} GB; one "
-              f"{src.split(':')[0]} has {mem:g} GB")
+        return Verdict(NOT_MEASURED, message("no memory size for {device}", device=args["device"]), "none")
+    facts = dict(model=args["model"], weights=args.get("weights", "float16"), gb=weights / 1e9,
+                 device=src.split(":")[0], memory=mem)
     if weights < mem * 1e9:
-        return Verdict("disagrees with sources", detail + ": it fits on one card (tensor parallelism is "
-                                                          "needed on 32 GB cards, and for 70B)", "bound",
+        return Verdict("disagrees with sources", message("{model} {weights} weights are {gb:.1f} GB; one {device} has "
+                                                         "{memory:g} GB: it fits on one card (tensor parallelism is "
+                                                         "needed on 32 GB cards, and for 70B)", **facts), "bound",
                        ratio=weights / (mem * 1e9))
-    return Verdict("agrees with sources", detail + ": it does not fit on one card", "bound",
+    return Verdict("agrees with sources", message("{model} {weights} weights are {gb:.1f} GB; one {device} has "
+                                                  "{memory:g} GB: it does not fit on one card", **facts), "bound",
                    ratio=weights / (mem * 1e9))
 
 
@@ -641,33 +712,38 @@ def rule_spec(claim: dict, args: dict, ev: Evidence) -> Verdict:
     if "derive_from" not in args:
         value, src = ev.spec(device, args["column"])
         if value is None:
-            where = args.get("where", "a benchmark")
-            return Verdict(NEEDS["npu"], f"no published {args['column']} for {device} in "
-                                         f"{ev.specs_source}; measure with {where}", "none")
+            where = _said(args, "where") or message("a benchmark")
+            return Verdict(NEEDS["npu"], message("no published {column} for {device} in {source}; measure with {where}",
+                                                 column=args["column"], device=device, source=ev.specs_source,
+                                                 where=where), "none")
         if args.get("op", "=") == ">":
             ok = value > claimed
         else:
             ok = math.isclose(value, claimed, rel_tol=0.05)
         return Verdict("agrees with sources" if ok else "disagrees with sources",
-                       f"specs table: {src}; claimed {claim['claimed_value']} {unit}",
+                       message("specs table: {source}; claimed {claimed} {unit}", source=src,
+                               claimed=claim["claimed_value"], unit=unit),
                        "documentation", value, ratio=value / claimed if claimed else None)
     base, src = ev.spec(device, args["derive_from"])
     if base is None:
         return Verdict(NEEDS[claim.get("hardware") or "npu"],
-                       f"no {args['derive_from']} for {device} in {ev.specs_source} to derive a bound from",
-                       "none")
+                       message("no {column} for {device} in {source} to derive a bound from",
+                               column=args["derive_from"], device=device, source=ev.specs_source), "none")
     factor = number(args["factor"])
     derived = base * factor
-    how = (f"{args['derive_from']} {base:g} x {factor:g} ({args['factor_source']}) = {derived:.3g} "
-           f"{unit}; specs table: {src}")
+    how = message("{column} {base:g} x {factor:g} ({factor_source}) = {derived:.3g} {unit}; specs table: {source}",
+                  column=args["derive_from"], base=base, factor=factor, factor_source=_said(args, "factor_source"),
+                  derived=derived, unit=unit, source=src)
     tol = float(args.get("tolerance", 0.25))
     if claimed > derived * (1 + tol):
-        return Verdict("physically impossible", f"claimed {claimed:g} exceeds the derived peak: {how}", "bound",
-                       ratio=claimed / derived)
+        return Verdict("physically impossible", message("claimed {claimed:g} exceeds the derived peak: {how}",
+                                                        claimed=claimed, how=how), "bound", ratio=claimed / derived)
     ok = abs(claimed / derived - 1) <= tol
-    return Verdict("agrees with sources" if ok else "disagrees with sources",
-                   f"claimed {claimed:g} {unit} is {claimed / derived:.2f}x the derived {how}"
-                   + ("" if ok else f"; {args['note']}" if args.get("note") else ""), "bound",
+    detail = message("claimed {claimed:g} {unit} is {ratio:.2f}x the derived {how}", claimed=claimed, unit=unit,
+                     ratio=claimed / derived, how=how)
+    if not ok and args.get("note"):
+        detail = message("{detail}; {note}", detail=detail, note=_said(args, "note"))
+    return Verdict("agrees with sources" if ok else "disagrees with sources", detail, "bound",
                    ratio=claimed / derived)
 
 
@@ -675,13 +751,15 @@ def rule_pairing(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """A torch_npu / CANN pair against the documented compatibility table (helpers.versions)."""
     npu, cann = args["torch_npu"], args["cann"]
     rows = [r for r in KNOWN_GOOD if r["torch_npu"].startswith(npu)]
-    pairs = "; ".join(f"torch_npu {r['torch_npu']} + CANN {r['cann']}" for r in rows) or "none listed"
+    pairs = "; ".join(f"torch_npu {r['torch_npu']} + CANN {r['cann']}" for r in rows) or message("none listed")
     if any(r["cann"].startswith(cann) for r in rows):
-        return Verdict("agrees with sources", f"documented pairs for torch_npu {npu}.x: {pairs}", "documentation")
+        return Verdict("agrees with sources", message("documented pairs for torch_npu {npu}.x: {pairs}", npu=npu,
+                                                      pairs=pairs), "documentation")
     other = "; ".join(f"torch_npu {r['torch_npu']}" for r in KNOWN_GOOD if r["cann"].startswith(cann))
     return Verdict("disagrees with sources",
-                   f"documented pairs for torch_npu {npu}.x: {pairs}; CANN {cann} pairs with "
-                   f"{other or 'none listed'} (Ascend/pytorch compatibility table)", "documentation")
+                   message("documented pairs for torch_npu {npu}.x: {pairs}; CANN {cann} pairs with {other} "
+                           "(Ascend/pytorch compatibility table)", npu=npu, pairs=pairs, cann=cann,
+                           other=other or message("none listed")), "documentation")
 
 
 def rule_consistency(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -699,40 +777,43 @@ def rule_consistency(claim: dict, args: dict, ev: Evidence) -> Verdict:
         k = int(args["k"])
         std = math.sqrt(k)
         step = 2.0 ** (math.floor(math.log2(std)) - int(args.get("mantissa_bits", 10)))
-        how = (f"outputs of {k}-long dot products of standard-normal values have std {std:.3g}; float16 "
-               f"values there are {step:.3g} apart")
+        how = message("outputs of {k}-long dot products of standard-normal values have std {std:.3g}; float16 "
+                      "values there are {step:.3g} apart", k=k, std=std, step=step)
         if claimed < step / 2:
-            return Verdict("internally inconsistent", f"{how}, so a threshold of {claimed:g} is below half a "
-                                                      "step: only a bit-identical kernel meets it with the "
-                                                      "guide's own inputs", "computed", step,
-                           ratio=claimed / step)
-        return Verdict("internally consistent", f"{how}: a threshold of {claimed:g} allows for rounding",
-                       "computed", step, ratio=claimed / step)
+            return Verdict("internally inconsistent", message("{how}, so a threshold of {claimed:g} is below half a "
+                                                              "step: only a bit-identical kernel meets it with the "
+                                                              "guide's own inputs", how=how, claimed=claimed),
+                           "computed", step, ratio=claimed / step)
+        return Verdict("internally consistent", message("{how}: a threshold of {claimed:g} allows for rounding",
+                                                        how=how, claimed=claimed), "computed", step,
+                       ratio=claimed / step)
     if "expr" in args:
         other = number(args["expr"])
         how = f"{args['expr']} = {other:.3g}"
     elif "rate" in args:
         other = int(args.get("tokens", 100)) / number(args["rate"]) * 1e3
-        how = f"{args.get('tokens', 100)} tokens / {args['rate']} tok/s = {other:.0f} ms"
+        how = message("{tokens} tokens / {rate} tok/s = {ms:.0f} ms", tokens=args.get("tokens", 100), rate=args["rate"],
+                      ms=other)
     else:
         values = [number(v) for v in args["others"].split(",")]
         spread = max(abs(v / claimed - 1) for v in values)
-        where = args.get("where", "elsewhere in the guide")
+        where = _said(args, "where") or message("elsewhere in the guide")
         return Verdict("internally consistent" if spread <= tol else "internally inconsistent",
-                       f"{claimed:.4g} here vs {', '.join(f'{v:.4g}' for v in values)} {where} "
-                       f"(differ by up to {spread:.1%}, tolerance {tol:.0%})", "guide")
+                       message("{claimed:.4g} here vs {others} {where} (differ by up to {spread:.1%}, tolerance "
+                               "{tol:.0%})", claimed=claimed, others=", ".join(f"{v:.4g}" for v in values),
+                               where=where, spread=spread, tol=tol), "guide")
     diff = abs(other / claimed - 1)
     return Verdict("internally consistent" if diff <= tol else "internally inconsistent",
-                   f"claimed {claimed:g}; {how} (differs by {diff:.1%}, tolerance {tol:.0%})", "guide",
-                   ratio=other / claimed)
+                   message("claimed {claimed:g}; {how} (differs by {diff:.1%}, tolerance {tol:.0%})", claimed=claimed,
+                           how=how, diff=diff, tol=tol), "guide", ratio=other / claimed)
 
 
 def rule_documented(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """Only for claims no measurement or bound can decide: the verdict comes with its source, or,
     for one that nothing measures, ``not measured in this run`` with the ``note`` saying why."""
     if args["verdict"] == NOT_MEASURED:
-        return Verdict(NOT_MEASURED, args.get("note", "no chapter measures this"), "none")
-    return Verdict(args["verdict"], args["source"], "documentation")
+        return Verdict(NOT_MEASURED, _said(args, "note") or message("no chapter measures this"), "none")
+    return Verdict(args["verdict"], _said(args, "source"), "documentation")
 
 
 def rule_torch_autoload(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -742,14 +823,15 @@ def rule_torch_autoload(claim: dict, args: dict, ev: Evidence) -> Verdict:
     """
     image, since = args["image_torch"], args.get("autoload_since", "2.5")
     version = tuple(int(p) for p in re.findall(r"\d+", image)[:2])
-    why = (f"the guide's image has torch {image}; torch_npu registers a torch.backends entry point that "
-           f"'import torch' loads automatically from torch {since} on (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns "
-           "it off)")
+    why = message("the guide's image has torch {image}; torch_npu registers a torch.backends entry point that "
+                  "'import torch' loads automatically from torch {since} on (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns "
+                  "it off)", image=image, since=since)
     if version >= tuple(int(p) for p in since.split(".")):
-        return Verdict("disagrees with sources", why + ": the explicit import is optional there", "documentation")
-    return Verdict("agrees with sources", why + f": torch {image} predates it, so the explicit import is "
-                                                f"required on that image (optional on torch >= {since})",
-                   "documentation")
+        return Verdict("disagrees with sources", message("{why}: the explicit import is optional there", why=why),
+                       "documentation")
+    return Verdict("agrees with sources", message("{why}: torch {image} predates it, so the explicit import is "
+                                                  "required on that image (optional on torch >= {since})", why=why,
+                                                  image=image, since=since), "documentation")
 
 
 def rule_npu_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
@@ -765,10 +847,11 @@ def rule_npu_ratio(claim: dict, args: dict, ev: Evidence) -> Verdict:
         measured = float(row["tokens_per_s"]) / float(before["tokens_per_s"])
         tol = float(args.get("tolerance", 0.15))  # a step of +34 %: ±25 % would accept no gain at all
         return _judged(claim, ev, chapter, {}, abs(measured / claimed - 1) <= tol,
-                       f"ladder step {before['rung']} -> {row['rung']}: {measured:.2f}x vs claimed "
-                       f"{claimed:g}x (±{tol:.0%})", measured, measured / claimed, "")
-    return Verdict(NEEDS["npu"], f"run {args.get('where', 'chapter 06 on an NPU, where the options exist')}",
-                   "none")
+                       message("ladder step {before} -> {after}: {measured:.2f}x vs claimed {claimed:g}x (±{tol:.0%})",
+                               before=before["rung"], after=row["rung"], measured=measured, claimed=claimed, tol=tol),
+                       measured, measured / claimed, "")
+    return Verdict(NEEDS["npu"], message("run {where}", where=_said(args, "where") or message(
+        "chapter 06 on an NPU, where the options exist")), "none")
 
 
 def _as_fact(value: Any) -> str:
@@ -789,9 +872,11 @@ def rule_fact(claim: dict, args: dict, ev: Evidence) -> Verdict:
     want, got = args.get("want", claim["claimed_value"]), entry["value"]
     ok = _as_fact(got) == _as_fact(want)
     how = entry.get("detail") or entry.get("code_path") or ""
-    detail = f"recorded {got!r}, the claim needs {want!r}" + (f": {how}" if how else "")
+    detail = message("recorded {got!r}, the claim needs {want!r}", got=got, want=want)
+    if how:
+        detail = message("{detail}: {how}", detail=detail, how=how)
     return _judged(claim, ev, args["metric"].partition(".")[0], entry, ok, detail, got, None,
-                   "holds" if ok else "does not hold")
+                   message("holds") if ok else message("does not hold"))
 
 
 RULES = {
@@ -808,8 +893,8 @@ def judge(claim: dict, ev: Evidence) -> Verdict:
     try:
         return RULES[claim["rule"]](claim, parse_args(claim.get("args", "")), ev)
     except Exception as exc:  # noqa: BLE001  (a broken rule must not hide the other claims)
-        return Verdict(NOT_MEASURED, f"rule {claim['rule']} failed: {type(exc).__name__}: {exc}",
-                       "none")
+        return Verdict(NOT_MEASURED, message("rule {rule} failed: {error}: {exc}", rule=claim["rule"],
+                                             error=type(exc).__name__, exc=str(exc)), "none")
 
 
 def _rank(v: Verdict, ev: Evidence, target: str) -> tuple:

@@ -21,10 +21,11 @@ from typing import Optional
 
 import torch
 
-from . import model_files, progress
+from . import model_files, progress, prose
 from .backend import DTYPES, as_device, cpu_capability, dtype_name, return_freed_heap
 from .backend import named_dtype
 from .bench import Timing, assert_within, measure
+from .prose import message
 from .results import load_results
 from .versions import cache_argument, cache_of
 
@@ -349,28 +350,32 @@ def flip_lengths(rows: list[dict], prompt_tokens: int = REQUEST_PROMPT_TOKENS,
     return out
 
 
-def _reason(decision: str, rows: list[dict], chosen: str, flips: Optional[dict] = None) -> str:
+def _reason(decision: str, rows: list[dict], chosen: str, flips: Optional[dict] = None) -> prose.Message:
     by = {r["dtype"]: r for r in rows}
     f32 = by["float32"]
     flips = flips or {}
     if decision == "no_16bit_usable":
-        why = "; ".join(f"{r['dtype']}: {r['problem']}" for r in rows if r.get("problem"))
-        return f"float32: no 16-bit dtype runs correctly here ({why})"
-    request = f"{f32['request_prompt_tokens']}-token prompt + {f32['request_new_tokens']} new tokens"
+        why = [message("{dtype}: {problem}", dtype=r["dtype"], problem=r["problem"]) for r in rows if r.get("problem")]
+        return message("float32: no 16-bit dtype runs correctly here ({why})", why=why)
+    request = message("{prompt}-token prompt + {new} new tokens", prompt=f32["request_prompt_tokens"],
+                      new=f32["request_new_tokens"])
     if decision == "16bit_faster":
         c = by[chosen]
-        text = (f"{chosen}: the model's forward served a {request} in {c['request_ms']:.0f} ms in {chosen} "
-                f"against {f32['request_ms']:.0f} ms in float32 on this CPU, spreads apart")
+        text = message("{dtype}: the model's forward served a {request} in {ms:.0f} ms in {dtype} against "
+                       "{f32_ms:.0f} ms in float32 on this CPU, spreads apart", dtype=chosen, request=request,
+                       ms=c["request_ms"], f32_ms=f32["request_ms"])
     else:
         alt = min((r for r in rows if r["dtype"] != "float32" and not r.get("problem")),
                   key=lambda r: r["request_ms"])
-        text = (f"float32: no 16-bit dtype serves a {request} faster beyond the spread here "
-                f"({alt['dtype']} {alt['request_ms']:.0f} ms vs float32 {f32['request_ms']:.0f} ms)")
+        text = message("float32: no 16-bit dtype serves a {request} faster beyond the spread here "
+                       "({other} {other_ms:.0f} ms vs float32 {f32_ms:.0f} ms)", request=request,
+                       other=alt["dtype"], other_ms=alt["request_ms"], f32_ms=f32["request_ms"])
     if flips.get("flip_longer_tokens"):
-        text += f"; from {flips['flip_longer_tokens']}-token prompts on it would be {flips['flip_longer_dtype']}"
+        text = message("{reason}; from {tokens}-token prompts on it would be {dtype}", reason=text,
+                       tokens=flips["flip_longer_tokens"], dtype=flips["flip_longer_dtype"])
     if flips.get("flip_shorter_tokens"):
-        text += (f"; for prompts of {flips['flip_shorter_tokens']} tokens or fewer it would be "
-                 f"{flips['flip_shorter_dtype']}")
+        text = message("{reason}; for prompts of {tokens} tokens or fewer it would be {dtype}", reason=text,
+                       tokens=flips["flip_shorter_tokens"], dtype=flips["flip_shorter_dtype"])
     return text
 
 
@@ -453,7 +458,7 @@ def measure_cpu_dtype(model=None, *, prompt_tokens: int = REQUEST_PROMPT_TOKENS,
         return_freed_heap()
     chosen, decision = pick_cpu_dtype(rows)
     flips = flip_lengths(rows, prompt_tokens, new_tokens)
-    return DtypeChoice(DTYPES[chosen], _reason(decision, rows, chosen, flips), "measured now", rows,
+    return DtypeChoice(DTYPES[chosen], _reason(decision, rows, chosen, flips), message("measured now"), rows,
                        decision, source, cpu_capability(), torch.get_num_threads(),
                        prompt_tokens, new_tokens, **flips)
 
@@ -472,8 +477,8 @@ def recorded_dtype_choice(run_dir=None) -> Optional[DtypeChoice]:
         return None
     kept = {f.name: entry[f.name] for f in fields(DtypeChoice)
             if f.name not in ("dtype", "reason", "source") and f.name in entry}
-    return DtypeChoice(DTYPES[entry["value"]], entry.get("reason", ""), "recorded by chapter 00 of this run",
-                       **kept)
+    return DtypeChoice(DTYPES[entry["value"]], prose.recorded(entry, "reason"),
+                       message("recorded by chapter 00 of this run"), **kept)
 
 
 def choose_dtype(device, model=None, *, run_dir=None, reuse: bool = True) -> DtypeChoice:
@@ -484,8 +489,8 @@ def choose_dtype(device, model=None, *, run_dir=None, reuse: bool = True) -> Dty
     """
     kind = as_device(device).type
     if kind in ("npu", "cuda"):
-        return DtypeChoice(torch.float16, f"float16: the guides' inference dtype and native on {kind}",
-                           f"fixed for {kind}")
+        return DtypeChoice(torch.float16, message("float16: the guides' inference dtype and native on {device}",
+                                                  device=kind), message("fixed for {device}", device=kind))
     if reuse:
         recorded = recorded_dtype_choice(run_dir)
         if recorded is not None:

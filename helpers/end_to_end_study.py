@@ -16,15 +16,36 @@ from typing import Callable, Optional
 
 import torch
 
-from . import backend, bench, decide, plots, profiling, roofline
+from . import backend, bench, decide, plots, profiling, prose, roofline
 from .backend import as_device, dtype_name
 from .claims import claimed_range, load_claims
 from .generation import decode_step, generate_tokens, measure_generation, run_sweep, sweep_table
+from .prose import N_, message
 from .model_files import tiny_llama
 from .params import check_positive_int
 from .profiling import count_ops
 from .roofline import decode_ceiling_tok_s, load_specs
 from .static_decode import GraphRecompileError, compile_model, restore_eager, static_generate_kwargs
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("decode_two_generates_ms"), N_("decode_two_generates_p10_ms"), N_("decode_two_generates_p90_ms"),
+    N_("decode_two_generates_resolved"), N_("static_cache"), N_("repeats"), N_("weight_matmul_ms"),
+    N_("attention_ms"), N_("other_kernel_ms"), N_("matmul_kernels"), N_("kernel_profile"), N_("calls"),
+    N_("self_cpu_ms_per_step"), N_("graphs built"), N_("matmul"), N_("ms_per_step"), N_("ceiling_tok_s"),
+    N_("guide's claim"), N_("claimed tok/s"), N_("spec status"), N_("bandwidth needed (GB/s)"),
+    N_("device bandwidth (GB/s)"), N_("% of bandwidth the claim needs"), N_("ceiling tok/s"),
+    N_("prefill floor (ms)"), N_("total_ms"), N_("decode_samples"), N_("step_ms"), N_("matmul_ms"),
+    N_("rest_ms"), N_("matmul_share_pct"), N_("roofline_ms"), N_("roofline_pct"), N_("matmul_gbps"),
+    N_("note"), N_("dynamic cache"), N_("static cache"), N_("impossible"), N_("plausible"),
+    N_("tokens_per_s_per_user"), N_("tokens_per_s_aggregate"), N_("decode_steps_per_generate"),
+    N_("memory_growth_bytes"), N_("kv_cache_bytes"), N_("weight_bytes"),
+)
+
+
+
+
 
 
 # --- the prefill's logits: the slice transformers takes against plain rows ------------------------
@@ -238,6 +259,12 @@ def compiled_module_runs_generate_compiled() -> bool:
 
 # --- the guides' speed and first-token claims against the device bounds ---------------------------
 
+def this_device(device, source) -> "prose.Message":
+    """The ceilings table's row label for the device this run measured: ``this cpu (measured in
+    chapter 00 of this run)``."""
+    return message("this {device} ({source})", device=str(device), source=source)
+
+
 def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None):
     """Each device's batch-1 ceiling for ``weight_bytes``; ``extra`` adds measured rows {label: GB/s}."""
     import pandas as pd
@@ -247,7 +274,7 @@ def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None
              "source": r.source} for r in specs.itertuples()]
     for label, gbps in (extra or {}).items():
         rows.append({"device": label, "bandwidth_gbps": float(gbps), "status": "measured",
-                     "source": "measured in this run"})
+                     "source": message("measured in this run")})
     df = pd.DataFrame(rows)
     df["ceiling_tok_s"] = [decode_ceiling_tok_s(b, weight_bytes) for b in df["bandwidth_gbps"]]
     return df
@@ -255,7 +282,8 @@ def ceilings_table(weight_bytes: float, specs=None, extra: Optional[dict] = None
 
 # (claim id in data/guide_claims.csv, the spec row it is about, the label shown); the claimed numbers
 # are read from the claims table, where each is quoted once with its Chinese original.
-DECODE_CLAIMS = (("C18", "910B1", "batch 1, one 910B1"), ("C18", "all 8 chips", "the same on all 8 chips"),
+DECODE_CLAIMS = (("C18", "910B1", message("batch 1, one 910B1")),
+                 ("C18", "all 8 chips", message("the same on all 8 chips")),
                  ("C26", "910B1", "Llama-2-7B fp16, 910B"), ("C27", "A100 80GB SXM", "Llama-2-7B fp16, A100"))
 
 
@@ -274,7 +302,8 @@ def guide_decode_claims(specs, weight_bytes: float):
         low, _ = claimed_range(table.loc[claim_id, "claimed_value"])
         need = required_bandwidth_gbps(low, weight_bytes)
         bound = decode_ceiling_tok_s(float(device.bandwidth_gbps), weight_bytes)
-        rows.append({"claim": claim_id, "guide's claim": f"{table.loc[claim_id, 'text_zh']} ({label})",
+        rows.append({"claim": claim_id,
+                     "guide's claim": message("{claim} ({label})", claim=table.loc[claim_id, "text_zh"], label=label),
                      "claimed tok/s": low, "device": device.variant, "spec status": device.status,
                      "bandwidth needed (GB/s)": need, "device bandwidth (GB/s)": float(device.bandwidth_gbps),
                      "% of bandwidth the claim needs": 100 * need / float(device.bandwidth_gbps),
@@ -287,8 +316,9 @@ def prefill_floor_table(prompt_lengths, parameters: int, tflops: float, budget_m
     and the utilisation a ``budget_ms`` first token would need; plus the longest prompt that fits."""
     import pandas as pd
 
+    needs = message("{budget:g} ms needs utilisation (%)", budget=budget_ms)
     rows = [{"prompt tokens": n, "prefill floor (ms)": prefill_floor_ms(n, parameters, tflops),
-             f"{budget_ms:g} ms needs utilisation (%)": 100 * prefill_floor_ms(n, parameters, tflops) / budget_ms}
+             needs: 100 * prefill_floor_ms(n, parameters, tflops) / budget_ms}
             for n in sorted(set(prompt_lengths))]
     longest = budget_ms / 1e3 * tflops * 1e12 / (2 * parameters)
     return pd.DataFrame(rows), longest
@@ -307,12 +337,13 @@ def unresolved_decode_lengths(sweep) -> list[int]:
     return [int(n) for n in ok.loc[bad, "prompt_tokens"]]
 
 
-def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
+def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8), lang: str = "en"):
     """TTFT (with its p10-p90) and decode per token against the prompt length, log-2 x axis. A
     length whose decode did not resolve gets no point (it has no value) but a mark on the axis and
     a note in the panel, so the line never skips it silently."""
     import matplotlib.pyplot as plt
 
+    lang = plots.chart_language(lang)
     ok = sweep[sweep["status"] == "ok"].sort_values("prompt_tokens")
     missing = unresolved_decode_lengths(sweep)
     fig, ax = plt.subplots(1, 2, figsize=figsize)
@@ -322,19 +353,20 @@ def plot_prompt_sweep(sweep, title: str, figsize=(10, 3.8)):
         dec = ok[~ok["prompt_tokens"].isin(missing)]
         yerr = plots.error_bars(dec["decode_ms_per_token"], dec["decode_p10_ms"], dec["decode_p90_ms"])
         ax[1].errorbar(dec["prompt_tokens"], dec["decode_ms_per_token"], yerr=yerr, marker="o", capsize=3,
-                       color="tab:orange", label="median, p10-p90")
+                       color="tab:orange", label=prose.tell(lang, "median, p10-p90"))
     if missing:
         ax[1].plot(missing, [0.0] * len(missing), marker="x", ls="none", color="tab:red", clip_on=False,
-                   transform=ax[1].get_xaxis_transform(), label="decode did not resolve")
-        ax[1].text(0.02, 0.96, "decode did not resolve at " + ", ".join(map(str, missing)) + " prompt tokens",
+                   transform=ax[1].get_xaxis_transform(), label=prose.tell(lang, "decode did not resolve"))
+        ax[1].text(0.02, 0.96, prose.tell(lang, "decode did not resolve at {lengths} prompt tokens",
+                                          lengths=[str(n) for n in missing]),
                    transform=ax[1].transAxes, va="top", fontsize=8, color="tab:red")
         ax[1].legend(fontsize=7, loc="lower right")
-    for a, name in zip(ax, ["TTFT (prefill)", "decode per token"]):
+    for a, name in zip(ax, [prose.tell(lang, "TTFT (prefill)"), prose.tell(lang, "decode per token")]):
         a.set_xscale("log", base=2)
-        a.set_xlabel("prompt tokens")
-        a.set_ylabel("ms (median, p10-p90)")
+        a.set_xlabel(prose.tell(lang, "prompt tokens"))
+        a.set_ylabel(prose.tell(lang, "ms (median, p10-p90)"))
         a.set_title(name)
-    fig.suptitle(title)
+    fig.suptitle(prose.tr(title, lang))
     return fig
 
 
@@ -383,92 +415,119 @@ def quiet_recompile_warnings():
 
 
 # --- chapter 03's worked answers (solutions/03): the sentences of each answer, from the data -------
-# The answers are written in English in both editions (their code cells are the same); each one
-# says so where a figure it needs did not resolve, instead of dividing by it.
+# Each answer's sentences are run-time messages (``prose.tell``), said in the answer's edition; each
+# one says so where a figure it needs did not resolve, instead of dividing by it.
 
 def _resolved(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def answer_request_lengths(runs: dict) -> str:
+def answer_request_lengths(runs: dict, lang: str = "en") -> str:
     """Exercise 1: ``runs`` maps new tokens to ``measure_generation`` results (two lengths). TTFT
     against decode per token (stamped per token), and the two-generate cross-check at each length."""
     (short, s), (long_, l) = sorted(runs.items())[0], sorted(runs.items())[-1]
-    parts = [f"The whole request grows {l['total_ms'] / s['total_ms']:.1f}x from {short} to {long_} new tokens; "
-             f"TTFT changes by {100 * (l['ttft_ms'] / s['ttft_ms'] - 1):+.0f} %"]
+    parts = [prose.tell(lang, "The whole request grows {growth:.1f}x from {short} to {long} new tokens; TTFT "
+                        "changes by {ttft:+.0f} %", growth=l["total_ms"] / s["total_ms"], short=short, long=long_,
+                        ttft=100 * (l["ttft_ms"] / s["ttft_ms"] - 1))]
     if _resolved(s["decode_ms_per_token"]) and _resolved(l["decode_ms_per_token"]):
-        overlap = decide.spreads_overlap((s["decode_p10_ms"], s["decode_p90_ms"]), (l["decode_p10_ms"], l["decode_p90_ms"]))
-        parts.append(f" and decode per token by {100 * (l['decode_ms_per_token'] / s['decode_ms_per_token'] - 1):+.0f} %"
-                     + (" (their p10-p90 spreads overlap: no change beyond the noise)." if overlap else
-                        " (their p10-p90 spreads are apart: something besides the request length, or the longer "
-                        "KV cache, moved the step)."))
+        overlap = decide.spreads_overlap((s["decode_p10_ms"], s["decode_p90_ms"]),
+                                         (l["decode_p10_ms"], l["decode_p90_ms"]))
+        change = 100 * (l["decode_ms_per_token"] / s["decode_ms_per_token"] - 1)
+        if overlap:
+            parts.append(prose.tell(lang, " and decode per token by {change:+.0f} % (their p10-p90 spreads overlap: "
+                                    "no change beyond the noise).", change=change))
+        else:
+            parts.append(prose.tell(lang, " and decode per token by {change:+.0f} % (their p10-p90 spreads are "
+                                    "apart: something besides the request length, or the longer KV cache, moved "
+                                    "the step).", change=change))
     else:
-        parts.append("; the decode per token did not resolve at "
-                     + " and ".join(str(n) for n, r in sorted(runs.items()) if not _resolved(r["decode_ms_per_token"]))
-                     + " new tokens, so this run cannot compare it.")
-    parts.append(" TTFT is one prefill of the same prompt, so the number of new tokens does not enter it. Decode is "
-                 "timed per token inside each generate, so each sample is one step whatever N is; the longer "
-                 f"request attends over {(long_ - short) // 2} more positions on average, which adds to each step's "
-                 "attention but not to the weights it reads.")
+        unresolved = [str(n) for n, r in sorted(runs.items()) if not _resolved(r["decode_ms_per_token"])]
+        parts.append(prose.tell(lang, "; the decode per token did not resolve at {lengths} new tokens, so this run "
+                                "cannot compare it.", lengths=unresolved))
+    parts.append(prose.tell(lang, " TTFT is one prefill of the same prompt, so the number of new tokens does not "
+                            "enter it. Decode is timed per token inside each generate, so each sample is one step "
+                            "whatever N is; the longer request attends over {more} more positions on average, which "
+                            "adds to each step's attention but not to the weights it reads.",
+                            more=(long_ - short) // 2))
     checks = []
     for n, r in sorted(runs.items()):
         two = r.get("decode_two_generates_ms")
-        checks.append(f"{n} tokens: {two:.2f} ms against {r['decode_ms_per_token']:.2f} ms stamped" if _resolved(two)
-                      else f"{n} tokens: no figure (the one-token generates took as long as the full ones)")
-    parts.append(" The cross-check (t(N) − t(1)) / (N − 1) divides a small difference of two noisy totals by N − 1: "
-                 + "; ".join(checks) + ". The longer the request, the more decode time the difference holds "
-                 "above the noise of the totals, so it needs the longer request to resolve; the stamped steps do not.")
+        if _resolved(two):
+            checks.append(prose.tell(lang, "{n} tokens: {two:.2f} ms against {stamped:.2f} ms stamped", n=n, two=two,
+                                     stamped=r["decode_ms_per_token"]))
+        else:
+            checks.append(prose.tell(lang, "{n} tokens: no figure (the one-token generates took as long as the full "
+                                     "ones)", n=n))
+    parts.append(prose.tell(lang, " The cross-check (t(N) − t(1)) / (N − 1) divides a small difference of two noisy "
+                            "totals by N − 1: {checks}. The longer the request, the more decode time the difference "
+                            "holds above the noise of the totals, so it needs the longer request to resolve; the "
+                            "stamped steps do not.", checks="; ".join(checks)))
     return "".join(parts)
 
 
-def answer_dtype_ratio(by_dtype: dict) -> str:
+def answer_dtype_ratio(by_dtype: dict, lang: str = "en") -> str:
     """Exercise 2: ``by_dtype`` maps two dtype names to ``{decode_ms_per_token, decode_p10_ms,
     decode_p90_ms, bytes_per_step}``. The time ratio (with its spread) against the bytes ratio, and
     what the data says: a fixed cost per step pulls the time ratio below the bytes ratio, towards 1;
     a time ratio above the bytes ratio means the larger step moves its bytes at a lower rate."""
     if len(by_dtype) != 2:
-        return "The chapter's dtype has no second dtype to compare with here, so this run has no ratio to read."
+        return prose.tell(lang, "The chapter's dtype has no second dtype to compare with here, so this run has no "
+                          "ratio to read.")
     small, large = sorted(by_dtype, key=lambda n: by_dtype[n]["bytes_per_step"])
     a, b = by_dtype[small], by_dtype[large]
     unresolved = [n for n, r in ((small, a), (large, b)) if not _resolved(r.get("decode_ms_per_token"))]
     bytes_ratio = b["bytes_per_step"] / a["bytes_per_step"]
     if unresolved:
-        return (f"Bytes per step change {bytes_ratio:.2f}x ({small} to {large}), but the decode per token of "
-                f"{' and '.join(unresolved)} did not resolve in this run, so there is no time ratio to set beside it.")
+        return prose.tell(lang, "Bytes per step change {bytes:.2f}x ({small} to {large}), but the decode per token "
+                          "of {which} did not resolve in this run, so there is no time ratio to set beside it.",
+                          bytes=bytes_ratio, small=small, large=large, which=" and ".join(unresolved))
     ratio = b["decode_ms_per_token"] / a["decode_ms_per_token"]
     low, high = b["decode_p10_ms"] / a["decode_p90_ms"], b["decode_p90_ms"] / a["decode_p10_ms"]
     gbps = {n: r["bytes_per_step"] / r["decode_ms_per_token"] / 1e6 for n, r in ((small, a), (large, b))}
-    text = (f"Bytes per step change {bytes_ratio:.2f}x ({small} to {large}); decode time per token changes "
-            f"{ratio:.2f}x (spread {low:.2f}-{high:.2f}x from the p10-p90 of each). The steps move "
-            f"{gbps[small]:.1f} GB/s in {small} and {gbps[large]:.1f} GB/s in {large}. ")
+    text = prose.tell(lang, "Bytes per step change {bytes:.2f}x ({small} to {large}); decode time per token changes "
+                      "{ratio:.2f}x (spread {low:.2f}-{high:.2f}x from the p10-p90 of each). The steps move "
+                      "{small_gbps:.1f} GB/s in {small} and {large_gbps:.1f} GB/s in {large}. ", bytes=bytes_ratio,
+                      small=small, large=large, ratio=ratio, low=low, high=high, small_gbps=gbps[small],
+                      large_gbps=gbps[large])
     if decide.spreads_overlap((low, high), (bytes_ratio, bytes_ratio)):
-        return text + ("Within the spread the time follows the bytes: both dtypes stream their bytes at about the "
-                       "same rate, as a step bound by reading its weights and KV cache would.")
+        return text + prose.tell(lang, "Within the spread the time follows the bytes: both dtypes stream their bytes "
+                                 "at about the same rate, as a step bound by reading its weights and KV cache would.")
     if low > bytes_ratio:
-        return text + (f"The whole spread lies above the bytes ratio: the {large} step costs more than its extra bytes. "
-                       "That is not overhead: a fixed cost per step (launches, Python) would pull the time ratio below "
-                       f"the bytes ratio, towards 1. The {large} step moves its bytes at a lower rate than the {small} "
-                       f"one, so here the {large} kernels are the slower per byte; which kernels, the chapter's "
-                       "decode-gap decomposition in each dtype shows.")
-    return text + ("The whole spread lies below the bytes ratio: part of each step does not grow with the bytes read "
-                   "(a fixed cost per step: launches, Python, small kernels), and that part pulls the time ratio "
-                   "towards 1"
-                   + (", here all the way: within the spread the time did not change." if low <= 1 <= high else
-                      "; the rest of the step follows the bytes."))
+        return text + prose.tell(lang, "The whole spread lies above the bytes ratio: the {large} step costs more than "
+                                 "its extra bytes. That is not overhead: a fixed cost per step (launches, Python) "
+                                 "would pull the time ratio below the bytes ratio, towards 1. The {large} step moves "
+                                 "its bytes at a lower rate than the {small} one, so here the {large} kernels are the "
+                                 "slower per byte; which kernels, the chapter's decode-gap decomposition in each "
+                                 "dtype shows.", large=large, small=small)
+    if low <= 1 <= high:
+        return text + prose.tell(lang, "The whole spread lies below the bytes ratio: part of each step does not grow "
+                                 "with the bytes read (a fixed cost per step: launches, Python, small kernels), and "
+                                 "that part pulls the time ratio towards 1, here all the way: within the spread the "
+                                 "time did not change.")
+    return text + prose.tell(lang, "The whole spread lies below the bytes ratio: part of each step does not grow with "
+                             "the bytes read (a fixed cost per step: launches, Python, small kernels), and that part "
+                             "pulls the time ratio towards 1; the rest of the step follows the bytes.")
 
 
 def answer_aggregate_users(claim_tok_s: float, per_user_tok_s, weight_bytes: float, device_row,
-                           dtype: str, model: str) -> str:
+                           dtype: str, model: str, lang: str = "en") -> str:
     """Exercise 3: the bandwidth ``claim_tok_s`` needs with ``weight_bytes`` against ``device_row``
     (a row of the specs table), and the users at ``per_user_tok_s`` (this run's batch-1 decode; None
     or NaN when it did not resolve) that the claim's aggregate needs."""
     need = required_bandwidth_gbps(claim_tok_s, weight_bytes)
-    text = (f"Llama-2-7B in INT8 reads {weight_bytes / 1e9:.2f} GB of weights per step, so {claim_tok_s:g} tok/s at "
-            f"batch 1 needs {need / 1e3:.1f} TB/s, {need / device_row.bandwidth_gbps:.1f}x the {device_row.variant} "
-            f"figure of the specs table ({device_row.bandwidth_gbps:.0f} GB/s, {device_row.status}). ")
+    text = prose.tell(lang, "Llama-2-7B in INT8 reads {gb:.2f} GB of weights per step, so {claim:g} tok/s at batch 1 "
+                      "needs {tbps:.1f} TB/s, {times:.1f}x the {variant} figure of the specs table ({gbps:.0f} GB/s, "
+                      "{status}). ", gb=weight_bytes / 1e9, claim=claim_tok_s, tbps=need / 1e3,
+                      times=need / device_row.bandwidth_gbps, variant=device_row.variant,
+                      gbps=device_row.bandwidth_gbps, status=prose.translate_cell(device_row.status, lang))
     if not _resolved(per_user_tok_s):
-        return text + (f"This run's batch-1 decode ({dtype}, {model}) did not resolve, so it gives no per-user speed "
-                       "to divide the aggregate by: rerun chapter 03 for the number of users.")
-    return text + (f"At this run's measured {per_user_tok_s:.1f} tok/s per user ({dtype}, {model}), {claim_tok_s:g} "
-                   f"tok/s of aggregate throughput needs about {claim_tok_s / per_user_tok_s:.0f} concurrent users, if "
-                   "per-user speed did not drop with the batch; chapter 04 measures how much it does drop.")
+        return text + prose.tell(lang, "This run's batch-1 decode ({dtype}, {model}) did not resolve, so it gives no "
+                                 "per-user speed to divide the aggregate by: rerun chapter 03 for the number of "
+                                 "users.", dtype=dtype, model=model)
+    return text + prose.tell(lang, "At this run's measured {per_user:.1f} tok/s per user ({dtype}, {model}), "
+                                   "{claim:g} "
+                             "tok/s of aggregate throughput needs about {users:.0f} concurrent users, if per-user "
+                             "speed "
+                             "did not drop with the batch; chapter 04 measures how much it does drop.",
+                             per_user=per_user_tok_s, dtype=dtype, model=model, claim=claim_tok_s,
+                             users=claim_tok_s / per_user_tok_s)

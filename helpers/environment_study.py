@@ -10,6 +10,30 @@ from typing import Optional
 import torch
 
 from . import ge_support, ops, versions
+from .prose import Message, N_, message
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("fact"), N_("device name"), N_("device count"), N_("host RAM (GiB)"), N_("device memory (GiB)"),
+    N_("torch threads"), N_("workbook commit"), N_("not found"), N_("not used"), N_("request_ms"),
+    N_("request_p10_ms"), N_("request_p90_ms"), N_("request_prompt_tokens"), N_("request_new_tokens"),
+    N_("decode_context_tokens"), N_("prefill_short_tokens"), N_("prefill_short_ms"),
+    N_("prefill_short_p10_ms"), N_("prefill_short_p90_ms"), N_("prefill_long_tokens"), N_("prefill_long_ms"),
+    N_("prefill_long_p10_ms"), N_("prefill_long_p90_ms"), N_("timed_layers"), N_("request_time_ratio"),
+    N_("request_ratio_low"), N_("request_ratio_high"), N_("decode_time_ratio"), N_("decode_ratio_low"),
+    N_("decode_ratio_high"), N_("prefill_long_time_ratio"), N_("prefill_long_ratio_low"),
+    N_("prefill_long_ratio_high"), N_("cann"), N_("guide_name"), N_("real_api"), N_("documented"),
+    N_("exists_here"), N_("op"), N_("available_here"), N_("feature"), N_("available"), N_("present"),
+    N_("used for"), N_("without it"), N_("class"), N_("attention_heads"), N_("kv_heads"), N_("vocab_size"),
+    N_("tied_embeddings"), N_("parameters"), N_("weight_bytes"), N_("HF_ENDPOINT set"), N_("endpoint used"),
+    N_("before importing"), N_("after importing"), N_("sum (read)"), N_("copy (read+write)"),
+)
+
+
+
+
+
 
 # --- the device and the dtype choice (from backend and dtype_choice) -----------------------------
 
@@ -24,7 +48,7 @@ def environment_table(report: dict):
     memory = props.get("total_memory_bytes")
     rows = [("python", report.get("python")), ("torch", report.get("torch")),
             ("transformers", report.get("transformers")),
-            ("torch_npu", report.get("torch_npu") or f"not loaded ({report.get('torch_npu_error')})"),
+            ("torch_npu", report.get("torch_npu") or message("not loaded ({error})", error=report.get("torch_npu_error"))),
             ("CANN", report.get("cann") or "not found"), ("CUDA", report.get("cuda") or "not used"),
             ("device", report.get("device")), ("device name", props.get("name")),
             ("device count", props.get("count")),
@@ -32,7 +56,7 @@ def environment_table(report: dict):
              round(memory / 2**30, 1) if memory else None),
             ("CPU", report.get("cpu_model")), ("torch threads", report.get("torch_threads")),
             ("workbook commit", report.get("workbook_commit"))]
-    return pd.DataFrame(rows, columns=["fact", "value"]).astype({"value": str})
+    return pd.DataFrame([(f, v if isinstance(v, Message) else str(v)) for f, v in rows], columns=["fact", "value"])
 
 
 def dtype_probe_table(rows: list[dict], baseline: str = "float32"):
@@ -114,7 +138,7 @@ def pairing_check(torch_version: str, torch_npu_version: Optional[str],
                   cann: Optional[str] = None) -> dict:
     """Does this torch_npu pair with this torch (and CANN)? Returns verdict + advice."""
     if not torch_npu_version:
-        return {"ok": None, "verdict": "torch_npu not installed: nothing to pair", "advice": ""}
+        return {"ok": None, "verdict": message("torch_npu not installed: nothing to pair"), "advice": ""}
     t, n = versions.version_tuple(torch_version), versions.version_tuple(torch_npu_version)
     if t != n:
         want = versions.dotted(n)
@@ -174,7 +198,8 @@ def npu_line_report(torch_npu_module=None, torchair_module=None, ge_probe_device
     whether this torchair has a GE converter for it (``ge_support.ge_probe``); otherwise those rows say
     "not probed" (``present`` None) and are not counted as lacking."""
     if torch_npu_module is None:
-        return {"torch_npu": None, "line": "torch_npu not loaded: no NPU line to detect", "rows": [], "lacks": []}
+        return {"torch_npu": None, "line": message("torch_npu not loaded: no NPU line to detect"), "rows": [],
+                "lacks": []}
     version = versions.torch_npu_version(torch_npu_module)
     row = next((r for r in versions.KNOWN_GOOD if r["torch_npu"] == version), None)
     line = f"torch_npu {version}" + (f" (torch {row['torch']}, CANN {row['cann']} in the known-good table)" if row

@@ -27,6 +27,7 @@ from . import backend, bench, progress, static_decode, versions
 from .backend import as_device, dtype_name
 from .models import chat_inputs, weight_bytes
 from .params import check_positive_int
+from .prose import message
 from .profiling import kernel_time_by_kind
 from .roofline import kv_cache_bytes
 
@@ -162,10 +163,12 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     decode_samples = [x for run in steps[max(len(steps) - len(full.samples), 0):] for x in run]
     two_generates = [(f - p) / (max_new_tokens - 1) for f, p in zip(full.samples, prefill.samples)]
     attn = getattr(model.config, "_attn_implementation", None) or "default"
-    path = (f"transformers generate, greedy, decode stamped per token (device synchronised), "
-            f"min_new_tokens=max_new_tokens, {attn} attention, left padding, "
-            + ("static KV cache sized for the request" if static_cache else "dynamic KV cache")
-            + (f", forward compiled ({compiled.describe()})" if compiled is not None else ", eager"))
+    path = message("transformers generate, greedy, decode stamped per token (device synchronised), "
+                   "min_new_tokens=max_new_tokens, {attention} attention, left padding, {cache}{compiled}",
+                   attention=attn, cache=message("static KV cache sized for the request") if static_cache
+                   else message("dynamic KV cache"),
+                   compiled=message(", forward compiled ({how})", how=compiled.describe()) if compiled is not None
+                   else ", eager")
     return {
         "batch_size": int(batch),
         "prompt_tokens": int(prompt_len),
@@ -190,7 +193,8 @@ def _pooled(parts: list, rounds: int) -> dict:
                               [x / 1e3 for p in parts for x in p["decode_samples_ms"]],
                               out["batch_size"], out["device"],
                               [x / 1e3 for p in parts for x in p.get("decode_two_generates_samples_ms", [])]),
-               rounds=rounds, code_path=out["code_path"] + f", {rounds} interleaved rounds pooled")
+               rounds=rounds, code_path=message("{path}, {rounds} interleaved rounds pooled", path=out["code_path"],
+                                                rounds=rounds))
     out["repeats"] = len(out["ttft_samples_ms"])  # generates of each kind; decode has a sample per step
     return out
 

@@ -9,32 +9,33 @@ from __future__ import annotations
 
 import sys
 
+from .prose import N_
 from .versions import has_attribute
 
 # "documented" is what Ascend/pytorch and op-plugin sources say (shared reference npu_api.md);
 # "here" is checked live with hasattr when torch_npu imports on this machine.
 API_CLAIMS = [
     {"guide_name": "torch_npu.npu.rms_norm", "real_api": "torch_npu.npu_rms_norm",
-     "documented": "does not exist; npu_rms_norm(x, gamma, epsilon) -> (y, rstd)"},
+     "documented": N_("does not exist; npu_rms_norm(x, gamma, epsilon) -> (y, rstd)")},
     {"guide_name": "torch_npu.npu.linear_activation", "real_api": "torch_npu.npu_swiglu",
-     "documented": "does not exist; npu_swiglu(x, dim=-1) = silu(a) * b on the two halves "
-                   "(also npu_ffn for a whole FFN)"},
+     "documented": N_("does not exist; npu_swiglu(x, dim=-1) = silu(a) * b on the two halves "
+                      "(also npu_ffn for a whole FFN)")},
     {"guide_name": "torch_npu.npu.fused_add_norm", "real_api": "torch_npu.npu_add_rms_norm",
-     "documented": "does not exist; npu_add_rms_norm(x1, x2, gamma, epsilon) -> (y, rstd, x1 + x2)"},
+     "documented": N_("does not exist; npu_add_rms_norm(x1, x2, gamma, epsilon) -> (y, rstd, x1 + x2)")},
     {"guide_name": "torch_npu.npu.layer_norm", "real_api": "torch_npu.npu_layer_norm_eval",
-     "documented": "does not exist; aten layer_norm runs on NPU, npu_layer_norm_eval is the beta op"},
+     "documented": N_("does not exist; aten layer_norm runs on NPU, npu_layer_norm_eval is the beta op")},
     {"guide_name": "torch.npu.config.enable_auto_mixed_precision", "real_api": "torch.autocast('npu')",
-     "documented": "does not exist and assigning it is silently ignored; use torch.autocast"},
+     "documented": N_("does not exist and assigning it is silently ignored; use torch.autocast")},
     {"guide_name": "torch.npu.config.allow_internal_format", "real_api": "torch.npu.config.allow_internal_format",
-     "documented": "exists (set-only); default off on 910B/A2"},
+     "documented": N_("exists (set-only); default off on 910B/A2")},
     {"guide_name": "torch.compile(model, backend='npu')", "real_api": "torchair.get_npu_backend()",
-     "documented": "exists: 'npu' is torchair's backend with the default config"},
+     "documented": N_("exists: 'npu' is torchair's backend with the default config")},
     {"guide_name": "mindspeed_llm.Pipeline", "real_api": "MindSpeed-LLM inference.py via "
-     "examples/mcore/llama2/generate_llama2_7b_ptd.sh", "documented": "does not exist; "
-     "mindspeed_llm exports only megatron_adaptor"},
+     "examples/mcore/llama2/generate_llama2_7b_ptd.sh", "documented": N_("does not exist; "
+     "mindspeed_llm exports only megatron_adaptor")},
     {"guide_name": "BitsAndBytesConfig(load_in_8bit=True) on NPU",
      "real_api": "torch_npu.npu_weight_quant_batchmatmul (W8A16)",
-     "documented": "no INT8 bitsandbytes backend on NPU; an 8-bit bnb model cannot be .to()-moved"},
+     "documented": N_("no INT8 bitsandbytes backend on NPU; an 8-bit bnb model cannot be .to()-moved")},
 ]
 
 def api_check(torch_npu_module=None) -> list[dict]:

@@ -18,9 +18,28 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-from . import backend, bench, claims, generation, models, progress, prose, quality, quant
+from . import backend, bench, claims, generation, models, plots, progress, prose, quality, quant
 from .models import load_model, weight_bytes
+from .prose import N_, message
 from .params import check_positive_int
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("takes"), N_("missing"), N_("params"), N_("activations"), N_("weight_MB"), N_("perplexity"),
+    N_("top1_agreement_pct"), N_("max_abs_logit_diff"), N_("ttft_ms_b1"), N_("decode_tok_s_b1"),
+    N_("peak_MB_b1"), N_("growth_MB_b1"), N_("weight_mb"), N_("chosen"), N_("guide_claim_ratio"),
+    N_("guide_baseline"), N_("guide_compared"), N_("measured_compared"), N_("measured_here_ratio"),
+    N_("measured_low"), N_("measured_high"), N_("dense dtype"), N_("top1_agreement"), N_("speedup_vs_dense"),
+    N_("activation scales"), N_("calibration_samples"), N_("per layer"), N_("per channel"), N_("per token"),
+    N_("dynamic per-token"), N_("scheme"), N_("bytes_before"), N_("bytes_after"), N_("kept_dense"),
+    N_("layer"), N_("What is the capital of France? Answer in one sentence."),
+    N_("Give two reasons why lighthouses flash in patterns."),
+    N_("Write one sentence about the sea at night."),
+)
+
+
+
 
 # Greedy answers shown side by side; the timed request is the chapter's ``prompt`` parameter.
 ANSWER_PROMPTS = ["What is the capital of France? Answer in one sentence.",
@@ -136,31 +155,39 @@ def signed_pct(value: float) -> str:
     return f"+{text} %" if value > 0 else f"{text} %"
 
 
+def heldout_label(tokens: int) -> "prose.Message":
+    """The shape of a quality figure: ``256 held-out tokens``."""
+    return message("{tokens} held-out tokens", tokens=tokens)
+
+
 def headline_figures(dense: dict, int8: dict, pairs: dict, *, eval_tokens: int, prompt: str,
                      new_tokens: int, rounds: int, bandwidth_gbps: float, bandwidth_source: str) -> list:
     """The chapter's headline figures, as ``ch.record`` keyword arguments, from the variants' rows
     (``dense``, ``int8``) and ``time_pair``'s timings. Every ratio comes from one run; a speed
     ratio carries its p10-p90 spread (``bench.speedup``)."""
-    ctx = dict(dtype=f"{dense['dtype']} vs int8 weights + {int8['activations']} activations",
-               code_path=f"Int8Linear impl={int8['impl']} vs dense {dense['dtype']}")
+    ctx = dict(dtype=message("{dense} vs int8 weights + {activations} activations", dense=dense["dtype"],
+                             activations=int8["activations"]),
+               code_path=message("Int8Linear impl={impl} vs dense {dtype}", impl=int8["impl"], dtype=dense["dtype"]))
+    all_weights = message("all weights incl. embeddings")
     weight_ratio = int8["bytes_after"] / dense["bytes_after"]
     figs = [dict(key="int8_weight_bytes_ratio", value=weight_ratio, unit="ratio", key_figure=True,
-                 shape="all weights incl. embeddings", dense_mb=dense["bytes_after"] / 1e6,
+                 shape=all_weights, dense_mb=dense["bytes_after"] / 1e6,
                  int8_mb=int8["bytes_after"] / 1e6, **ctx),
             dict(key="int8_byte_bound_speedup", value=1 / weight_ratio, unit="x",
-                 shape="all weights incl. embeddings",
-                 code_path="1 / int8_weight_bytes_ratio: the most a step bound by reading weights gains",
+                 shape=all_weights,
+                 code_path=message("1 / int8_weight_bytes_ratio: the most a step bound by reading weights gains"),
                  dtype=ctx["dtype"]),
             dict(key="int8_ppl_delta_pct", value=perplexity_change_pct(int8["perplexity"], dense["perplexity"]),
-                 unit="%", key_figure=True, shape=f"{eval_tokens} held-out tokens",
+                 unit="%", key_figure=True, shape=heldout_label(eval_tokens),
                  baseline_ppl=dense["perplexity"], int8_ppl=int8["perplexity"], **ctx)]
     for b, alt in sorted(pairs.items()):
         t_base, t_int8 = generation.decode_timing(alt["dense"]), generation.decode_timing(alt["w8a16"])
         p_base, p_int8 = generation.ttft_timing(alt["dense"]), generation.ttft_timing(alt["w8a16"])
         s, ttft = bench.speedup(t_base, t_int8), bench.speedup(p_int8, p_base)  # ttft: int8 / dense
-        shape = f"batch {b}, prompt {alt['w8a16']['prompt_tokens']} tokens, {new_tokens} new tokens"
+        shape = message("batch {batch}, prompt {prompt} tokens, {new} new tokens", batch=b,
+                        prompt=alt["w8a16"]["prompt_tokens"], new=new_tokens)
         common = dict(shape=shape, batch=b, prompt=prompt, new_tokens=new_tokens,
-                      timing=f"{rounds} alternating rounds", **ctx)
+                      timing=message("{rounds} alternating rounds", rounds=rounds), **ctx)
         # the samples behind each ratio, its smaller side: a direction word needs decide.MIN_SAMPLES
         # (decode has one per step of every timed generate, TTFT one per generate)
         figs.append(dict(key=f"int8_decode_speedup_batch{b}", value=s.ratio, unit="ratio", key_figure=b == 1,
@@ -183,7 +210,7 @@ def headline_figures(dense: dict, int8: dict, pairs: dict, *, eval_tokens: int, 
             figs.append(dict(key="dense_decode_weight_gbps", value=gbps, unit="GB/s", shape=shape,
                              weight_mb=dense["bytes_after"] / 1e6, bandwidth_gbps=bandwidth_gbps,
                              bandwidth_source=bandwidth_source, dtype=dense["dtype"],
-                             code_path="dense weight bytes / dense decode ms per step (batch 1)"))
+                             code_path=message("dense weight bytes / dense decode ms per step (batch 1)")))
     return figs
 
 
@@ -194,19 +221,19 @@ def guide_ratio_rows(measured_speedup: Optional[dict], measured_memory: Optional
     figure's code path, which names the int8 kernel and the dense baseline's dtype), so a verdict
     never sets a CPU kernel against a 16-bit or float32 baseline as if it were the guide's NPU test."""
     ladder_table = claims.GUIDE_LADDER  # the guide's 4.2 table, rungs +MindSpeed and +MindSpeed+INT8
-    guide = [("4.1 speed FP16 -> INT8", claims.guide_number("C51"), measured_speedup),
-             ("3.1 speed +INT8 over the original", claims.guide_number("C41") / claims.guide_number("C38"),
+    guide = [(message("4.1 speed FP16 -> INT8"), claims.guide_number("C51"), measured_speedup),
+             (message("3.1 speed +INT8 over the original"), claims.guide_number("C41") / claims.guide_number("C38"),
               measured_speedup),
-             ("4.2 table +MindSpeed -> +MindSpeed+INT8",
+             (message("4.2 table +MindSpeed -> +MindSpeed+INT8"),
               ladder_table[3]["tokens_per_s"] / ladder_table[2]["tokens_per_s"], measured_speedup),
-             ("4.1 memory FP16 -> INT8 (GB)", claims.guide_number("C52"), measured_memory)]
+             (message("4.1 memory FP16 -> INT8 (GB)"), claims.guide_number("C52"), measured_memory)]
     # the guide's baseline dtype as the guide writes it, recorded so the prose names it from the row
     baseline = "FP16"
     rows = []
     for name, claim, m in guide:
         row = {"figure": name, "guide_claim_ratio": claim, "guide_baseline": baseline,
-               "guide_compared": f"INT8 against {baseline}, Llama-2-7B on an Ascend 910B",
-               "measured_compared": (m or {}).get("code_path", "not measured"),
+               "guide_compared": message("INT8 against {baseline}, Llama-2-7B on an Ascend 910B", baseline=baseline),
+               "measured_compared": prose.recorded(m or {}, "code_path", "not measured"),
                "measured_here_ratio": m["value"] if m else math.nan,
                "measured_low": (m or {}).get("low", math.nan), "measured_high": (m or {}).get("high", math.nan)}
         if (m or {}).get("n_samples"):  # the measured ratio's samples: its verdict needs them
@@ -248,7 +275,7 @@ def lowest_perplexity(rows: list) -> Optional[dict]:
     return min(calibrated, key=lambda r: r["perplexity"]) if calibrated else None
 
 
-def plot_speed_vs_quality(rows: dict, ref_ppl: float, *, reference: str, device: str, model: str):
+def plot_speed_vs_quality(rows: dict, ref_ppl: float, *, reference: str, device: str, model: str, lang: str = "en"):
     """Decode tokens/s at batch 1 against the perplexity change, one point per variant (symmetric log
     scale: down and to the right is better); emulated kernels have no speed and are listed beside the
     legend. The change is from the dense model when it was measured (the baseline of the summary's
@@ -257,8 +284,9 @@ def plot_speed_vs_quality(rows: dict, ref_ppl: float, *, reference: str, device:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
+    lang = plots.chart_language(lang)
     if "dense" in rows:
-        base_ppl, base_name = rows["dense"]["perplexity"], f"dense {rows['dense']['dtype']}"
+        base_ppl, base_name = rows["dense"]["perplexity"], prose.tell(lang, "dense {dtype}", dtype=rows["dense"]["dtype"])
     else:
         base_ppl, base_name = ref_ppl, reference
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
@@ -277,12 +305,14 @@ def plot_speed_vs_quality(rows: dict, ref_ppl: float, *, reference: str, device:
     # on the decades, none on the minor ticks
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: prose.format_number(float(v))))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel(f"decode tokens/s, batch 1 ({device})")
-    ax.set_ylabel(f"perplexity change vs {base_name} (%)")
-    ax.set_title(f"INT8 variants of {model}: speed vs quality (measured here)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="variant", title_fontsize=8)
+    ax.set_xlabel(prose.tell(lang, "decode tokens/s, batch 1 ({device})", device=device))
+    ax.set_ylabel(prose.tell(lang, "perplexity change vs {base} (%)", base=base_name))
+    ax.set_title(prose.tell(lang, "INT8 variants of {model}: speed vs quality (measured here)", model=model))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=prose.translate_cell("variant", lang),
+              title_fontsize=8)
     if no_speed:
-        ax.text(1.02, 0.02, "no speed figure:\n" + "\n".join(no_speed), transform=ax.transAxes, fontsize=8,
+        ax.text(1.02, 0.02, prose.tell(lang, "no speed figure:") + "\n" + "\n".join(no_speed), transform=ax.transAxes,
+                fontsize=8,
                 va="bottom")
     fig.tight_layout()
     return fig

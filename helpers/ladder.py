@@ -28,8 +28,26 @@ from .decide import SAME, direction, met
 from .generation import _pooled, decode_bytes_per_step, generate_tokens, measure_generation
 from .model_files import EMBEDDED_MODEL, local_gguf, locate_embedded_gguf
 from .models import chat_inputs, weight_bytes
+from .prose import Message, N_, message, translate_cell
 from .quality import encode, evaluate, load_heldout_text
 from .quant import pick_w8a16_kernel
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("the change it adds"), N_("description"), N_("latency_ms"), N_("speedup_low"), N_("speedup_high"),
+    N_("speedup_over"), N_("roofline_share"), N_("vs_llamacpp"), N_("vs_llamacpp_low"),
+    N_("vs_llamacpp_high"), N_("vs_float32_eager"), N_("other_ms"), N_("framework_ms"), N_("format"),
+    N_("memory_gb"), N_("implied_new_tokens"), N_("memory_ratio"), N_("framework"), N_("entry_point"),
+    N_("compiled_graphs"), N_("compile_s"), N_("step_ratio"), N_("prepare_s"), N_("option"), N_("applied"),
+    N_("silently ignored"), N_("stored (unexpected)"), N_("installed"), N_("not installed here"),
+    N_("measured here"), N_("native PyTorch"), N_("+ CANN options"), N_("+ MindSpeed"),
+    N_("+ MindSpeed + INT8"), N_("previous"), N_("fused then int8"), N_("int8 then fused"), N_("+ fused"),
+    N_("+ int8"), N_("both"),
+)
+
+
+
 
 COLUMNS = ("rung", "description", "status", "latency_ms", "tokens_per_s", "peak_memory_bytes",
            "roofline_pct", "speedup", "speedup_low", "speedup_high", "error")
@@ -113,8 +131,8 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
                     if key not in metrics:
                         raise KeyError(f"measure() returned no {key!r}; it returned {sorted(metrics)}")
                 row.update(metrics)
-            except RungSkipped as exc:
-                row.update(status="skipped", error=str(exc))
+            except RungSkipped as exc:  # its reason as given (a message is said in the reader's language)
+                row.update(status="skipped", error=exc.args[0] if exc.args else str(exc))
             except Exception as exc:  # noqa: BLE001  (one broken rung must not stop the ladder)
                 _failed(row, exc)
             if variant is not None and rounds:
@@ -306,24 +324,25 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
         extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if _known(row.get(k))}
         batch, prompt_tokens = row.get("batch_size"), row.get("prompt_tokens")
         ch.record(f"ladder_tok_s_{row['rung'].strip('+ ').replace(' ', '_')}", row["tokens_per_s"], "tok/s",
-                  dtype=row.get("dtype"), shape=f"batch {batch}, {prompt_tokens}-token prompt, {new_tokens} new "
-                  "tokens", code_path=row.get("code_path") or row["description"], rung=row["rung"],
+                  dtype=row.get("dtype"), shape=message("batch {batch}, {prompt}-token prompt, {new} new tokens",
+                                                        batch=batch, prompt=prompt_tokens, new=new_tokens), code_path=row.get("code_path") or row["description"], rung=row["rung"],
                   prompt_tokens=prompt_tokens, new_tokens=row.get("new_tokens"), batch_size=batch,
                   low=row.get("speedup_low"), high=row.get("speedup_high"), n_samples=row["n_samples"], **extra)
     best = best_batch1_speedup(table)
     if best is not None:
         ch.record("ladder_best_batch1_speedup", best["speedup"], "x", key_figure=True,
-                  shape=f"batch 1, {new_tokens} new tokens, rung {best['rung']!r} vs native eager",
-                  code_path="the table's speedup: decode tok/s of the batch-1 rung with the highest median over "
-                            "native eager's, same run, p10-p90 spread from bench.speedup",
+                  shape=message("batch 1, {new} new tokens, rung {rung!r} vs native eager", new=new_tokens,
+                                rung=best["rung"]),
+                  code_path=message("the table's speedup: decode tok/s of the batch-1 rung with the highest median "
+                                    "over native eager's, same run, p10-p90 spread from bench.speedup"),
                   **{k: best[k] for k in ("rung", "low", "high", "decision", "tied", "n_samples", "tokens_per_s",
                                           "baseline_tokens_per_s")})
     batch = batch_throughput_ratio(table)
     if batch is not None:
         ch.record("ladder_batch_throughput_ratio", batch["ratio"], "x", key_figure=True, dtype=batch["weights"],
-                  shape=f"batch {batch['batch_size']} vs batch 1, {new_tokens} new tokens",
-                  code_path=f"aggregate tokens/s of the batch rung over batch-1 tokens/s of {batch['over']!r}, "
-                            "the rung it builds on (same weights and code path), same run",
+                  shape=message("batch {batch} vs batch 1, {new} new tokens", batch=batch["batch_size"], new=new_tokens),
+                  code_path=message("aggregate tokens/s of the batch rung over batch-1 tokens/s of {over!r}, the rung "
+                                    "it builds on (same weights and code path), same run", over=batch["over"]),
                   **{k: batch[k] for k in ("rung", "batch_size", "tokens_per_s", "baseline_tokens_per_s", "over")})
     problems = graph_count_problems(table)
     for problem in problems:
@@ -528,18 +547,23 @@ def what_stands_in_the_way(parts: dict, reference_ms: float,
             "blocker": "matmul kernels" if matmul > target else "the rest of the step"}
 
 
-def int8_skip_reason(kernel_rows: list) -> str:
+def int8_skip_reason(kernel_rows: list) -> Message:
     """Why the INT8 rung did not run: the kernel timings, dense against the fastest int8 kernel."""
     pick = pick_w8a16_kernel(kernel_rows)
     dense = next(r for r in kernel_rows if r["kernel"].startswith("dense"))
     best = next(r for r in kernel_rows if r["kernel"] == pick["kernel"])
-    how = ("were faster than every int8 kernel beyond the spread" if pick["loses_to_dense"]
-           else "were not slower than the fastest int8 kernel beyond the spread")
-    return (f"the {dense['kernel']} linears {how} at this "
-            f"model's shapes (fastest {best['kernel']} {best['decode_ms']:.2f} ms, p10-p90 {best['decode_p10_ms']:.2f}-"
-            f"{best['decode_p90_ms']:.2f}, against {dense['decode_ms']:.2f} ms, p10-p90 "
-            f"{dense['decode_p10_ms']:.2f}-{dense['decode_p90_ms']:.2f}, per decode step), so INT8 "
-            + ("would make this rung slower" if pick["loses_to_dense"] else "could not be shown to make it faster"))
+    figures = dict(dense=dense["kernel"], best=best["kernel"], best_ms=best["decode_ms"],
+                   best_low=best["decode_p10_ms"], best_high=best["decode_p90_ms"], dense_ms=dense["decode_ms"],
+                   dense_low=dense["decode_p10_ms"], dense_high=dense["decode_p90_ms"])
+    if pick["loses_to_dense"]:
+        return message("the {dense} linears were faster than every int8 kernel beyond the spread at this model's "
+                       "shapes (fastest {best} {best_ms:.2f} ms, p10-p90 {best_low:.2f}-{best_high:.2f}, against "
+                       "{dense_ms:.2f} ms, p10-p90 {dense_low:.2f}-{dense_high:.2f}, per decode step), so INT8 would "
+                       "make this rung slower", **figures)
+    return message("the {dense} linears were not slower than the fastest int8 kernel beyond the spread at this "
+                   "model's shapes (fastest {best} {best_ms:.2f} ms, p10-p90 {best_low:.2f}-{best_high:.2f}, against "
+                   "{dense_ms:.2f} ms, p10-p90 {dense_low:.2f}-{dense_high:.2f}, per decode step), so INT8 could not "
+                   "be shown to make it faster", **figures)
 
 
 def int8_kernel_saving(kernel_rows: Optional[list]) -> Optional[dict]:
@@ -567,12 +591,12 @@ def weight_format_check(before, after, tokenizer, tokens: int = 128) -> dict:
 def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens: int, repeats: int) -> dict:
     """llama.cpp's figures for the ladder's request, or ``{"status": ..., "reason"}`` saying why not."""
     if not enabled:
-        reason = "the llamacpp parameter is off"
+        reason = message("the llamacpp parameter is off")
     elif (kind := as_device(device).type) != "cpu":
-        reason = f"llama.cpp is the CPU reference; this ladder ran on {kind}"
+        reason = message("llama.cpp is the CPU reference; this ladder ran on {device}", device=kind)
     elif model != EMBEDDED_MODEL and local_gguf(model) is None:
-        reason = (f"llama.cpp runs the embedded GGUF ({EMBEDDED_MODEL}) or a local .gguf file; "
-                  f"this ladder ran {model}")
+        reason = message("llama.cpp runs the embedded GGUF ({embedded}) or a local .gguf file; this ladder ran "
+                         "{model}", embedded=EMBEDDED_MODEL, model=model)
     else:  # the very file the ladder's weights were converted from
         gguf = locate_embedded_gguf() if model == EMBEDDED_MODEL else local_gguf(model)
         return llamacpp.measure(gguf, prompt_ids, new_tokens, repeats=repeats)
@@ -657,7 +681,8 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
     """What the references paragraph of chapter 06's template states, each a recorded figure:
     llama.cpp's decode and TTFT (or why it was not measured), the highest batch-1 rung's ratio to it
     with what stands in its way, the float32 eager run, and the INT8 rung's own step."""
-    shape = f"batch 1, {llama.get('prompt_tokens', '?')}-token prompt, {new_tokens} new tokens"
+    shape = message("batch {batch}, {prompt}-token prompt, {new} new tokens", batch=1,
+                    prompt=llama.get("prompt_tokens", "?"), new=new_tokens)
     if llama.get("status") == "ok":
         ctx = dict(device=device, dtype=f"{llama['quantization']} weights (GGUF)", shape=shape,
                    code_path=llama["code_path"])
@@ -685,8 +710,9 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
         results.record("ladder_best_batch1_vs_llamacpp", best["ratio"]["ratio"], "x", key_figure=True,
                        device=device, dtype=dtype, shape=shape, rung=best["rung"], low=best["ratio"]["low"],
                        high=best["ratio"]["high"], verdict=best["verdict"], goal=facts["fraction"],
-                       tok_s=best["tok_s"], code_path="decode tok/s of the batch-1 rung with the highest median "
-                       "over llama.cpp's, same run (not part of the ladder's own ratios)",
+                       tok_s=best["tok_s"], code_path=message("decode tok/s of the batch-1 rung with the highest "
+                                                              "median over llama.cpp's, same run (not part of the "
+                                                              "ladder's own ratios)"),
                        blocker=blocker.get("blocker"), step_ms=blocker.get("step_ms"),
                        target_ms=blocker.get("target_ms"), instead=blocker.get("instead"),
                        weights=best.get("dtype"), roofline_share=best.get("roofline_share"),
@@ -849,7 +875,7 @@ def apply_runtime_options(device, *, jit_compile: bool = False, allow_internal_f
     """
     kind = getattr(getattr(device, "device", device), "type", None) or str(device).split(":")[0]
     if kind != "npu":
-        raise RungSkipped(f"runtime options exist only in torch_npu; this run is on {kind}")
+        raise RungSkipped(message("runtime options exist only in torch_npu; this run is on {device}", device=kind))
     npu = torch.npu
     npu.set_compile_mode(jit_compile=jit_compile)
     npu.config.allow_internal_format = allow_internal_format
@@ -877,11 +903,11 @@ def guide_ladder():
     table["speedup"] = base["latency_ms"] / table["latency_ms"]
     table["throughput_ratio"] = table["tokens_per_s"] / base["tokens_per_s"]
     table["memory_ratio"] = table["memory_gb"] / base["memory_gb"]
-    table["source"] = "guide's claim (910B, Llama-2-7B fp16)"
+    table["source"] = message("guide's claim (910B, Llama-2-7B fp16)")
     return table
 
 
-def compare_with_guide(ours, label: str = "measured here"):
+def compare_with_guide(ours, label: str = N_("measured here")):
     """Both ladders as ratios to their own baselines, long format (source, label, speedup, memory_ratio).
 
     ``label`` is English (plot fonts often lack CJK glyphs); the guide's Chinese rung names stay in
@@ -899,14 +925,15 @@ def compare_with_guide(ours, label: str = "measured here"):
     base_mem = ours.loc[ok, "peak_memory_bytes"].iloc[0] if ok.any() else None
     ours["memory_ratio"] = ours["peak_memory_bytes"] / base_mem if base_mem else None
     ours["source"] = label
-    ours["label"] = [r if s == "ok" else f"{r} ({s})" for r, s in zip(ours["rung"], ours["status"])]
+    ours["label"] = [r if s == "ok" else message("{rung} ({status})", rung=Message(r), status=Message(s))
+                     for r, s in zip(ours["rung"], ours["status"])]
     return pd.concat([guide, ours[["label", "speedup", "memory_ratio", "source"]]], ignore_index=True)
 
 
-BESIDE_THE_GUIDE = "Batch-1 optimisation ladder: the guide's claim vs this run"
+BESIDE_THE_GUIDE = message("Batch-1 optimisation ladder: the guide's claim vs this run")
 
 
-def beside_the_guide(ours, label: str = "measured here") -> list[dict]:
+def beside_the_guide(ours, label: str = N_("measured here")) -> list[dict]:
     """The guide's ladder and ours as two panels of ``plots.plot_ladder`` (``compare_with_guide``'s
     speedups over each ladder's own baseline; a failed or skipped rung of ours has no bar)::
 
@@ -914,7 +941,7 @@ def beside_the_guide(ours, label: str = "measured here") -> list[dict]:
     """
     data = compare_with_guide(ours, label)
     colours = dict(zip(data["source"].unique(), ("#999999", "#1f77b4")))
-    return [{"title": source, "colour": colours[source], "ylabel": "batch-1 speedup over own baseline (x)",
+    return [{"title": source, "colour": colours[source], "ylabel": message("batch-1 speedup over own baseline (x)"),
              "rungs": [(name, None if not _known(value) else float(value))
                        for name, value in zip(group["label"], group["speedup"])]}
             for source, group in data.groupby("source", sort=False)]
@@ -922,7 +949,7 @@ def beside_the_guide(ours, label: str = "measured here") -> list[dict]:
 
 # --- MindSpeed-LLM ---------------------------------------------------------------------------
 
-MINDSPEED_COMMANDS = """\
+MINDSPEED_COMMANDS = N_("""\
 # MindSpeed-LLM is a Megatron-based training suite; its inference is a validation script.
 # Use a release branch that still ships the 7B script (1.0.RC3 ... 26.0.0; master keeps only 13B).
 source /usr/local/Ascend/ascend-toolkit/set_env.sh   # or /usr/local/Ascend/cann/set_env.sh on CANN >= 8.5
@@ -932,7 +959,7 @@ git clone -b 2.3.0 <MindSpeed-LLM repository> && cd MindSpeed-LLM
 #    --use-flash-attn --use-fused-swiglu --use-fused-rmsnorm --fp16 --tensor-model-parallel-size 1
 bash examples/mcore/llama2/generate_llama2_7b_ptd.sh
 # 13B / 70B: the matching generate_llama2_*_ptd.sh with --tensor-model-parallel-size 2 / 8
-"""
+""")
 
 
 def detect_frameworks() -> list[dict]:
@@ -945,7 +972,13 @@ def detect_frameworks() -> list[dict]:
     return [{"framework": "MindSpeed-LLM", "module": "mindspeed_llm",
              "status": "installed" if found else "not installed here",
              "entry_point": "inference.py via examples/mcore/llama2/generate_llama2_7b_ptd.sh",
-             "commands": MINDSPEED_COMMANDS}]
+             "commands": Message(MINDSPEED_COMMANDS)}]
+
+
+def framework_commands(row, lang: str = "en") -> str:
+    """A ``detect_frameworks`` row's commands under a heading with its status, for a reader of ``lang``."""
+    return (f"# --- {row['framework']} ({translate_cell(row['status'], lang)}) ---\n"
+            f"{translate_cell(row['commands'], lang)}")
 
 
 def run_script(path: str, parameter: str = "script", timeout: float = 3600.0) -> dict:

@@ -11,8 +11,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import backend, bench, claims, decide, ops, progress
+from . import backend, bench, claims, decide, ops, plots, progress, prose
 from .params import check_choice
+from .prose import N_, message
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("implementation"), N_("runs as"), N_("layout"), N_("contiguous"), N_("non-contiguous"),
+    N_("% of bandwidth"), N_("matches"), N_("max_abs_diff"), N_("has_bias"), N_("ops_per_call"), N_("ops"),
+    N_("slowdown"), N_("non-contiguous is"), N_("config defaults"), N_("speedup_vs_unfused"),
+    N_("max_abs_diff_vs_unfused"), N_("comparison"), N_("output max |y|"), N_("guide threshold"),
+    N_("max_abs_diff_vs_eager"), N_("speedup_vs_eager"), N_("speedup_vs_eager_low"),
+    N_("speedup_vs_eager_high"), N_("elementwise_ms"), N_("unfused_ffn_ms"), N_("elementwise_share_pct"),
+    N_("best_variant"), N_("best_clear"), N_("best_speedup"), N_("best_speedup_low"),
+    N_("best_speedup_high"), N_("saved_pct_merged"), N_("saved_pct_fused_act"), N_("saved_pct_graph"),
+    N_("weight MB"), N_("% of read bandwidth"), N_("matmul_calls"), N_("generated_kernels"),
+    N_("unfused_ms"), N_("share_pct"), N_("low_pct"), N_("high_pct"), N_("unfused float16 vs float64"),
+)
+
+
+
+
+
 
 # --- chapters 01 and 02: each variant checked against its reference, then timed ---------------------
 
@@ -210,11 +231,13 @@ def edge_op_variants(table: torch.Tensor, lm_head: torch.Tensor, prompt_tokens: 
     many = torch.randint(0, vocab, (1, prompt_tokens), generator=g).to(table.device)
     h = torch.randn(1, 1, hidden, generator=g).to(table.device, table.dtype)
     size = table.element_size()
-    return [({"op": "embedding, 1 token", "shape": f"ids 1x1, table {vocab}x{hidden}"},
+    table_shape = f"{vocab}x{hidden}"
+    return [({"op": message("embedding, 1 token"), "shape": message("ids 1x1, table {table}", table=table_shape)},
              lambda: F.embedding(one, table), 2 * hidden * size),
-            ({"op": f"embedding, {prompt_tokens} tokens", "shape": f"ids 1x{prompt_tokens}, table {vocab}x{hidden}"},
+            ({"op": message("embedding, {tokens} tokens", tokens=prompt_tokens),
+              "shape": message("ids 1x{tokens}, table {table}", tokens=prompt_tokens, table=table_shape)},
              lambda: F.embedding(many, table), 2 * prompt_tokens * hidden * size),
-            ({"op": "lm_head, 1 token", "shape": f"1x{hidden} @ {vocab}x{hidden}^T"},
+            ({"op": message("lm_head, 1 token"), "shape": f"1x{hidden} @ {vocab}x{hidden}^T"},
              lambda: F.linear(h, lm_head), vocab * hidden * size + vocab * size)]
 
 
@@ -245,7 +268,9 @@ def shape_label(shape, guide=GUIDE_RMS_SHAPE) -> str:
     profile's smaller tensor is never labelled as the guide's."""
     dims = [int(d) for d in shape]
     size, theirs = "x".join(map(str, dims)), "x".join(map(str, guide))
-    return f"guide's shape {size}" if dims == list(guide) else f"run's shape {size} (the guide's is {theirs})"
+    if dims == list(guide):
+        return message("guide's shape {size}", size=size)
+    return message("run's shape {size} (the guide's is {theirs})", size=size, theirs=theirs)
 
 
 def guide_ffn_line() -> dict:
@@ -371,11 +396,12 @@ def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
              "output_max_abs": out_max, "ulp_at_output": ulp(out_max, torch.float16),
              "weight_contiguous_at_op": w16_nc[2].is_contiguous()}
     facts["fused_vs_unfused_ulps"] = facts["fused_vs_unfused"] / facts["ulp_at_output"]
-    rows = [(f"{variant} vs unfused (the guide's comparison)", facts["fused_vs_unfused"], "< 1e-3"),
+    rows = [(message("{variant} vs unfused (the guide's comparison)", variant=variant), facts["fused_vs_unfused"],
+             "< 1e-3"),
             ("unfused float16 vs float64", facts["unfused_vs_float64"], ""),
             (f"{variant} float16 vs float64", facts["fused_vs_float64"], ""),
-            (f"{variant}, non-contiguous weights vs contiguous", facts["noncontig_vs_contig"],
-             "> 1e-2 if misaligned")]
+            (message("{variant}, non-contiguous weights vs contiguous", variant=variant), facts["noncontig_vs_contig"],
+             message("> {threshold} if misaligned", threshold="1e-2"))]
     rows = [{"comparison": c, "max_abs_diff": d, "output max |y|": out_max, "guide threshold": t}
             for c, d, t in rows]
     return rows, facts
@@ -473,32 +499,37 @@ def op_list(counts: dict) -> str:
 
 # --- chapters 01 and 02: their charts -------------------------------------------------------------
 
-def plot_timings(table, group: str, series: str, title: str, counts: str = "", figsize=(8, 3.2)):
+def plot_timings(table, group: str, series: str, title: str, counts: str = "", figsize=(8, 3.2), lang: str = "en"):
     """Median ms per ``group`` (an implementation) and ``series`` (a layout, a case) on a log axis,
     since implementations can differ by orders of magnitude; ``counts`` labels each bar (ops/call)."""
     import matplotlib.pyplot as plt
 
+    lang = plots.chart_language(lang)
+    table = prose.show(table, lang).set_axis(table.columns, axis=1)  # its words in the chart's language
     pivot = table.pivot_table(index=group, columns=series, values="median_ms", sort=False)
     fig, ax = plt.subplots(figsize=figsize)
     pivot.plot.bar(ax=ax, rot=0)
     if counts:
         labels = table.pivot_table(index=group, columns=series, values=counts, sort=False)
         for bars, col in zip(ax.containers, pivot.columns):
-            ax.bar_label(bars, [f"{int(n)} ops" if n == n else "" for n in labels[col]], fontsize=7)
+            ax.bar_label(bars, [prose.tell(lang, "{n} ops", n=int(n)) if n == n else "" for n in labels[col]],
+                         fontsize=7)
     ax.set_yscale("log")
-    ax.set_ylabel("median ms, log scale (lower is better)")
-    ax.set_xlabel(group)
-    ax.legend(title=series, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over a bar
-    ax.set_title(title, fontsize=10)
+    ax.set_ylabel(prose.tell(lang, "median ms, log scale (lower is better)"))
+    ax.set_xlabel(prose.translate_cell(group, lang))
+    ax.legend(title=prose.translate_cell(series, lang), fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))  # never over a bar
+    ax.set_title(prose.tr(title, lang), fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def plot_edge_ops(table, model_name: str, step_ms: float, figsize=(8, 3.2)):
+def plot_edge_ops(table, model_name: str, step_ms: float, figsize=(8, 3.2), lang: str = "en"):
     """Embedding and lm_head timings per model, beside the loaded model's measured decode step."""
     import matplotlib.pyplot as plt
 
-    labels = [f"{m}\n{o}" for m, o in zip(table["model"], table["op"])]
+    lang = plots.chart_language(lang)
+    labels = [f"{m}\n{prose.translate_cell(o, lang)}" for m, o in zip(table["model"], table["op"])]
     own = [i for i, m in enumerate(table["model"]) if m == model_name]
     fig, ax = plt.subplots(figsize=figsize)
     ax.barh(range(len(labels)), table["median_ms"],
@@ -506,33 +537,34 @@ def plot_edge_ops(table, model_name: str, step_ms: float, figsize=(8, 3.2)):
     ax.set_yticks(range(len(labels)), labels)
     # The decode step was measured for the loaded model only, so its line spans that model's rows.
     ax.plot([step_ms] * 2, [min(own) - 0.45, max(own) + 0.45], color="#c63", ls="--",
-            label=f"{model_name} decode step {step_ms:.1f} ms (measured)")
+            label=prose.tell(lang, "{model} decode step {ms:.1f} ms (measured)", model=model_name, ms=step_ms))
     ax.set_xscale("log")
-    ax.set_xlabel("median ms (log scale)")
+    ax.set_xlabel(prose.tell(lang, "median ms (log scale)"))
     ax.legend(fontsize=8)
     ax.tick_params(labelsize=7)
     fig.tight_layout()
     return fig
 
 
-def plot_ffn_variants(table, title: str, figsize=(12, 3.2)):
+def plot_ffn_variants(table, title: str, figsize=(12, 3.2), lang: str = "en"):
     """Chapter 02: one panel per FFN case (shape and T), a bar per variant at its median ms on a log
     axis (variants can differ by orders of magnitude), each labelled with its operators per call."""
     import matplotlib.pyplot as plt
 
+    lang = plots.chart_language(lang)
     cases = list(dict.fromkeys(table["case"]))
     fig, axes = plt.subplots(1, len(cases), figsize=figsize, squeeze=False)
     for ax, case in zip(axes[0], cases):
         sub = table[table["case"] == case]
         ax.bar(list(sub["variant"]), list(sub["median_ms"]), color="#69c")
         for k, (ms, n) in enumerate(zip(sub["median_ms"], sub["ops_per_call"])):
-            ax.annotate(f"{int(n)} ops", (k, ms), ha="center", va="bottom", fontsize=7)
+            ax.annotate(prose.tell(lang, "{n} ops", n=int(n)), (k, ms), ha="center", va="bottom", fontsize=7)
         ax.set_yscale("log")
         # headroom above the tallest bar keeps the op-count labels inside the panel
         ax.set_ylim(0.5 * sub["median_ms"].min(), 3 * sub["median_ms"].max())
         ax.set_title(case.replace(", T=", "\nT="), fontsize=8)
         ax.tick_params(labelsize=7, axis="x", rotation=30)
-    axes[0][0].set_ylabel("median ms, log scale (lower is better)")
-    fig.suptitle(title, fontsize=9)
+    axes[0][0].set_ylabel(prose.tell(lang, "median ms, log scale (lower is better)"))
+    fig.suptitle(prose.tr(title, lang), fontsize=9)
     fig.tight_layout()
     return fig

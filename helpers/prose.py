@@ -24,6 +24,7 @@ over recorded runs of a float32 CPU, a bf16 CPU, an NPU and a CUDA GPU:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gettext
 import io
@@ -96,6 +97,8 @@ class Record(dict):
         super().__init__()
         count = decide.samples_of(data or {}, samples)
         for key, value in (data or {}).items():
+            if isinstance(key, str) and isinstance(data.get(key + MESSAGE_SUFFIX), dict):
+                value = Message.from_record(data[key + MESSAGE_SUFFIX], value)  # said in the page's language
             self[key] = _wrap(value, f"{source}.{key}", unit if key == "value" else "", count)
 
     def __getattr__(self, name):
@@ -390,6 +393,9 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
     env.globals["other_dtype"] = lambda dtype, device: renderer.mark(
         Fig(other_dtype(dtype, device), "other_dtype"), other_dtype(dtype, device))
     env.filters["say"] = lambda decision: say(decision, lang, mark=renderer.mark)
+    # a recorded word or sentence as recorded; a recorded message (a reason, a label, a word of the
+    # runtime catalog, read back from its English in a table) in the page's language
+    env.filters["text"] = lambda value: renderer.mark(value, str(translate_cell(_plain(value), lang)))
 
     def plural(value: Any, one: str, other: str) -> str:
         """``one`` for a count of exactly 1 (a recorded figure, or a list: its length), else
@@ -469,3 +475,259 @@ def join_wide_lines(text: str) -> str:
     """``text`` with every line break between two wide (CJK) characters removed, with the next
     line's indentation; a blank line (a new paragraph) and a break beside Latin text or code stay."""
     return _WIDE_BREAK.sub("", text)
+
+
+# --- what helpers say to a reader at run time: messages of the "runtime" catalog --------------------
+# A reason, a status, a verdict's detail, a table's label or an answer's paragraph that a helper
+# composes is a ``Message``: its catalog key (an English msgid with ``{name}`` placeholders, formatted
+# with ``str.format``) and its arguments. Its ``str`` is the English rendering, so code that prints,
+# compares or records it as text keeps working; ``tr(message, lang)`` renders it in the reader's
+# language through ``locale/<lang>/LC_MESSAGES/runtime.po`` (one domain for every helper and every
+# worked answer; scripts/update_catalogs.py extracts the calls to ``message`` / ``tell`` / ``N_``).
+# ``results.json`` keeps a message as its English text under its key and, beside it, the key and
+# arguments under ``<key>_msg`` (``Message.record``), so old records and tools that read text still work.
+RUNTIME_DOMAIN = "runtime"
+DECISION = "decision"  # the context of a message that is a helpers.decide decision (``decision``)
+MESSAGE_SUFFIX = "_msg"  # results.MESSAGE_SUFFIX: results.json's field beside a recorded message
+
+
+class Message(str):
+    """A sentence for the reader: ``msgid`` and ``args``; the ``str`` is its English rendering."""
+
+    __slots__ = ("msgid", "args", "context")
+
+    def __new__(cls, msgid: str, args: Optional[dict] = None, context: Optional[str] = None):
+        args = dict(args or {})
+        # without arguments a msgid is its text as it is (a recorded word may hold a brace)
+        english = msgid if context == DECISION or not args else _format(msgid, args, SOURCE_LANGUAGE)
+        self = super().__new__(cls, english)
+        self.msgid, self.args, self.context = msgid, args, context
+        return self
+
+    def __reduce__(self):
+        return (Message, (self.msgid, self.args, self.context))
+
+    def record(self) -> dict:
+        """What ``results.json`` keeps beside the English text: the key and the arguments (nested
+        messages as their own records)."""
+        out = {"msgid": self.msgid, "args": {k: _arg_record(v) for k, v in self.args.items()}}
+        if self.context:
+            out["context"] = self.context
+        return out
+
+    # results._with_messages looks for this name (results sits below prose and does not import it)
+    message_record = record
+
+    @classmethod
+    def from_record(cls, record: Any, english: Any = None) -> Any:
+        """The ``Message`` a record describes (``record``), or ``english`` (a plain text of an older
+        record) when there is none."""
+        if not isinstance(record, dict) or "msgid" not in record:
+            return english
+        args = {k: cls.from_record(v, v) if isinstance(v, dict) else
+                [cls.from_record(i, i) for i in v] if isinstance(v, list) else v
+                for k, v in (record.get("args") or {}).items()}
+        return cls(record["msgid"], args, record.get("context"))
+
+
+def _arg_record(value: Any) -> Any:
+    if isinstance(value, Message):
+        return value.record()
+    if isinstance(value, (list, tuple)):
+        return [_arg_record(v) for v in value]
+    return value
+
+
+def message(msgid: str, **args) -> Message:
+    """A sentence for the reader, kept as its catalog key: ``message("run's shape {size} (the
+    guide's is {theirs})", size=..., theirs=...)``. ``msgid`` is a literal (it is extracted into the
+    catalog); an argument may be a number (formatted by the placeholder's spec, ``{ratio:.2f}``), a
+    text, another message, or a list (joined with the language's list separator)."""
+    return Message(msgid, args)
+
+
+def pmessage(context: str, msgid: str, **args) -> Message:
+    """``message`` with a gettext context, for a short word that means different things in
+    different places."""
+    return Message(msgid, args, context)
+
+
+def decision(key: str) -> Message:
+    """A ``helpers.decide`` decision inside a message: its key in English (as the records have always
+    said it), its phrase of ``words.<lang>.yaml`` in another language (``say``)."""
+    return Message(str(key), None, DECISION)
+
+
+def N_(msgid: str) -> str:
+    """Marks a table's word (a column name, a category in a cell) for the catalog; ``show``
+    translates it on the page. Returns it unchanged."""
+    return msgid
+
+
+def tell(lang: str, msgid: str, **args) -> str:
+    """``tr(message(msgid, **args), lang)``: a worked answer's sentence in its edition's language."""
+    return tr(Message(msgid, args), lang)
+
+
+def runtime_translations(lang: str) -> gettext.NullTranslations:
+    """The ``runtime`` catalog of ``lang`` (English is the msgids themselves). A language without
+    one is an error, never a silent English page."""
+    if lang == SOURCE_LANGUAGE:
+        return gettext.NullTranslations()
+    if lang not in LANGUAGES:
+        raise ValueError(f"lang={lang!r} is not valid; choose one of {', '.join(LANGUAGES)}")
+    path = catalog_path(RUNTIME_DOMAIN, lang)
+    if not path.exists():
+        raise FileNotFoundError(f"no {lang} catalog of the helpers' run-time messages: write "
+                                f"{path.relative_to(LOCALE.parent)} (scripts/update_catalogs.py {RUNTIME_DOMAIN})")
+    return _catalog(path, path.stat().st_mtime)
+
+
+def list_separator(lang: str) -> str:
+    return runtime_translations(lang).pgettext("between items", ", ")
+
+
+def _format(pattern: str, args: dict, lang: str) -> str:
+    return pattern.format(**{k: _arg_text(v, lang) for k, v in args.items()})
+
+
+def _arg_text(value: Any, lang: str) -> Any:
+    if isinstance(value, Message):
+        return tr(value, lang)
+    if isinstance(value, (list, tuple)):
+        return list_separator(lang).join(str(_arg_text(v, lang)) for v in value)
+    return value
+
+
+def tr(value: Any, lang: str = SOURCE_LANGUAGE) -> Any:
+    """``value`` for a reader of ``lang``: a ``Message`` rendered through the ``runtime`` catalog, a
+    list of them joined; anything else (a recorded English text of an older run, a number, a
+    name) as it is."""
+    if isinstance(value, Message):
+        if lang == SOURCE_LANGUAGE:
+            return str.__str__(value)
+        if value.context == DECISION:
+            return say(value.msgid, lang)
+        if not value.msgid:
+            return ""
+        catalog = runtime_translations(lang)
+        pattern = catalog.pgettext(value.context, value.msgid) if value.context else catalog.gettext(value.msgid)
+        return _format(pattern, value.args, lang) if value.args else pattern
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Message) for v in value):
+        return list_separator(lang).join(str(tr(v, lang)) for v in value)
+    return value
+
+
+def recorded(entry: Any, key: str, default: Any = "") -> Any:
+    """A field of a record read back from ``results.json``: the ``Message`` its ``<key>_msg`` keeps,
+    else the recorded text (an older record, or a field that was plain text)."""
+    if not isinstance(entry, dict):
+        return default
+    return Message.from_record(entry.get(key + MESSAGE_SUFFIX), entry.get(key, default))
+
+
+@functools.lru_cache(maxsize=None)
+def _cell_patterns(path: Path, stamp: float) -> list:
+    """``(regex, msgid)`` for every message of a ``runtime`` catalog with placeholders: a table cell
+    read back from ``results.json`` is English text, and one that a message made is matched here."""
+    from babel.messages import pofile
+
+    with open(path, "rb") as handle:
+        catalog = pofile.read_po(handle)
+    patterns = []
+    for m in catalog:
+        if not m.id or not isinstance(m.id, str) or "{" not in m.id or m.context or not m.string:
+            continue
+        parts = re.split(r"\{(\w+)(?:[:!][^}]*)?\}", m.id)
+        if not re.search(r"[A-Za-z]{2}", "".join(parts[::2])):
+            continue  # only placeholders and punctuation ("{a}; {b}"): it would match any text
+        body = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)" for i, p in enumerate(parts))
+        with contextlib.suppress(re.error):  # a placeholder used twice cannot be a group twice
+            patterns.append((re.compile(body + r"\Z", re.S), m.id))
+    return patterns
+
+
+def translate_cell(value: Any, lang: str) -> Any:
+    """One table cell for a reader of ``lang``: a ``Message`` rendered; a text that is a word of the
+    catalog (``N_``) or the English rendering of one of its messages, translated; anything else
+    (numbers, names, identifiers) as it is."""
+    if lang == SOURCE_LANGUAGE or not isinstance(value, str) or not value.strip():
+        return value  # (gettext("") is the catalog's header)
+    if isinstance(value, Message):
+        return tr(value, lang)
+    catalog = runtime_translations(lang)
+    said = catalog.gettext(value)
+    if said != value:
+        return said
+    path = catalog_path(RUNTIME_DOMAIN, lang)
+    for pattern, msgid in _cell_patterns(path, path.stat().st_mtime):
+        found = pattern.match(value)
+        if found:  # the arguments are text now: a number's format spec ({ratio:.2f}) no longer applies
+            said = catalog.gettext(msgid)
+            args = {k: translate_cell(v, lang) for k, v in found.groupdict().items()}  # shorter: it ends
+            return re.sub(r"\{(\w+)[:!][^}]*\}", r"{\1}", said).format(**args)
+    return value
+
+
+def show(frame: Any, lang: str = SOURCE_LANGUAGE) -> Any:
+    """A table (DataFrame or Series) as a reader of ``lang`` sees it: column and index names through
+    the ``runtime`` catalog, every text cell through ``translate_cell``. The recorded tables keep
+    their English names (``results.table`` is given the frame itself); this is only the page's copy,
+    and in English it is the frame itself."""
+    import pandas as pd
+
+    if lang == SOURCE_LANGUAGE or not isinstance(frame, (pd.DataFrame, pd.Series)):
+        return frame  # in English, or not a table (a cell may show a note instead of one)
+
+    catalog = runtime_translations(lang)
+    name = lambda value: catalog.gettext(value) if isinstance(value, str) else value  # noqa: E731
+
+    def cells(values):
+        if not (pd.api.types.is_object_dtype(values) or pd.api.types.is_string_dtype(values)):
+            return values
+        seen = {}
+
+        def one(value):
+            if not isinstance(value, str):
+                return value
+            if value not in seen:
+                seen[value] = translate_cell(value, lang)
+            return seen[value]
+
+        return values.map(one)
+
+    def index(values):
+        if isinstance(values, pd.MultiIndex) or not (pd.api.types.is_object_dtype(values)
+                                                     or pd.api.types.is_string_dtype(values)):
+            return values.rename(name(values.name)) if not isinstance(values, pd.MultiIndex) else values
+        return pd.Index(cells(values.to_series()).values, name=name(values.name))
+
+    if isinstance(frame, pd.Series):
+        out = cells(frame)
+        out.index = index(out.index)
+        return out.rename(name(frame.name)) if frame.name is not None else out
+    out = frame.copy()
+    for i in range(out.shape[1]):
+        out.isetitem(i, cells(out.iloc[:, i]))
+    out.index = index(out.index)
+    if not isinstance(out.columns, pd.MultiIndex):
+        out.columns = [translate_cell(c, lang) for c in out.columns]
+    return out
+
+
+# The words every chapter's tables share (column names, categories in cells): ``show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("value"), N_("unit"), N_("device"), N_("dtype"), N_("code_path"), N_("status"), N_("reason"),
+    N_("name"), N_("model"), N_("median_ms"), N_("p10_ms"), N_("p90_ms"), N_("stdev_pct"), N_("noisy"),
+    N_("iterations"), N_("first_call_s"), N_("n_samples"), N_("low"), N_("high"), N_("key"), N_("figure"),
+    N_("source"), N_("verdict"), N_("error"), N_("problem"), N_("label"), N_("case"), N_("impl"),
+    N_("variant"), N_("speedup"), N_("ratio"), N_("batch_size"), N_("prompt_tokens"), N_("new_tokens"),
+    N_("prompt tokens"), N_("new tokens"), N_("tok/s"), N_("tokens_per_s"), N_("ttft_ms"), N_("ttft_p10_ms"),
+    N_("ttft_p90_ms"), N_("decode_ms"), N_("decode_p10_ms"), N_("decode_p90_ms"), N_("decode_ms_per_token"),
+    N_("bytes_per_step"), N_("achieved_gbps"), N_("gbps"), N_("bandwidth_gbps"), N_("peak_memory_bytes"),
+    N_("layers"), N_("chapter"), N_("run"), N_("kernel"), N_("kind"), N_("detail"), N_("ok"), N_("skipped"),
+    N_("failed"), N_("not run"), N_("measured"), N_("official"), N_("unofficial"), N_("yes"), N_("no"),
+    N_("none"), N_("not measured"), N_("guide"), N_("dense"), N_("path"), N_("outcome"), N_("mode"),
+    N_("order"), N_("rung"), N_("metric"), N_("claims"), N_("changed"), N_("evidence"), N_("claim"),
+)

@@ -38,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import backend, bench, versions
+from .prose import message
 from .models import weight_bytes
 from .quality import perplexity  # noqa: F401  (part of this module's public API)
 
@@ -199,7 +200,8 @@ def activations_label(act_dtype: torch.dtype, model_dtype: torch.dtype) -> str:
     name = backend.dtype_name(act_dtype)
     if act_dtype == model_dtype:
         return name
-    return f"{name} (cast from {backend.dtype_name(model_dtype)} at each quantized linear, output cast back)"
+    return message("{dtype} (cast from {model_dtype} at each quantized linear, output cast back)", dtype=name,
+                   model_dtype=backend.dtype_name(model_dtype))
 
 
 # --- the modules -----------------------------------------------------------------------------
@@ -540,20 +542,21 @@ def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8
     x_model = {s: torch.full((1, s[1]), 0.5, dtype=model_dtype) for s in groups}
     quantized = [(s, q, sc.to(act), sc) for s, w in sampled for q, sc in [quantize_weight(w)]]
     dense_name = backend.dtype_name(model_dtype)
-    label = backend.dtype_name(act) + ("" if act == model_dtype else f" (cast from {dense_name})")
+    label = (backend.dtype_name(act) if act == model_dtype else
+             message("{dtype} (cast from {model_dtype})", dtype=backend.dtype_name(act), model_dtype=dense_name))
     problems = {"int8pack": None if versions.has_feature(INT8PACK) else
-                "torch._weight_int8pack_mm is missing in this torch", "dequant": None}
+                message("torch._weight_int8pack_mm is missing in this torch"), "dequant": None}
     mods = []
     if act != model_dtype:
-        problems["torchao"] = ("torchao's weight-only path keeps the model's float32 activations "
-                               "(W8A32), not W8A16")
+        problems["torchao"] = message("torchao's weight-only path keeps the model's float32 activations "
+                                      "(W8A32), not W8A16")
     elif act == torch.float16:
         # torchao's per-channel weight-only path (int8_tensor.py) computes mm(x, int8 weight) in
         # float16 and applies the scale after: the order dequant_matmul avoids, since its product
         # overflows float16 on large activations (and the timed step would hide that)
-        problems["torchao"] = ("torchao's weight-only path multiplies by the unscaled int8 weight in "
-                               "float16 before the scale, which overflows float16 (65504) on large "
-                               "activations")
+        problems["torchao"] = message("torchao's weight-only path multiplies by the unscaled int8 weight in "
+                                      "float16 before the scale, which overflows float16 (65504) on large "
+                                      "activations")
     elif "torchao" in kernels:
         try:
             mods = [(s, _torchao_linear(q, sc, act)) for s, q, _, sc in quantized]

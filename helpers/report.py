@@ -14,7 +14,7 @@ from typing import Optional
 
 from . import decide, ladder, pages, plots
 from .claims import CLASS_COLOURS, GUIDES, VERDICT_CLASSES, number, parse_args, verdict_counts
-from .prose import format_number
+from .prose import N_, format_number, message, tell, translate_cell
 from .results import REPORT_CHAPTER, RunFolder, metric
 
 def key_figures(results: dict):
@@ -33,6 +33,17 @@ def key_figures(results: dict):
             rows.append({"chapter": chapter, "key": key, "value": entry.get("value"), "unit": entry.get("unit", ""),
                          **{k: entry.get(k, "") for k in ("device", "dtype", "shape", "code_path")}})
     return pd.DataFrame(rows, columns=["chapter", "key", "value", "unit", "device", "dtype", "shape", "code_path"])
+
+
+# The claim as each edition quotes it in its tables: the guide's Chinese, or its English gloss.
+CLAIM_TEXT = {"en": "gloss_en", "zh": "text_zh"}
+
+
+def claim_text_column(lang: str = "en") -> str:
+    """The claims table's column that says a claim in ``lang`` (``CLAIM_TEXT``)."""
+    if lang not in CLAIM_TEXT:
+        raise ValueError(f"lang={lang!r} is not valid; choose one of {', '.join(CLAIM_TEXT)}")
+    return CLAIM_TEXT[lang]
 
 
 def guide_value(claims_table, metric_key: str) -> Optional[float]:
@@ -56,26 +67,28 @@ def _device(results: dict, chapter: str) -> str:
     return str((results.get(chapter) or {}).get("environment", {}).get("device", "?"))
 
 
-def plot_roofline(results: dict):
+def plot_roofline(results: dict, lang: str = "en"):
     """Batch-1 decode measured in chapter 03 against chapter 00's bandwidth ceiling (``plots.plot_roofline``)."""
     return plots.plot_roofline(
         [("", _value(results, "03_end_to_end.decode_tok_s_batch1"),
           _value(results, "00_environment_check.decode_ceiling_tok_s"), None)],
-        f"Roofline on {_device(results, '03_end_to_end')}", ceiling_name="bandwidth ceiling (ch. 00)")
+        message("Roofline on {device}", device=_device(results, "03_end_to_end")),
+        ceiling_name=message("bandwidth ceiling (ch. 00)"), lang=lang)
 
 
-def plot_batching(results: dict, claims_table):
+def plot_batching(results: dict, claims_table, lang: str = "en"):
     """Throughput, latency and memory growth over batch 1: chapter 04 beside the guide's claim."""
     import matplotlib.pyplot as plt
 
-    series = {"throughput ratio (x)": "batch_throughput_ratio_{}",
-              "latency growth (%)": "batch_latency_growth_pct_{}",
-              "memory growth (%)": "batch_memory_growth_pct_{}"}
+    series = {N_("throughput ratio (x)"): "batch_throughput_ratio_{}",
+              N_("latency growth (%)"): "batch_latency_growth_pct_{}",
+              N_("memory growth (%)"): "batch_memory_growth_pct_{}"}
     if all(_value(results, f"04_batching.{k.format(b)}") is None for k in series.values() for b in (4, 8)):
         return None
+    lang = plots.chart_language(lang)
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.4))
     for ax, (title, key) in zip(axes, series.items()):
-        for label, source, marker in (("measured", "results", "o-"), ("guide's claim", "claims", "s--")):
+        for label, source, marker in ((N_("measured"), "results", "o-"), (N_("guide's claim"), "claims", "s--")):
             xs, ys = [1], [1.0 if "ratio" in key else 0.0]
             for b in (4, 8):
                 dotted = f"04_batching.{key.format(b)}"
@@ -84,17 +97,18 @@ def plot_batching(results: dict, claims_table):
                     xs.append(b)
                     ys.append(v)
             if len(xs) > 1:
-                ax.plot(xs, ys, marker, label=label)
-        ax.set_xlabel("batch size")
-        ax.set_title(title, fontsize=9)
+                ax.plot(xs, ys, marker, label=translate_cell(label, lang))
+        ax.set_xlabel(tell(lang, "batch size"))
+        ax.set_title(translate_cell(title, lang), fontsize=9)
         ax.set_xticks([1, 4, 8])
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"Batching: measured on {_device(results, '04_batching')} vs the guide's 910B table", fontsize=10)
+    fig.suptitle(tell(lang, "Batching: measured on {device} vs the guide's 910B table",
+                      device=_device(results, "04_batching")), fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def plot_int8(results: dict, claims_table):
+def plot_int8(results: dict, claims_table, lang: str = "en"):
     """INT8 decode speedup beside the guide's three INT8 speedups, and the perplexity change, as bars.
 
     Bars start at zero (speedup) or straddle it (perplexity), so a single measurement never becomes a
@@ -107,8 +121,10 @@ def plot_int8(results: dict, claims_table):
     if speed is None and ppl is None:
         return None
     guide = _guide_int8_speedups(claims_table)
+    lang = plots.chart_language(lang)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
-    labels = [f"guide: {expr} tok/s" for expr in guide] + (["measured here, batch 1"] if speed is not None else [])
+    labels = ([tell(lang, "guide: {expression} tok/s", expression=expr) for expr in guide]
+              + ([tell(lang, "measured here, batch 1")] if speed is not None else []))
     values = list(guide.values()) + ([speed] if speed is not None else [])
     colours = ["#ff7f0e"] * len(guide) + ["#1f77b4"] * (speed is not None)
     if values:
@@ -117,8 +133,8 @@ def plot_int8(results: dict, claims_table):
             left.text(v, i, f" {v:.2f}x", va="center", fontsize=8)
         left.axvline(1.0, color="black", lw=0.8)
         left.set_xlim(0, max(values) * 1.25)
-    left.set_xlabel("INT8 / dense decode tok/s (x, higher is faster)")
-    left.set_title("INT8 decode speedup", fontsize=10)
+    left.set_xlabel(tell(lang, "INT8 / dense decode tok/s (x, higher is faster)"))
+    left.set_title(tell(lang, "INT8 decode speedup"), fontsize=10)
     if ppl is not None:
         right.barh([0], [ppl], color="#1f77b4", height=0.5)
         right.set_yticks([])
@@ -126,15 +142,15 @@ def plot_int8(results: dict, claims_table):
         right.set_xlim(-span, span)
         right.axvline(0, color="black", lw=0.8)
         right.text(ppl, 0, f" {ppl:+.2f}%", va="center", ha="left" if ppl >= 0 else "right", fontsize=8)
-        right.set_title("perplexity change measured here\n(the guide gives no quality figure)", fontsize=9)
+        right.set_title(tell(lang, "perplexity change measured here\n(the guide gives no quality figure)"), fontsize=9)
     else:
-        right.text(0.5, 0.5, "perplexity not recorded in this run", ha="center", va="center",
+        right.text(0.5, 0.5, tell(lang, "perplexity not recorded in this run"), ha="center", va="center",
                    transform=right.transAxes)
         right.set_yticks([])
-        right.set_title("perplexity change", fontsize=10)
-    right.set_xlabel("vs dense (%, lower is better)")
-    fig.suptitle(f"INT8 on {_device(results, '05_int8_quantization')} (measured) vs the guide's 910B figures",
-                 fontsize=10)
+        right.set_title(tell(lang, "perplexity change"), fontsize=10)
+    right.set_xlabel(tell(lang, "vs dense (%, lower is better)"))
+    fig.suptitle(tell(lang, "INT8 on {device} (measured) vs the guide's 910B figures",
+                      device=_device(results, "05_int8_quantization")), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -150,7 +166,7 @@ def _guide_int8_speedups(claims_table) -> dict:
     return {}
 
 
-def plot_ladder(results: dict):
+def plot_ladder(results: dict, lang: str = "en"):
     """Chapter 06's ladder beside the guide's, as ratios to each one's own baseline."""
     import pandas as pd
 
@@ -161,22 +177,26 @@ def plot_ladder(results: dict):
     if "status" not in table or not (table["status"] == "ok").any():
         return None
     return plots.plot_ladder(ladder.beside_the_guide(
-        table, label=f"measured here ({_device(results, '06_optimization_ladder')})"), ladder.BESIDE_THE_GUIDE)
+        table, label=message("measured here ({device})", device=_device(results, "06_optimization_ladder"))),
+        ladder.BESIDE_THE_GUIDE, lang=lang)
 
 
-def plot_verdicts(verdict_table):
+def plot_verdicts(verdict_table, lang: str = "en"):
     """How many claims fall in each verdict class (colours as in the claims report's badges)."""
     import matplotlib.pyplot as plt
 
     counts = {k: v for k, v in verdict_counts(verdict_table).items() if v}
     order = list(counts)[::-1]
+    lang = plots.chart_language(lang)
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(order) + 1.2))
-    ax.barh(order, [counts[c] for c in order], color=[CLASS_COLOURS[c] for c in order])
+    ax.barh([translate_cell(c, lang) for c in order], [counts[c] for c in order],
+            color=[CLASS_COLOURS[c] for c in order])
     for i, c in enumerate(order):
         ax.text(counts[c], i, f" {counts[c]}", va="center", fontsize=8)
     ax.set_xlim(0, max(counts.values()) * 1.15)
-    ax.set_xlabel("claims")
-    ax.set_title(f"Verdict classes of {len(verdict_table)} claims of the two guides", fontsize=10)
+    ax.set_xlabel(tell(lang, "claims"))
+    ax.set_title(tell(lang, "Verdict classes of {claims} claims of the two guides", claims=len(verdict_table)),
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -333,19 +353,19 @@ def batch1_protocol_table(results: dict):
     m03 = (results.get("03_end_to_end") or {}).get("metrics", {})
     if "decode_tok_s_batch1" in m03:
         e = m03["decode_tok_s_batch1"]
-        add("03_end_to_end", "the guide's request", e.get("value"), None, None, e.get("dtype"))
+        add("03_end_to_end", message("the guide's request"), e.get("value"), None, None, e.get("dtype"))
     for r in (results.get("04_batching") or {}).get("tables", {}).get("batch_sweep") or []:
         if r.get("point") == 1 and r.get("status") == "ok":
-            add("04_batching", "batch sweep, batch 1", r.get("tokens_per_s_per_user"), r.get("prompt_tokens"),
+            add("04_batching", message("batch sweep, batch 1"), r.get("tokens_per_s_per_user"), r.get("prompt_tokens"),
                 r.get("new_tokens"), r.get("dtype"))
     r05 = results.get("05_int8_quantization") or {}
     protocol05 = r05.get("metrics", {}).get("int8_decode_speedup_batch1", {})
     for r in r05.get("tables", {}).get("variants") or []:
         if r.get("variant") == "dense":
-            add("05_int8_quantization", "dense model, batch 1", r.get("decode_tok_s_b1"), None,
+            add("05_int8_quantization", message("dense model, batch 1"), r.get("decode_tok_s_b1"), None,
                 protocol05.get("new_tokens"), r.get("dtype"))
     for r in (results.get("06_optimization_ladder") or {}).get("tables", {}).get("ladder") or []:
         if r.get("rung") == "native eager" and r.get("status") == "ok":
-            add("06_optimization_ladder", "ladder, native eager", r.get("tokens_per_s"), r.get("prompt_tokens"),
+            add("06_optimization_ladder", message("ladder, native eager"), r.get("tokens_per_s"), r.get("prompt_tokens"),
                 r.get("new_tokens"), r.get("dtype"))
     return pd.DataFrame(rows)

@@ -24,6 +24,10 @@ from typing import Any, Iterable, Optional
 
 RESULTS_NAME = "results.json"
 SCHEMA = 1
+# A sentence a helper composed for the reader (``prose.Message``) is recorded as its English text
+# under its key and, beside it, as its catalog key and arguments under ``<key>_msg``: a page renders
+# it in its reader's language (``prose.recorded``), a tool reads the text as before.
+MESSAGE_SUFFIX = "_msg"
 
 
 def default_run_dir() -> Path:
@@ -64,6 +68,23 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+def with_messages(value: Any) -> Any:
+    """``value`` with a ``<key>_msg`` field (the message's catalog key and arguments) beside every
+    field that holds a message, in nested records and lists too. Tables (``Results.table``) are
+    not passed here: their columns stay what the chapter named them."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out[key] = with_messages(item)
+            record = getattr(item, "message_record", None)  # a prose.Message (prose sits above results)
+            if callable(record) and isinstance(key, str):
+                out[key + MESSAGE_SUFFIX] = record()
+        return out
+    if isinstance(value, (list, tuple)):
+        return [with_messages(v) for v in value]
+    return value
 
 
 def current_umask() -> int:
@@ -235,7 +256,7 @@ class Results:
     def record(self, key: str, value: Any, unit: str = "", *, key_figure: bool = False,
                **context) -> Any:
         """Store one figure with its unit and context (device, dtype, shape, code_path, ...)."""
-        self.data["metrics"][key] = {"value": value, "unit": unit, **context}
+        self.data["metrics"][key] = with_messages({"value": value, "unit": unit, **context})
         if key_figure and key not in self.data["key_figures"]:
             self.data["key_figures"].append(key)
         self.save()
@@ -249,7 +270,7 @@ class Results:
     def not_recorded(self, key: str, why: str) -> None:
         """A figure the chapter could not record, and why (a sentence): kept under ``not_recorded``,
         which the claims audit quotes, and shown to the reader as a note."""
-        self.data.setdefault("not_recorded", {})[key] = why
+        self.data["not_recorded"] = with_messages({**self.data.get("not_recorded", {}), key: why})
         self.note(f"{key} not recorded: {why}")
 
     def note(self, text: str) -> None:
@@ -273,7 +294,8 @@ class Results:
         return reading
 
     def set(self, field: str, value: Any) -> None:
-        self.data[field] = value
+        self.data.pop(field + MESSAGE_SUFFIX, None)  # a message set before, replaced by a plain value
+        self.data.update(with_messages({field: value}))
         self.save()
 
     def finish(self, status: str = "ok", reason: str = "") -> None:
@@ -282,7 +304,8 @@ class Results:
             raise ValueError(f"status={status!r}: use 'ok' or 'skipped'")
         self.data["status"] = status
         if reason:
-            self.data["status_reason"] = reason
+            self.data.pop("status_reason" + MESSAGE_SUFFIX, None)
+            self.data.update(with_messages({"status_reason": reason}))
         if "load" in self.data:  # a chapter that recorded the load as it opened records it as it ends
             self.data["load"]["end"] = machine_load()
         self.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from . import backend, bench, ladder, models, ops, quant, static_decode
 from .backend import as_device, dtype_name
 from .models import weight_bytes
+from .prose import Message, N_, message
 
 
 @dataclass
@@ -107,7 +108,7 @@ def fused_operators(c: Climb):
 
 def graph_mode(c: Climb):
     if not c.graph_mode:
-        raise ladder.RungSkipped("graph_mode is off in this profile; each compile costs minutes on a CPU")
+        raise ladder.RungSkipped(message("graph_mode is off in this profile; each compile costs minutes on a CPU"))
     c.model = c.eager_copy()
     c.compile()
     c.graph = True
@@ -116,7 +117,7 @@ def graph_mode(c: Climb):
 
 def int8_weights(c: Climb):
     if not c.int8:
-        raise ladder.RungSkipped("int8 is off in this profile")
+        raise ladder.RungSkipped(message("int8 is off in this profile"))
     model = c.eager_copy()  # quantize an eager copy, then compile it once more
     # on a CPU the int8 kernel is timed at this model's shapes, then kept; never slower than dense
     if as_device(c.device).type == "cpu":
@@ -125,7 +126,8 @@ def int8_weights(c: Climb):
             raise ladder.RungSkipped(ladder.int8_skip_reason(c.int8_kernels["rows"]))
     c.int8_info = quant.quantize_model_int8(model, impl="auto")
     c.model = model
-    c.weights = f"int8 weights ({c.int8_info['impl']}), {c.int8_info.get('activations') or dtype_name(c.dtype)} activations"
+    c.weights = message("int8 weights ({impl}), {activations} activations", impl=c.int8_info["impl"],
+                        activations=c.int8_info.get("activations") or dtype_name(c.dtype))
     if c.graph:
         c.compile()
     return c.variant()
@@ -133,7 +135,7 @@ def int8_weights(c: Climb):
 
 def int4_weights(c: Climb):
     if not c.int4:
-        raise ladder.RungSkipped("int4 is off in this profile")
+        raise ladder.RungSkipped(message("int4 is off in this profile"))
     problem = quant.int4_problem(c.device)
     if problem:
         raise ladder.RungSkipped(problem)
@@ -149,7 +151,7 @@ def int4_weights(c: Climb):
     c.int4_quality = ladder.weight_format_check(before, fresh, c.tokenizer)
     del before
     c.model = fresh
-    c.weights = f"int4 g32 weights, {c.int4_info['activations']} activations"
+    c.weights = message("int4 g32 weights, {activations} activations", activations=c.int4_info["activations"])
     if c.graph:
         c.compile()
     return c.variant()
@@ -163,39 +165,40 @@ def batched(c: Climb):
 
 
 # name, the one change it adds ({dtype}, {batch}, {graph} filled from the climb), the function
+# (the names and changes are catalog words: a Chinese page shows them translated, the records keep them)
 RUNGS = [
-    ("native eager", "transformers generate, eager, {dtype}, dynamic KV cache", native_eager),
-    ("+ runtime options", "set_compile_mode(jit_compile=False), allow_internal_format (NPU only)",
+    (N_("native eager"), N_("transformers generate, eager, {dtype}, dynamic KV cache"), native_eager),
+    (N_("+ runtime options"), N_("set_compile_mode(jit_compile=False), allow_internal_format (NPU only)"),
      runtime_options),
-    ("+ static cache", "StaticCache sized for the request, eager", static_cache),
-    ("+ greedy loop", "hand-written greedy loop over forward + static cache instead of generate",
+    (N_("+ static cache"), N_("StaticCache sized for the request, eager"), static_cache),
+    (N_("+ greedy loop"), N_("hand-written greedy loop over forward + static cache instead of generate"),
      greedy_loop),
-    ("+ fused operators", "apply_fused_modules, implementation named below", fused_operators),
-    ("+ graph mode", "torch.compile of forward, dynamic=False: torchair on NPU (max-autotune: whole graph "
-     "to GE), inductor elsewhere (CPU: freezing; inductor's GEMM autotuning once weights are quantized)",
+    (N_("+ fused operators"), N_("apply_fused_modules, implementation named below"), fused_operators),
+    (N_("+ graph mode"), N_("torch.compile of forward, dynamic=False: torchair on NPU (max-autotune: whole graph "
+     "to GE), inductor elsewhere (CPU: freezing; inductor's GEMM autotuning once weights are quantized)"),
      graph_mode),
-    ("+ INT8", "weight-only INT8 linears W8A16, quantized then {graph}", int8_weights),
-    ("+ INT4 g32", "weight-only INT4 replacing INT8 in the layers, groups of 32 with a scale and zero each "
+    (N_("+ INT8"), N_("weight-only INT8 linears W8A16, quantized then {graph}"), int8_weights),
+    (N_("+ INT4 g32"), N_("weight-only INT4 replacing INT8 in the layers, groups of 32 with a scale and zero each "
      "(the grid of the GGUF's Q4_1), lm_head INT8 (Q8_0 in the GGUF): about the bytes llama.cpp reads; "
-     "{dtype} activations, {graph}", int4_weights),
-    ("+ batch {batch}", "the previous rung serving {batch} users at once", batched),
+     "{dtype} activations, {graph}"), int4_weights),
+    (N_("+ batch {batch}"), N_("the previous rung serving {batch} users at once"), batched),
 ]
 
 
 def rungs(climb: Climb, order=RUNGS) -> list[ladder.Rung]:
     """``order`` (default ``RUNGS``) as the ``ladder.Rung`` list of this climb."""
     words = {"dtype": dtype_name(climb.dtype), "batch": climb.batch_size,
-             "graph": "forward compiled, dynamic=False, static cache" if climb.graph_mode else "eager"}
-    return [ladder.Rung(name.format(**words), text.format(**words), partial(fn, climb))
-            for name, text, fn in order]
+             "graph": message("forward compiled, dynamic=False, static cache") if climb.graph_mode else "eager"}
+    return [ladder.Rung(name.format(**words), Message(text, words), partial(fn, climb)) for name, text, fn in order]
 
 
 def fusion_description(fusion: Optional[dict]) -> Optional[str]:
     """What the fused-operators rung really ran on this device (None when it did not run)."""
     if not fusion:
         return None
-    return (f"RMSNorm {fusion['impl']}, SwiGLU {fusion['swiglu_impl']}, gate and up merged into one matmul "
-            f"({fusion['rmsnorm']} norms, {fusion['mlp']} MLPs replaced)")
+    return message("RMSNorm {impl}, SwiGLU {swiglu}, gate and up merged into one matmul ({norms} norms, {mlps} "
+                   "MLPs replaced)", impl=fusion["impl"], swiglu=fusion["swiglu_impl"], norms=fusion["rmsnorm"],
+                   mlps=fusion["mlp"])
 
 
 def weight_formats(c: Climb) -> list[dict]:

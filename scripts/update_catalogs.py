@@ -1,7 +1,8 @@
 """Bring the gettext catalogs of the one-file chapter templates up to date with the templates:
 
-    python scripts/update_catalogs.py            # every <chapter>.md.j2 of helpers/templates
+    python scripts/update_catalogs.py            # every <chapter>.md.j2 of helpers/templates, and runtime
     python scripts/update_catalogs.py 02_ffn_fusion
+    python scripts/update_catalogs.py runtime    # what helpers and the worked answers say at run time
 
 For each chapter this is `pybabel extract` (with babel.cfg, into a temporary .pot) and then
 `pybabel update` of ``helpers/locale/<lang>/LC_MESSAGES/<chapter>.po`` for every translated language
@@ -9,14 +10,26 @@ For each chapter this is `pybabel extract` (with babel.cfg, into a temporary .po
 fuzzy entry with the old translation, a new one untranslated: translate them in the .po (any PO
 editor works) and remove the fuzzy flags; tests/test_catalog.py fails until then. Nothing is
 compiled: helpers.prose reads the .po itself.
+
+The ``runtime`` domain holds what the helpers say to a reader at run time (reasons, labels, a
+table's words, the worked answers' paragraphs): the calls to ``prose.message`` / ``pmessage`` /
+``tell`` / ``N_`` / ``pgettext`` with a literal msgid in ``helpers/**.py`` and in the code cells of
+the English notebooks and worked answers (the Chinese ones have the same code), read with Babel's
+Python extractor, the text columns of the shipped data the tables show (``RUNTIME_DATA``) and the
+sentences among the claims' rule arguments (``helpers.claims.SAID_ARGS``), in
+``runtime_messages``; tests/test_messages.py extracts the same way.
 """
 from __future__ import annotations
 
+import csv
 import sys
 import tempfile
 from pathlib import Path
 
+from babel.messages.catalog import Catalog
+from babel.messages.extract import extract, extract_from_file
 from babel.messages.frontend import CommandLineInterface
+from babel.messages.pofile import write_po
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -46,6 +59,70 @@ def update(chapter: str) -> None:
             print(f"{action}: {prose.catalog_path(chapter, lang).relative_to(REPO)}")
 
 
+# the calls whose literal msgid is a run-time message (Babel keyword specs: "1c" is the context)
+RUNTIME_KEYWORDS = {"message": (1,), "pmessage": ((1, "c"), 2), "tell": (2,), "N_": (1,),
+                    "pgettext": ((1, "c"), 2)}
+
+
+def _notebook_code(path: Path) -> str:
+    import json
+
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+# Text columns of the shipped data that the chapters' tables show (each distinct cell is a message)
+RUNTIME_DATA = {"data/device_specs.csv": ("source", "note")}
+
+
+def runtime_sources() -> list[Path]:
+    return (sorted((REPO / "helpers").rglob("*.py")) + sorted((REPO / "notebooks").glob("*.ipynb"))
+            + sorted((REPO / "solutions").glob("*.ipynb")))
+
+
+def runtime_messages() -> Catalog:
+    """Every run-time message of the sources (``runtime_sources``), as a template catalog."""
+    import io
+
+    catalog = Catalog(project="ascend-llama-workbook", fuzzy=False)
+    for path in runtime_sources():
+        if path.suffix == ".py":
+            found = extract_from_file("python", str(path), keywords=RUNTIME_KEYWORDS, strip_comment_tags=True)
+        else:
+            found = extract("python", io.BytesIO(_notebook_code(path).encode("utf-8")), keywords=RUNTIME_KEYWORDS)
+        for lineno, text, comments, context in found:
+            catalog.add(text, None, [(str(path.relative_to(REPO)), lineno)], auto_comments=comments,
+                        context=context)
+    from helpers.claims import SAID_ARGS, parse_args
+
+    with open(REPO / "data" / "guide_claims.csv", newline="", encoding="utf-8") as handle:
+        for lineno, row in enumerate(csv.DictReader(handle), start=2):  # the sentences of the claims' rules
+            for key, value in parse_args(row.get("args") or "").items():
+                if key in SAID_ARGS and value.strip():
+                    catalog.add(value, None, [("data/guide_claims.csv", lineno)])
+    for name, columns in RUNTIME_DATA.items():
+        with open(REPO / name, newline="", encoding="utf-8") as handle:
+            for lineno, row in enumerate(csv.DictReader(handle), start=2):
+                for column in columns:
+                    if (row.get(column) or "").strip():
+                        catalog.add(row[column], None, [(name, lineno)])
+    return catalog
+
+
+def update_runtime() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        pot = Path(tmp) / f"{prose.RUNTIME_DOMAIN}.pot"
+        with open(pot, "wb") as handle:
+            write_po(handle, runtime_messages(), no_location=True, sort_output=True, width=0)
+        for lang in TRANSLATED:
+            path = prose.catalog_path(prose.RUNTIME_DOMAIN, lang)
+            action = "update" if path.exists() else "init"
+            # a message no longer in the code is dropped (not kept as obsolete): tests/test_messages.py
+            pybabel(action, "-i", str(pot), "-d", str(prose.LOCALE), "-l", lang, "-D", prose.RUNTIME_DOMAIN,
+                    "--no-wrap", *(["--ignore-pot-creation-date", "--ignore-obsolete"] if action == "update" else []))
+            print(f"{action}: {path.relative_to(REPO)}")
+
+
 def single_chapters() -> list[str]:
     return sorted(p.name[:-len(".md.j2")] for p in prose.TEMPLATES.glob("[0-9][0-9]_*.md.j2")
                   if p.name.count(".") == 2)
@@ -55,5 +132,5 @@ if __name__ == "__main__":
     import os
 
     os.chdir(REPO)  # babel.cfg's patterns are relative to the repository root
-    for name in sys.argv[1:] or single_chapters():
-        update(name)
+    for name in sys.argv[1:] or [*single_chapters(), prose.RUNTIME_DOMAIN]:
+        update_runtime() if name == prose.RUNTIME_DOMAIN else update(name)

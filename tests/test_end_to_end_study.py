@@ -214,6 +214,8 @@ def test_the_worked_answer_cell_runs_on_a_chapter_whose_decode_is_none(edition):
     chapter = _fixture_03()
     chapter["metrics"]["decode_tok_s_batch1"]["value"] = None
     shown = []
+    lang = "zh" if edition.endswith("zh") else "en"  # the edition's LANG (its setup cell sets it)
     exec(cell, {"end_to_end_study": end_to_end_study, "roofline": roofline, "metric": metric, "chapter": chapter,
-                "model": "smollm2-135m", "Markdown": Markdown, "display": lambda x: shown.append(x.data)})
-    assert len(shown) == 1 and "did not resolve" in shown[0]
+                "model": "smollm2-135m", "Markdown": Markdown, "display": lambda x: shown.append(x.data),
+                "LANG": lang})
+    assert len(shown) == 1 and {"en": "did not resolve", "zh": "无法分辨"}[lang] in shown[0], shown

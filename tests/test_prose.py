@@ -219,7 +219,9 @@ def test_every_page_states_recorded_numbers_decided_directions_and_the_runs_dtyp
                 # a figure is shown as recorded: in the one number format (at a precision a template
                 # may choose) or as its recorded text
                 value = _recorded(results, source_name)
-                forms = {str(value)} | {prose.format_number(value, digits) for digits in range(1, 6)}
+                # (a recorded message read back in the page's language through the runtime catalog)
+                forms = ({str(value), str(prose.translate_cell(str(value), lang))}
+                         | {prose.format_number(value, digits) for digits in range(1, 6)})
                 assert any(shown.startswith(form) for form in forms), (
                     f"{chapter}:{block} ({case}) shows {shown!r} for {source_name}, recorded as {value!r}")
         outside = MARK.sub("", text)

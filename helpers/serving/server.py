@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 import torch
 
 from .. import REPO, model_files, progress
+from ..prose import message
 
 VLLM_VENV = REPO / os.environ.get("VLLM_VENV", ".venv-vllm")  # a relative path is the repo's
 UNAVAILABLE_FILE = ".vllm-unavailable"  # written by scripts/setup_vllm.sh when it cannot build
@@ -693,12 +694,14 @@ def engine_caveat(ours: dict, vllm: dict, device_kind: str = "cpu") -> str:
     parts = []
     for key in engine_differences(ours, vllm, device_kind):
         if key == "threads":
-            parts.append(f"vLLM ran {vllm['threads']} OpenMP threads, our path {ours['threads']} torch threads")
+            parts.append(message("vLLM ran {vllm} OpenMP threads, our path {ours} torch threads",
+                                 vllm=vllm["threads"], ours=ours["threads"]))
         elif key == "isa":
-            parts.append(f"vLLM's wheel is built for {vllm['isa']}, our torch runs {ours['isa']} kernels")
+            parts.append(message("vLLM's wheel is built for {vllm}, our torch runs {ours} kernels",
+                                 vllm=vllm["isa"], ours=ours["isa"]))
         else:
-            parts.append(f"vLLM's {key.split('_')[0]} were not read from its log or wheel")
-    return ("the engines differ beyond serving: " + "; ".join(parts)) if parts else ""
+            parts.append(message("vLLM's {what} were not read from its log or wheel", what=key.split("_")[0]))
+    return message("the engines differ beyond serving: {parts}", parts=parts) if parts else ""
 
 
 def record_engines(ch, launch) -> dict:

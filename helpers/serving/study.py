@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .. import backend, params, progress
-from ..prose import words
+from .. import backend, params, plots, progress
+from ..prose import Message, N_, message, tell, tr, words
 from ..results import device_class, load_results
 from .client import (GOOD_SHARE, BenchNotRun, PromptSource, as_dict, bench_plan, bench_row,
                      bench_serve_command, is_good, poisson_arrivals, run_bench_serve, run_level,
@@ -35,6 +35,27 @@ from .client import (GOOD_SHARE, BenchNotRun, PromptSource, as_dict, bench_plan,
 from .server import (ServingUnavailable, VllmInstall, VllmServer, base_url, check_endpoint,
                      check_tensor_parallel, compile_cache_present, device_count, find_vllm,
                      model_for_server, start_server)
+
+# The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
+# them on the page through the runtime catalog; the recorded tables keep the English.
+TABLE_WORDS = (
+    N_("caveat"), N_("concurrency"), N_("tpot_ms"), N_("tpot_p10_ms"), N_("tpot_p90_ms"),
+    N_("decode_tok_s_per_user"), N_("decode_tok_s_aggregate"), N_("requests"), N_("counted"),
+    N_("warmup_excluded"), N_("drain_excluded"), N_("good_fraction"), N_("output_tok_s"), N_("ttft_p50_ms"),
+    N_("ttft_p50_lo_ms"), N_("ttft_p95_ms"), N_("tpot_p50_ms"), N_("tpot_p50_lo_ms"), N_("tpot_p50_hi_ms"),
+    N_("tpot_p95_ms"), N_("itl_p50_ms"), N_("itl_p50_lo_ms"), N_("itl_p50_hi_ms"), N_("itl_p95_ms"),
+    N_("request_rate"), N_("sent_rate"), N_("mean_in_flight"), N_("our client"), N_("bench / client"),
+    N_("definitions"), N_("ours_ttft_ms"), N_("vllm_ttft_ms"), N_("ours_tpot_ms"), N_("vllm_tpot_ms"),
+    N_("ours_decode_tok_s_aggregate"), N_("vllm_decode_tok_s_aggregate"), N_("vllm_over_ours_ttft"),
+    N_("vllm_over_ours_decode"), N_("no_ratio"), N_("engine"), N_("lengths"), N_("rule"), N_("levels"),
+    N_("probes"), N_("users_served"), N_("upper"), N_("at_least"), N_("shown"), N_("resolution"),
+    N_("limit"), N_("from"), N_("to"), N_("throughput_gain"), N_("ttft_p50_ms_gain"), N_("ttft_p95_ms_gain"),
+    N_("good_fraction_at_to"), N_("judged"), N_("within TTFT target"), N_("needed"),
+    N_("smallest TPOT target ms"), N_("limited by"),
+)
+
+
+
 
 # --- what the chapter measures: its parameters, a server started here or an endpoint --------------
 
@@ -283,7 +304,8 @@ def record_levels(ch, levels, prefix: str, key_figures: Sequence[str] = (), **co
     (``"output_tok_s_c8"``...) that go on the index."""
     for row in levels.to_dict(orient="records"):
         c = int(row["concurrency"])
-        shape = f"concurrency {c}, prompt {row['input_len']} tokens, {row['output_len']} new tokens"
+        shape = message("concurrency {concurrency}, prompt {prompt} tokens, {new} new tokens", concurrency=c,
+                        prompt=row["input_len"], new=row["output_len"])
         for name, unit in LEVEL_FIGURES:
             if row.get(name) is not None:
                 ch.record(f"{prefix}_{name}_c{c}", row[name], unit, key_figure=f"{name}_c{c}" in key_figures,
@@ -294,12 +316,12 @@ def record_levels(ch, levels, prefix: str, key_figures: Sequence[str] = (), **co
 
 # Where the two measure the same thing and where not, for the side-by-side table.
 DEFINITIONS = {
-    "ttft": "same: request sent -> first streamed chunk with a choice (HTTP, queueing, prefill, detokenising)",
-    "tpot": "same: (latency - TTFT) / (output tokens - 1), output tokens from the server's usage",
-    "itl": "same: gaps between streamed chunks; a chunk may carry several tokens",
-    "e2el": "same: request sent -> last chunk with a choice",
-    "output_tok_s": "same formula (output tokens / wall time of the timed requests); prompts differ: "
-                    "vLLM's random token ids vs slices of the held-out text, and its warm-up is full length",
+    "ttft": N_("same: request sent -> first streamed chunk with a choice (HTTP, queueing, prefill, detokenising)"),
+    "tpot": N_("same: (latency - TTFT) / (output tokens - 1), output tokens from the server's usage"),
+    "itl": N_("same: gaps between streamed chunks; a chunk may carry several tokens"),
+    "e2el": N_("same: request sent -> last chunk with a choice"),
+    "output_tok_s": N_("same formula (output tokens / wall time of the timed requests); prompts differ: "
+                       "vLLM's random token ids vs slices of the held-out text, and its warm-up is full length"),
 }
 
 
@@ -358,7 +380,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
         ttft, dec = m.get("ttft_ms"), m.get("decode_tok_s_batch1")
         if ttft and dec:
             prompt, new = lengths_from_shape(dec.get("shape"))
-            rows.append({"source": "03 batch-1 eager generate", "chapter": "03_end_to_end", "concurrency": 1,
+            rows.append({"source": message("03 batch-1 eager generate"), "chapter": "03_end_to_end", "concurrency": 1,
                          "prompt_tokens": prompt, "new_tokens": new, "caveat": contention(ch03),
                          "model": ch03["parameters"].get("model"), "dtype": dec.get("dtype"),
                          "device": dec.get("device"), "ttft_ms": _num(ttft["value"]),
@@ -373,7 +395,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
         for r in ch04.get("tables", {}).get("batch_sweep") or []:
             if r.get("status") != "ok" or not r.get("decode_resolved", True):
                 continue
-            rows.append({"source": f"04 batch sweep, batch {r['point']}", "chapter": "04_batching",
+            rows.append({"source": message("04 batch sweep, batch {batch}", batch=r["point"]), "chapter": "04_batching",
                          "concurrency": int(r["point"]), "prompt_tokens": _int(r.get("prompt_tokens")),
                          "new_tokens": _int(r.get("new_tokens")), "caveat": contention(ch04),
                          "model": ch04["parameters"].get("model"),
@@ -387,8 +409,8 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
     if ch06:
         ladder = {r.get("rung"): r for r in ch06.get("tables", {}).get("ladder") or [] if r.get("status") == "ok"}
         m = ch06.get("metrics", {})
-        for key, label in (("ladder_best_batch1_speedup", "best batch-1 rung"),
-                           ("ladder_batch_throughput_ratio", "batch rung")):
+        for key, label in (("ladder_best_batch1_speedup", N_("best batch-1 rung")),
+                           ("ladder_batch_throughput_ratio", N_("batch rung"))):
             rung = (m.get(key) or {}).get("rung")
             r = ladder.get(rung)
             if r is None:
@@ -396,7 +418,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                 continue
             batch = int(r.get("batch_size") or 1)
             per_user = 1e3 / r["decode_ms_per_token"] if _num(r.get("decode_ms_per_token")) else None
-            rows.append({"source": f"06 {label}: {rung}", "chapter": "06_optimization_ladder",
+            rows.append({"source": message("06 {label}: {rung}", label=Message(label), rung=Message(rung)), "chapter": "06_optimization_ladder",
                          "concurrency": batch, "prompt_tokens": _int(r.get("prompt_tokens")),
                          "new_tokens": _int(r.get("new_tokens") or ch06["parameters"].get("max_new_tokens")),
                          "caveat": contention(ch06),
@@ -421,9 +443,9 @@ def no_ratio_reason(ours: dict, served: dict) -> str:
               ("concurrency", ours.get("concurrency"), served.get("concurrency")))
     for name, a, b in checks:
         if a in (None, "") or b in (None, ""):
-            return f"{name} not recorded"
+            return message("{name} not recorded", name=Message(name))  # the names are the tables' words
         if (_num(a) != _num(b)) if _num(a) is not None and _num(b) is not None else str(a) != str(b):
-            return f"{name} differs ({a} vs {b})"
+            return message("{name} differs ({ours} vs {theirs})", name=Message(name), ours=a, theirs=b)
     return ""
 
 
@@ -466,14 +488,15 @@ def _missed(lv: dict) -> str:
     """What a level that missed the targets missed, in figures."""
     parts = []
     if _num(lv.get("good_fraction")) is not None:
-        parts.append(f"{100 * lv['good_fraction']:.0f} % of {lv.get('judged')} requests good")
+        parts.append(message("{pct:.0f} % of {judged} requests good", pct=100 * lv["good_fraction"],
+                             judged=lv.get("judged")))
     if lv.get("failed"):
-        parts.append(f"{lv['failed']} failed")
+        parts.append(message("{failed} failed", failed=lv["failed"]))
     for name, key, target in (("TTFT", "ttft_p90_ms", lv.get("ttft_target_ms")),
                               ("TPOT", "tpot_p90_ms", lv.get("tpot_target_ms"))):
         if _num(lv.get(key)) is not None and _num(target) is not None and lv[key] > target:
             parts.append(f"p90 {name} {lv[key]:.0f} ms > {target:g} ms")
-    return f"at concurrency {lv['concurrency']}: " + ", ".join(parts)
+    return message("at concurrency {concurrency}: {missed}", concurrency=lv["concurrency"], missed=parts)
 
 
 def search_users(meets, known: dict, limit: int) -> dict:
@@ -571,9 +594,9 @@ def comparison_table(points: Sequence[dict], matched) -> "Any":
     for p in points:
         key = (int(p["concurrency"]), int(p.get("prompt_tokens") or 0), int(p.get("new_tokens") or 0))
         v = served.get(key) or {}
-        reason = no_ratio_reason(p, v) if v else "vLLM was not measured at these lengths"
+        reason = no_ratio_reason(p, v) if v else message("vLLM was not measured at these lengths")
         if not reason and not v.get("completed"):
-            reason = f"every vLLM request failed: {v.get('errors', '')}"
+            reason = message("every vLLM request failed: {errors}", errors=v.get("errors", ""))
         row = {name: None for name in COMPARISON_COLUMNS}
         row.update({"source": p["source"], "chapter": p["chapter"], "concurrency": p["concurrency"],
                     "prompt_tokens": p.get("prompt_tokens"), "new_tokens": p.get("new_tokens"),
@@ -625,9 +648,9 @@ def users_table(rows: Sequence[dict]):
     return pd.DataFrame(list(rows), columns=USERS_COLUMNS)
 
 
-VLLM_SWEEP = "vLLM, our client"
-VLLM_AT_04 = "vLLM at chapter 04's lengths"
-OURS_04 = "our path: chapter 04 batch sweep"
+VLLM_SWEEP = N_("vLLM, our client")
+VLLM_AT_04 = N_("vLLM at chapter 04's lengths")
+OURS_04 = N_("our path: chapter 04 batch sweep")
 
 
 def lengths_of(rows: Sequence[dict]) -> str:
@@ -638,8 +661,8 @@ def lengths_of(rows: Sequence[dict]) -> str:
 
 
 def goodput_rule(ttft_target_ms: float, tpot_target_ms: float) -> str:
-    return (f"at least {100 * GOOD_SHARE:.0f} % of requests succeeded with TTFT <= {ttft_target_ms:g} ms "
-            f"and TPOT <= {tpot_target_ms:g} ms")
+    return message("at least {pct:.0f} % of requests succeeded with TTFT <= {ttft:g} ms and TPOT <= {tpot:g} ms",
+                   pct=100 * GOOD_SHARE, ttft=ttft_target_ms, tpot=tpot_target_ms)
 
 
 def users_of_ours(points: Sequence[dict], ttft_target_ms: float, tpot_target_ms: float) -> Optional[dict]:
@@ -650,8 +673,9 @@ def users_of_ours(points: Sequence[dict], ttft_target_ms: float, tpot_target_ms:
         return None
     found = users_served(ours)
     return users_row(OURS_04, lengths_of(ours),
-                     f"p90 TTFT <= {ttft_target_ms:g} ms and p90 TPOT <= {tpot_target_ms:g} ms per batch size "
-                     "(chapter 04 records no single generate)", found, "chapter 04's batch sizes")
+                     message("p90 TTFT <= {ttft:g} ms and p90 TPOT <= {tpot:g} ms per batch size (chapter 04 records "
+                             "no single generate)", ttft=ttft_target_ms, tpot=tpot_target_ms), found,
+                     message("chapter 04's batch sizes"))
 
 
 def users_within_targets(launch: "Launch", sweep, matched, points: Sequence[dict], *, min_requests: int,
@@ -681,8 +705,8 @@ def users_within_targets(launch: "Launch", sweep, matched, points: Sequence[dict
                                             limit=limit, request_timeout_s=request_timeout_s)
         if len(measured):
             probes.append(measured.assign(search=engine))
-        rows.append(users_row(engine, f"{a} + {b}", rule, found, "1 user (bisection)" if found["resolution"]
-                              else f"searched up to concurrency {limit}"))
+        rows.append(users_row(engine, f"{a} + {b}", rule, found, message("1 user (bisection)") if found["resolution"]
+                              else message("searched up to concurrency {limit}", limit=limit)))
     ours = users_of_ours(points, *targets)
     if ours:
         rows.append(ours)
@@ -719,40 +743,41 @@ def bench_vs_client(client: dict, bench: dict):
     return pd.DataFrame(rows)
 
 
-def plot_serving(sweep, comparison, points: Sequence[dict], title: str):
+def plot_serving(sweep, comparison, points: Sequence[dict], title: str, lang: str = "en"):
     """Two panels against concurrency: throughput (vLLM's output tok/s and decode aggregate, our
     path's decode aggregate per batch), and TTFT (vLLM's p50 and p95, our path's median and p90)."""
     import matplotlib.pyplot as plt
 
+    lang = plots.chart_language(lang)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     if len(sweep):
-        left.plot(sweep["concurrency"], sweep["output_tok_s"], "o-", label="vLLM output tok/s (sweep lengths)")
+        left.plot(sweep["concurrency"], sweep["output_tok_s"], "o-", label=tell(lang, "vLLM output tok/s (sweep lengths)"))
         left.plot(sweep["concurrency"], sweep["decode_tok_s_aggregate"], "o--",
-                  label="vLLM decode aggregate (sweep lengths)")
-        right.plot(sweep["concurrency"], sweep["ttft_p50_ms"], "o-", label="vLLM p50 (sweep lengths)")
+                  label=tell(lang, "vLLM decode aggregate (sweep lengths)"))
+        right.plot(sweep["concurrency"], sweep["ttft_p50_ms"], "o-", label=tell(lang, "vLLM p50 (sweep lengths)"))
         right.plot(sweep["concurrency"], sweep["ttft_p95_ms"].astype(float), "o--",
-                   label="vLLM p95 (sweep lengths; none from under 20 requests)")
+                   label=tell(lang, "vLLM p95 (sweep lengths; none from under 20 requests)"))
     ours = [p for p in points if p["chapter"] == "04_batching"]
     if ours:
         batch = [p["concurrency"] for p in ours]
-        left.plot(batch, [p["decode_tok_s_aggregate"] for p in ours], "s-", label="our path: chapter 04 batch")
-        right.plot(batch, [p["ttft_ms"] for p in ours], "s-", label="our path: chapter 04 median")
-        right.plot(batch, [p["ttft_p90_ms"] for p in ours], "s--", label="our path: chapter 04 p90")
+        left.plot(batch, [p["decode_tok_s_aggregate"] for p in ours], "s-", label=tell(lang, "our path: chapter 04 batch"))
+        right.plot(batch, [p["ttft_ms"] for p in ours], "s-", label=tell(lang, "our path: chapter 04 median"))
+        right.plot(batch, [p["ttft_p90_ms"] for p in ours], "s--", label=tell(lang, "our path: chapter 04 p90"))
         at04 = comparison[comparison["chapter"] == "04_batching"] if len(comparison) else comparison
         if len(at04):
             left.plot(at04["concurrency"], at04["vllm_decode_tok_s_aggregate"], "^:",
-                      label="vLLM decode aggregate at chapter 04's lengths")
+                      label=tell(lang, "vLLM decode aggregate at chapter 04's lengths"))
     xs = sorted({int(x) for line in left.get_lines() + right.get_lines() for x in line.get_xdata()})
-    for ax, ylabel in ((left, "tokens/s"), (right, "TTFT (ms)")):
+    for ax, ylabel in ((left, "tokens/s"), (right, tell(lang, "TTFT (ms)"))):
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.minorticks_off()
-        ax.set_xlabel("concurrency (our path: batch size)")
+        ax.set_xlabel(tell(lang, "concurrency (our path: batch size)"))
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
-    left.set_title("throughput")
-    right.set_title("time to first token")
-    fig.suptitle(title)
+    left.set_title(tell(lang, "throughput"))
+    right.set_title(tell(lang, "time to first token"))
+    fig.suptitle(tr(title, lang))
     fig.tight_layout()
     return fig
 
@@ -897,11 +922,12 @@ def record_comparison(ch, points: Sequence[dict], matched):
     for row in comparison[comparison["no_ratio"] == ""].to_dict(orient="records"):
         if row["chapter"] != "03_end_to_end":
             continue
-        shape = f"batch 1, prompt {row['prompt_tokens']} tokens, {row['new_tokens']} new tokens"
+        shape = message("batch {batch}, prompt {prompt} tokens, {new} new tokens", batch=1, prompt=row["prompt_tokens"],
+                        new=row["new_tokens"])
         ch.record("engine_batch1_decode_ratio", row["vllm_over_ours_decode"], "x", key_figure=True,
                   shape=shape, low=row["vllm_over_ours_decode_low"], high=row["vllm_over_ours_decode_high"],
                   caveat=row["caveat"],
-                  code_path="vLLM 1000 / median TPOT over chapter 03's (t(N) - t(1)) / (N - 1), same run")
+                  code_path=message("vLLM 1000 / median TPOT over chapter 03's (t(N) - t(1)) / (N - 1), same run"))
         ch.record("engine_batch1_ttft_ratio", row["vllm_over_ours_ttft"], "x", shape=shape,
                   low=row["vllm_over_ours_ttft_low"], high=row["vllm_over_ours_ttft_high"],
                   code_path="vLLM median TTFT over chapter 03's 1-token generate")
