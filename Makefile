@@ -87,11 +87,12 @@ test: setup-for-test
 
 ## Slower checks, worth running before a release or when what they cover changed: the pin resolution
 ## (make test-pins; when a requirements file changes, make test fails until it has run), the tests
-## marked slow (each says why), and chapters 01-03, 05 and 06 in float32 and float16, default profile.
+## marked slow (each says why), and chapters 01-03, 05 and 06 on the embedded model (quick profile) in
+## float32, bfloat16 and float16 (make test runs them on the small random Llama).
 test-slow: setup setup-vllm test-pins
 	@$(TIMED) slow-tests 0 $(PY) -m pytest -m "slow or pins" $(ARGS)
-	@for dtype in float32 float16; do $(TIMED) default-$$dtype 0 $(PY) -m helpers.run --profile default \
-	  --run-id test-slow-default-$$dtype -p dtype=$$dtype --only 01 02 03 05 06 || exit 1; done
+	@for dtype in float32 bfloat16 float16; do $(TIMED) quick-$$dtype 0 $(PY) -m helpers.run --profile quick \
+	  --run-id test-slow-quick-$$dtype -p dtype=$$dtype --only 01 02 03 05 06 || exit 1; done
 
 ## Resolve every pinned set for every claimed Python and platform (network), and record the files checked.
 test-pins: setup

@@ -223,8 +223,22 @@ def test_the_chinese_run_records_the_figures_of_the_english_run(en_run, zh_run):
         zh = json.loads((zh_run["run_dir"] / name / "results.json").read_text())
         en = json.loads((en_run["run_dir"] / name / "results.json").read_text())
         assert zh["key_figures"] == en["key_figures"], name
-        assert {k: m.get("unit") for k, m in zh["metrics"].items()} == {k: m.get("unit") for k, m in en["metrics"].items()}, name
+        skipped = _figures_of_skipped_rungs(zh) | _figures_of_skipped_rungs(en)
+        units = [{k: m.get("unit") for k, m in r["metrics"].items() if k not in skipped} for r in (zh, en)]
+        assert units[0] == units[1], name
         assert set(zh["tables"]) == set(en["tables"]), name
+
+
+def _figures_of_skipped_rungs(results: dict) -> set:
+    """The figures chapter 06 records only for a ladder rung that ran, of the rungs this run skipped
+    (a rung is skipped by what it measures, e.g. + INT8 where the dense layers were faster here)."""
+    names = set()
+    for row in results.get("tables", {}).get("ladder", []):
+        if row.get("status") == "ok":
+            continue
+        rung = row["rung"].strip("+ ").replace(" ", "_")
+        names |= {f"ladder_tok_s_{rung}"} | ({"int8_rung_step"} if rung == "INT8" else set())
+    return names
 
 
 def _group(pgid):
