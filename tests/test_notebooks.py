@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from helpers import decide, ladder, serving
+from helpers import run as runner
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb"))
@@ -205,7 +206,9 @@ def test_the_chinese_run_executed_every_chinese_notebook_and_answer(zh_run):
         # so its summaries came from the chapter's template in Chinese (its zh catalog)
         executed = json.loads((zh_run["run_dir"] / f"{name}.ipynb").read_text(encoding="utf-8"))
         source = json.loads((REPO / "notebooks" / "zh" / f"{name}.ipynb").read_text(encoding="utf-8"))
-        assert _markdown(executed) == _markdown(source), f"{name}: the executed notebook is not notebooks/zh/{name}"
+        # (the executed copy's links to the repository's files are made relative to the run folder)
+        expected = [runner.relink(text, REPO / "notebooks" / "zh", zh_run["run_dir"]) for text in _markdown(source)]
+        assert _markdown(executed) == expected, f"{name}: the executed notebook is not notebooks/zh/{name}"
         answer = entry.get("solution") or {}
         assert answer.get("status") == "ok", f"solutions/zh/{name}_solutions: {answer.get('error') or answer.get('reason')}"
 
