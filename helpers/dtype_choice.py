@@ -50,6 +50,12 @@ FLIP_HORIZON_TOKENS = 8192  # the longest prompt for which a change of the pick 
 RUN_DIR_ENV = "WORKBOOK_RUN_DIR"  # set by the runner for every chapter of a run
 DTYPE_CHOICE_KEY = "dtype_choice"  # chapter 00's recorded figure
 DTYPE_DECISIONS = ("16bit_faster", "float32_not_slower", "no_16bit_usable")
+# A challenger (a 16-bit dtype against float32, float16 against bfloat16) is picked only when it serves
+# the request in at least this share less time than the incumbent, beyond both spreads as well. On a
+# CPU where two dtypes come within a few tenths of each other (an AVX-512 BF16 CPU without AMX:
+# bfloat16 2,684 ms against float16 2,967 in one run, float16 2,514 against bfloat16 2,955 minutes
+# later), a pick by the spreads alone flipped from run to run and every later chapter with it.
+PICK_MARGIN_PCT = 20
 LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -272,6 +278,13 @@ def faster_beyond_spread(candidate: dict, baseline: dict, phase: str = "request"
     return candidate[f"{phase}_p90_ms"] < baseline[f"{phase}_p10_ms"]
 
 
+def clears_margin(candidate: dict, baseline: dict, margin_pct: float = PICK_MARGIN_PCT) -> bool:
+    """Whether ``candidate`` serves the request faster than ``baseline`` beyond both spreads and in at
+    least ``margin_pct`` % less (median) time: what a challenger needs to replace the incumbent."""
+    return (faster_beyond_spread(candidate, baseline)
+            and candidate["request_ms"] <= (1 - margin_pct / 100) * baseline["request_ms"])
+
+
 def _usable(rows: list[dict]) -> dict:
     return {r["dtype"]: r for r in rows if not r.get("problem")}
 
@@ -282,10 +295,10 @@ def pick_cpu_dtype(rows: list[dict], prompt_tokens: Optional[int] = None,
     that does not run correctly here): ``(dtype name, decision)``, by the time of one request of
     ``prompt_tokens`` + ``new_tokens`` (the rows' own ``request_*`` times when both are None).
 
-    float32 unless a usable 16-bit dtype serves the request faster beyond both spreads (16 bits cost
-    precision, so they have to pay for it); bfloat16 before float16 (float32's range, so no
-    overflow) unless float16 is faster beyond the spreads too. ``decision`` is one of
-    ``DTYPE_DECISIONS``.
+    float32 unless a usable 16-bit dtype serves the request in ``PICK_MARGIN_PCT`` % less time and
+    beyond both spreads (16 bits cost precision, so they have to pay for it; ``clears_margin``);
+    bfloat16 before float16 (float32's range, so no overflow) unless float16 clears the same margin
+    against it. ``decision`` is one of ``DTYPE_DECISIONS``.
     """
     by = {r["dtype"]: r for r in rows}
     if "float32" not in by or by["float32"].get("problem"):
@@ -299,22 +312,26 @@ def pick_cpu_dtype(rows: list[dict], prompt_tokens: Optional[int] = None,
     if not halves:
         return "float32", "no_16bit_usable"
     best = halves[0]
-    if len(halves) > 1 and faster_beyond_spread(halves[1], halves[0]):
+    if len(halves) > 1 and clears_margin(halves[1], halves[0]):
         best = halves[1]
-    if faster_beyond_spread(best, usable["float32"]):
+    if clears_margin(best, usable["float32"]):
         return best["dtype"], "16bit_faster"
     return "float32", "float32_not_slower"
 
 
 def _crossings(rows: list[dict], new_tokens: int) -> list[float]:
-    """The prompt lengths at which one request-time line (median, p10 or p90) of a dtype meets one of
-    another dtype: the pick, made of such comparisons, can change only there."""
+    """The prompt lengths at which one request-time line (median, p10, p90, or the median less the
+    pick's margin) of a dtype meets one of another dtype: the pick, made of such comparisons, can
+    change only there."""
     lines = []
+    keep = 1 - PICK_MARGIN_PCT / 100  # a challenger's median is held against this share of the incumbent's
     for r in _usable(rows).values():
         for q in ("ms", "p10_ms", "p90_ms"):
             slope = (r[f"prefill_long_{q}"] - r[f"prefill_short_{q}"]) / (
                 r["prefill_long_tokens"] - r["prefill_short_tokens"])
             lines.append((r["dtype"], slope, _line(r, q, 0) + new_tokens * r[f"decode_{q}"]))
+            if q == "ms":
+                lines.append((r["dtype"], keep * slope, keep * lines[-1][2]))
     found = []
     for i, (d1, s1, c1) in enumerate(lines):
         for d2, s2, c2 in lines[i + 1:]:
@@ -362,14 +379,16 @@ def _reason(decision: str, rows: list[dict], chosen: str, flips: Optional[dict] 
     if decision == "16bit_faster":
         c = by[chosen]
         text = message("{dtype}: the model's forward served a {request} in {ms:.0f} ms in {dtype} against "
-                       "{f32_ms:.0f} ms in float32 on this CPU, spreads apart", dtype=chosen, request=request,
-                       ms=c["request_ms"], f32_ms=f32["request_ms"])
+                       "{f32_ms:.0f} ms in float32 on this CPU, spreads apart and at least {margin} % less",
+                       dtype=chosen, request=request, ms=c["request_ms"], f32_ms=f32["request_ms"],
+                       margin=PICK_MARGIN_PCT)
     else:
         alt = min((r for r in rows if r["dtype"] != "float32" and not r.get("problem")),
                   key=lambda r: r["request_ms"])
-        text = message("float32: no 16-bit dtype serves a {request} faster beyond the spread here "
-                       "({other} {other_ms:.0f} ms vs float32 {f32_ms:.0f} ms)", request=request,
-                       other=alt["dtype"], other_ms=alt["request_ms"], f32_ms=f32["request_ms"])
+        text = message("float32: no 16-bit dtype serves a {request} in {margin} % less time, beyond the "
+                       "spread, here ({other} {other_ms:.0f} ms vs float32 {f32_ms:.0f} ms)", request=request,
+                       margin=PICK_MARGIN_PCT, other=alt["dtype"], other_ms=alt["request_ms"],
+                       f32_ms=f32["request_ms"])
     if flips.get("flip_longer_tokens"):
         text = message("{reason}; from {tokens}-token prompts on it would be {dtype}", reason=text,
                        tokens=flips["flip_longer_tokens"], dtype=flips["flip_longer_dtype"])
@@ -398,6 +417,7 @@ class DtypeChoice:
     flip_shorter_tokens: Optional[int] = None
     flip_shorter_dtype: Optional[str] = None
     flip_horizon_tokens: int = FLIP_HORIZON_TOKENS
+    pick_margin_pct: Optional[float] = None  # the margin the pick was made with (None: none, or not timed)
 
     def record(self) -> dict:
         """The context chapter 00 stores with the ``dtype_choice`` figure (later chapters read it)."""
@@ -460,7 +480,7 @@ def measure_cpu_dtype(model=None, *, prompt_tokens: int = REQUEST_PROMPT_TOKENS,
     flips = flip_lengths(rows, prompt_tokens, new_tokens)
     return DtypeChoice(DTYPES[chosen], _reason(decision, rows, chosen, flips), message("measured now"), rows,
                        decision, source, cpu_capability(), torch.get_num_threads(),
-                       prompt_tokens, new_tokens, **flips)
+                       prompt_tokens, new_tokens, **flips, pick_margin_pct=PICK_MARGIN_PCT)
 
 
 def recorded_dtype_choice(run_dir=None) -> Optional[DtypeChoice]:

@@ -40,7 +40,7 @@ def _with_rows(rows) -> dict:
     c = r["metrics"]["dtype_choice"]
     c.update(value=chosen, decision=decision, rows=rows, reason=dtype_choice._reason(decision, rows, chosen, flips),
              request_prompt_tokens=dtype_choice.REQUEST_PROMPT_TOKENS, request_new_tokens=dtype_choice.REQUEST_NEW_TOKENS,
-             flip_horizon_tokens=dtype_choice.FLIP_HORIZON_TOKENS)
+             flip_horizon_tokens=dtype_choice.FLIP_HORIZON_TOKENS, pick_margin_pct=dtype_choice.PICK_MARGIN_PCT)
     c.update({k: flips.get(k) for k in ("flip_longer_tokens", "flip_longer_dtype", "flip_shorter_tokens",
                                         "flip_shorter_dtype")})
     table = environment_study.dtype_probe_table(rows)
@@ -71,8 +71,8 @@ def float32_16bit_slower():
 
 def float16_until_a_longer_prompt():
     """float16's fast decode wins the standard request; its steep prefill loses from a longer prompt."""
-    return _with_rows([probe_row("float32", 50, 100, 300), probe_row("bfloat16", 45, 90, 280),
-                       probe_row("float16", 30, 100, 400)])
+    return _with_rows([probe_row("float32", 50, 100, 300), probe_row("bfloat16", 35, 60, 180),
+                       probe_row("float16", 20, 100, 400)])
 
 
 def no_16bit():

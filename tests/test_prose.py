@@ -322,10 +322,11 @@ def _expect_00(case, blocks, lang):
     if case == "dtype set by the parameter":
         assert "`float32`" in dtype and says(dtype, "00_environment_check", lang, "The `dtype` parameter set")
     if case == "float16 until a longer prompt":
-        assert "**float16**" in dtype and "797" in dtype and "**bfloat16**" in dtype
+        assert "**float16**" in dtype and "249" in dtype and "**bfloat16**" in dtype
+        assert says(dtype, "00_environment_check", lang, "So the run works in **%(dtype)s**: it serves the request in at least")
         assert says(dtype, "00_environment_check", lang, "With the same figures, prompts of")
     if case == "float32 kept, 16-bit slower":
-        assert "797" not in dtype and f"{dtype_choice.FLIP_HORIZON_TOKENS:,}" in dtype
+        assert "249" not in dtype and f"{dtype_choice.FLIP_HORIZON_TOKENS:,}" in dtype
         assert says(dtype, "00_environment_check", lang, "No longer prompt, up to")
     if case in ("npu float16", "npu line complete"):
         assert "**float16**" in dtype and says(dtype, "00_environment_check", lang, "`dtype=auto` on `%(device)s`")
