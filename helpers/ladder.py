@@ -631,6 +631,13 @@ class References:
 
     def llama(self) -> dict:
         out = llamacpp.pool(self.llama_runs)
+        if out.get("status") == "ok" and not out["decode_ms_per_token"] > 0:
+            # decode per token is (t(N) - t(1)) / (N - 1), a difference of two noisy wall times: on a
+            # model of a few layers and a few new tokens it can come out at zero or below
+            return {**out, "status": "unmeasured", "reason": message(
+                "its decode per token, (t(N) − t(1)) / (N − 1) of two wall times, came out at {ms:.3f} ms, "
+                "not above zero: with {new} new tokens this model is too small to time that way",
+                ms=out["decode_ms_per_token"], new=self.new_tokens)}
         if out.get("status") == "ok":  # its bytes per step beside the rungs', at the same mean context
             gguf = locate_embedded_gguf()
             out.update(llamacpp.bytes_per_step(gguf, self.prompt_tokens + self.new_tokens // 2))

@@ -561,6 +561,19 @@ def test_llamacpp_runs_of_the_rounds_pool_their_samples():
     assert llamacpp.pool([{"status": "unavailable", "reason": "no compiler"}])["reason"] == "no compiler"
 
 
+def test_a_llamacpp_decode_time_not_above_zero_is_no_figure_but_a_reason():
+    refs = ladder.References.__new__(ladder.References)
+    refs.new_tokens = 4
+    refs.llama_runs = [{"status": "ok", "decode_samples_ms": [-0.2, -0.09, 0.05], "ttft_samples_ms": [5.0] * 3,
+                        "repeats": 3, "code_path": "llama.cpp"}]
+    out = refs.llama()
+    assert out["status"] == "unmeasured" and "not above zero" in str(out["reason"]) and "4 new tokens" in str(out["reason"])
+    recorded = _Recorder()
+    ladder.record_reference_figures(recorded, {}, out, None, device="cpu", dtype="float16", new_tokens=4)
+    entry = recorded.m["llamacpp_decode_tok_s"]
+    assert entry["value"] is None and "not above zero" in str(entry["reason"])  # the page says why
+
+
 def test_llamacpp_bytes_per_step_read_from_the_gguf():
     import gguf
 
