@@ -59,8 +59,9 @@ setup-legacy:
 
 ## What make test needs, built side by side (pip's downloads beside the llama.cpp build; each target's
 ## output is printed whole when it ends): .venv, .venv-vllm and, unless LEGACY=0, .venv-legacy.
+## (KEEP_TIMES=1 keeps the times an earlier `make setup-for-test` recorded: .ci/run builds first, then tests.)
 setup-for-test:
-	@mkdir -p reports && rm -f $(TIMES)
+	@mkdir -p reports && $(if $(KEEP_TIMES),true,rm -f $(TIMES))
 	@WORKBOOK_TIMES=$(TIMES) $(TIMED) setup 300 $(MAKE) --no-print-directory -j3 -O setup setup-vllm $(if $(filter 1,$(LEGACY)),setup-legacy)
 
 ## Run every notebook with the `default` profile into reports/<run-id>/ (index.html inside);

@@ -60,8 +60,16 @@ def summary(path: str) -> int:
         lines = [line for line in open(path).read().splitlines() if line.startswith("[time]")]
     except OSError:
         return 0
+    # the levels (a step with a budget); a level run twice (.ci/run builds, then make test checks
+    # the build again) is shown by its longer run
+    levels: dict = {}
+    for line in lines:
+        if " of its " in line:
+            label, seconds = line.split(":", 1)[0], float(line.split(":", 1)[1].split()[0])
+            if label not in levels or seconds > levels[label][0]:
+                levels[label] = (seconds, line)
     print("--- make test, each level against its budget ---")
-    print("\n".join(lines))
+    print("\n".join(line for _, line in levels.values()))
     return 0
 
 
