@@ -70,6 +70,8 @@ def english_words(line: str) -> list[str]:
     for token in SEPARATORS.split(NOT_PROSE.sub(" ", ANSI.sub("", line))):
         if token.startswith("-") and token.strip("-"):
             continue  # a command-line option: -m, --model, --use-flash-attn
+        if token.endswith(("...", "\u2026")):
+            continue  # a word a table cut short ("atmospher..."): no word of its own
         token = token.strip(EDGES)
         if (len(token) > 1 and WORD.fullmatch(token) and token.lower() not in ALLOWED
                 and not NAME.search(token)):

@@ -91,6 +91,9 @@ def test_the_model_s_own_text_is_not_counted(tmp_path):
     words = english_lines.model_words(tmp_path)
     assert english_lines.count_notebook(path, words).english == ["the night sky is a decode of the bandwidth here"]
     assert len(english_lines.count_notebook(path).english) == 3  # without the run's model text
+    # a table cuts a long answer short: the cut word is no word of the model's text, nor any other
+    assert not english_lines.is_english_only("w8a16  The capital of France is Par...", words)
+    assert english_lines.is_english_only("w8a16  The capital of France is Par...", frozenset())
 
 
 @pytest.mark.notebooks
