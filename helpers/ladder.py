@@ -219,6 +219,12 @@ def _float(value) -> float:
     return float(value) if _known(value) else math.nan
 
 
+def _per_s(decode_ms, batch) -> Optional[float]:
+    """Tokens per second of ``batch`` sequences at ``decode_ms`` per step (None when unknown)."""
+    ms = _float(decode_ms)
+    return 1e3 * (int(batch) if _known(batch) else 1) / ms if ms > 0 else None
+
+
 def best_batch1_speedup(table) -> Optional[dict]:
     """The batch-1 rung with the highest speedup over the baseline, and what may be said of it.
 
@@ -323,11 +329,14 @@ def record_ladder_figures(ch, table, new_tokens: int) -> None:
     for row in (r for r in rows if r["status"] == "ok"):
         extra = {k: row[k] for k in ("compiled_graphs", "compile_s") if _known(row.get(k))}
         batch, prompt_tokens = row.get("batch_size"), row.get("prompt_tokens")
+        # the spread in the figure's own unit: tok/s of the decode p90 (slow) and p10 (fast) step times
+        low, high = (_per_s(row.get(key), batch) for key in ("decode_p90_ms", "decode_p10_ms"))
         ch.record(f"ladder_tok_s_{row['rung'].strip('+ ').replace(' ', '_')}", row["tokens_per_s"], "tok/s",
                   dtype=row.get("dtype"), shape=message("batch {batch}, {prompt}-token prompt, {new} new tokens",
-                                                        batch=batch, prompt=prompt_tokens, new=new_tokens), code_path=row.get("code_path") or row["description"], rung=row["rung"],
+                                                        batch=batch, prompt=prompt_tokens, new=new_tokens),
+                  code_path=row.get("code_path") or row["description"], rung=row["rung"],
                   prompt_tokens=prompt_tokens, new_tokens=row.get("new_tokens"), batch_size=batch,
-                  low=row.get("speedup_low"), high=row.get("speedup_high"), n_samples=row["n_samples"], **extra)
+                  low=low, high=high, n_samples=row["n_samples"], **extra)
     best = best_batch1_speedup(table)
     if best is not None:
         ch.record("ladder_best_batch1_speedup", best["speedup"], "x", key_figure=True,
@@ -631,15 +640,8 @@ class References:
 
     def llama(self) -> dict:
         out = llamacpp.pool(self.llama_runs)
-        if out.get("status") == "ok" and not out["decode_ms_per_token"] > 0:
-            # decode per token is (t(N) - t(1)) / (N - 1), a difference of two noisy wall times: on a
-            # model of a few layers and a few new tokens it can come out at zero or below
-            return {**out, "status": "unmeasured", "reason": message(
-                "its decode per token, (t(N) − t(1)) / (N − 1) of two wall times, came out at {ms:.3f} ms, "
-                "not above zero: with {new} new tokens this model is too small to time that way",
-                ms=out["decode_ms_per_token"], new=self.new_tokens)}
         if out.get("status") == "ok":  # its bytes per step beside the rungs', at the same mean context
-            gguf = locate_embedded_gguf()
+            gguf = out["gguf_path"]  # the file that was timed, not always the embedded one
             out.update(llamacpp.bytes_per_step(gguf, self.prompt_tokens + self.new_tokens // 2))
             out.update(roofline_share(out["bytes_per_step"], out["decode_ms_per_token"], self.bandwidth))
         return out

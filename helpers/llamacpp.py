@@ -7,12 +7,15 @@ writes what happened to ``<venv>/llamacpp-status.json``; ``availability()`` read
 failed (or was skipped) gives the reason instead of a figure, and the rest of the workbook runs.
 
 ``measure()`` runs llama.cpp on the same token ids, lengths and threads as the ladder, with the
-workbook's protocol: greedy, a fixed number of new tokens (end-of-sequence never stops it), one
-untimed warm-up, several repeats; TTFT is a 1-token generation and decode per token is
-``(t(N) - t(1)) / (N - 1)``, medians with p10/p90 (the definitions of
-``helpers.generation.measure_generation``). It runs in a child process: a wheel built for another
-CPU (``-march=native``) dies with an illegal instruction there, and that becomes the row's reason
-instead of a dead notebook kernel.
+workbook's protocol (``helpers.generation.measure_generation``'s definitions): greedy, a fixed number
+of new tokens (end-of-sequence never stops it), one untimed warm-up, several repeats; TTFT is a
+1-token generation, and decode per token is the median, p10 and p90 of every decode step, stamped
+after each step's ``eval`` and argmax (``repeats x (N - 1)`` samples), with the difference of two
+generates, ``(t(N) - t(1)) / (N - 1)``, kept beside it as the same cross-check the rungs carry.
+It runs in a child process: a child that dies of a signal (an illegal instruction, a segmentation
+fault, a bus error) becomes the row's reason instead of a dead notebook kernel. llama.cpp's extra
+buffer types (AMX tiles, repacked weights) die that way on some CPUs and VMs whose flags promise
+the instructions, so a child that dies with them is run again without them, and the row says so.
 
 llama.cpp reads the GGUF's own Q4_1 blocks (about 4.5 bits per weight); the ladder's model is the
 same weights dequantized to 16 or 32 bits. Its figures stand beside the ladder and are never part
@@ -69,8 +72,11 @@ def availability() -> dict:
 
 
 def measure(gguf, prompt_ids, new_tokens: int, *, threads: Optional[int] = None, repeats: int = 3,
-            timeout: float = DEFAULT_TIMEOUT_S) -> dict:
+            timeout: float = DEFAULT_TIMEOUT_S, extra_buffers: Optional[bool] = None) -> dict:
     """Decode tok/s and TTFT of llama.cpp on ``prompt_ids``, in a child process.
+
+    ``extra_buffers``: None (the default) runs with llama.cpp's extra buffer types and again
+    without them when that child dies of a signal; True or False runs only that way.
 
     Returns ``{"status": "ok", "ttft_ms", "decode_ms_per_token", "tokens_per_s", p10/p90 of both,
     "samples", "tokens", "system_info", ...}``, or ``{"status": "unavailable" | "failed", "reason"}``.
@@ -91,26 +97,42 @@ def measure(gguf, prompt_ids, new_tokens: int, *, threads: Optional[int] = None,
         threads = torch.get_num_threads()
     gguf = Path(gguf)
     weights = gguf.stem.rsplit(".", 1)[-1] if "." in gguf.stem else "unknown"  # x.Q4_1.gguf: Q4_1
+    if extra_buffers not in (None, True, False):
+        raise ValueError(f"extra_buffers={extra_buffers!r} is not valid; use None (with, then without on a "
+                         "crash), True or False")
     request = {"gguf": str(gguf), "prompt_ids": ids, "new_tokens": new_tokens, "threads": int(threads),
-               "repeats": repeats, "extra_buffers": True}
+               "repeats": repeats, "extra_buffers": extra_buffers is not False}
     out, failure = _run_child(request, timeout)
     note = ""
-    if failure and failure[0] == -11:
-        # llama.cpp's extra buffer types (AMX tiles, repacked weights) crash on some CPUs and VMs;
-        # without them it runs its AVX/VNNI kernels. The row says which one ran.
+    if failure and died_of_signal(failure[0]) and extra_buffers is None:
+        # llama.cpp's extra buffer types (AMX tiles, repacked weights) die on some CPUs and VMs whose
+        # flags promise the instructions; without them it runs its AVX / VNNI kernels. Any signal:
+        # SIGILL on an AMX VM, SIGSEGV or SIGBUS elsewhere. The row says which one ran and why.
         first = failure[1]
         out, failure = _run_child({**request, "extra_buffers": False}, timeout)
-        note = (f"with llama.cpp's extra buffer types (AMX / repacked weights) it crashed ({first}); "
+        note = (f"with llama.cpp's extra buffer types (AMX tiles / repacked weights) the child died ({first}); "
                 "measured without them (use_extra_bufts=False)")
     if failure:
-        return {"status": "failed", "reason": failure[1]}
-    buffers = ", use_extra_bufts=False" if note else ""
+        reason = failure[1] if not note else f"{failure[1]} (and before that, {note.split('; ')[0]})"
+        return {"status": "failed", "reason": reason}
+    used = request["extra_buffers"] and not note
+    buffers = "" if used else ", use_extra_bufts=False"
     return {**summarize(out, new_tokens), "version": found["version"], "quantization": weights,
-            "gguf": gguf.name, "threads": int(threads), "prompt_tokens": len(ids), "new_tokens": new_tokens,
-            "repeats": repeats, "note": note, "extra_buffers": not note,
+            "gguf": gguf.name, "gguf_path": str(gguf), "threads": int(threads), "prompt_tokens": len(ids),
+            "new_tokens": new_tokens, "repeats": repeats, "note": note, "extra_buffers": used,
             "code_path": (f"llama-cpp-python {found['version']} (llama.cpp), Llama.eval + argmax, greedy, "
-                          f"{new_tokens} new tokens, {threads} threads, weights {weights} "
-                          f"from the GGUF{buffers}")}
+                          f"{new_tokens} new tokens, decode stamped per step, {threads} threads, "
+                          f"weights {weights} from the GGUF{buffers}")}
+
+
+# Exit codes of a child killed by a signal: subprocess gives -N; a shell in between gives 128 + N.
+SIGNAL_NAMES = {4: "illegal instruction (SIGILL)", 6: "abort (SIGABRT)", 7: "bus error (SIGBUS)",
+                8: "floating-point exception (SIGFPE)", 11: "segmentation fault (SIGSEGV)"}
+
+
+def died_of_signal(returncode) -> bool:
+    """Whether a child's return code says a signal killed it (not a timeout, not an exit code)."""
+    return returncode is not None and (returncode < 0 or 128 < returncode < 160)
 
 
 def _run_child(request: dict, timeout: float):
@@ -126,48 +148,54 @@ def _run_child(request: dict, timeout: float):
         return json.loads(proc.stdout.strip().splitlines()[-1]), None
     tail = " / ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])[:400]
     why = f"exit code {proc.returncode}"
-    if proc.returncode in (-4, 132):
-        why = ("illegal instruction (signal 4): the llama.cpp build was made for another CPU "
-               "(-march=native); rebuild it here with `make setup` after `pip cache remove llama_cpp_python`")
-    elif proc.returncode < 0:
-        why = f"killed by signal {-proc.returncode}"
+    if died_of_signal(proc.returncode):
+        number = -proc.returncode if proc.returncode < 0 else proc.returncode - 128
+        buffers = "with" if request.get("extra_buffers", True) else "without"
+        why = f"died of {SIGNAL_NAMES.get(number, f'signal {number}')} {buffers} its extra buffer types"
+        if number == 4 and not request.get("extra_buffers", True):
+            # only the plain kernels were left: the build itself uses an instruction this CPU lacks
+            why += (": the build uses an instruction this CPU does not run (a wheel built on another "
+                    "CPU, e.g. from a pip cache shared between machines); rebuild it here with "
+                    "`pip cache remove llama_cpp_python` and `make setup`")
     return None, (proc.returncode, f"llama.cpp {why}" + (f": {tail}" if tail else ""))
 
 
 def summarize(raw: dict, new_tokens: int) -> dict:
-    """The child's per-repeat wall times -> TTFT and decode per token (ms), with p10 / p90."""
-    from .bench import Timing
-
-    if not raw["first_s"] or len(raw["first_s"]) != len(raw["full_s"]):
-        raise ValueError("raw must hold as many 1-token as full timings (first_s, full_s)")
-    first = Timing("ttft", [x * 1e3 for x in raw["first_s"]])
-    steps = zip(raw["full_s"], raw["first_s"])
-    decode = Timing("decode", [(full - one) * 1e3 / (new_tokens - 1) for full, one in steps])
-    return {"status": "ok", "ttft_ms": first.median, "ttft_p10_ms": first.p10,
-            "ttft_p90_ms": first.p90, "decode_ms_per_token": decode.median,
-            "decode_p10_ms": decode.p10, "decode_p90_ms": decode.p90,
-            "tokens_per_s": 1e3 / decode.median if decode.median > 0 else float("nan"),
-            "decode_samples_ms": decode.samples, "ttft_samples_ms": first.samples,
+    """The child's stamps -> TTFT and decode per token with ``generation.timing_figures``, the
+    definition every rung's figures come from: TTFT over the 1-token generates; decode over every
+    step interval of the timed N-token generates; the two-generates difference as the cross-check."""
+    steps = raw.get("step_s") or []
+    if not raw["first_s"] or len(raw["first_s"]) != len(raw["full_s"]) or len(steps) != len(raw["full_s"]):
+        raise ValueError("raw must hold as many 1-token timings, full timings and step lists "
+                         "(first_s, full_s, step_s)")
+    if any(len(run) != new_tokens - 1 for run in steps):
+        raise ValueError(f"each step_s list must hold new_tokens - 1 = {new_tokens - 1} decode steps")
+    two = [(full - one) / (new_tokens - 1) for full, one in zip(raw["full_s"], raw["first_s"])]
+    return {"status": "ok", **_figures(raw["first_s"], [x for run in steps for x in run], two),
             "tokens": raw.get("tokens", []), "system_info": raw.get("system_info", ""),
             "load_s": raw.get("load_s")}
+
+
+def _figures(ttft_s: list, decode_s: list, two_generates_s: list) -> dict:
+    from .generation import timing_figures
+
+    out = timing_figures(ttft_s, decode_s, 1, "cpu", two_generates_s)
+    out["tokens_per_s"] = out.pop("tokens_per_s_per_user")
+    out.pop("tokens_per_s_aggregate")
+    return out
 
 
 def pool(runs: list) -> dict:
     """The ok runs of ``measure`` (one per round, interleaved with the ladder's rounds) as one row:
     their decode and TTFT samples pooled, medians with p10 / p90 of all of them; the first run that
     was not ok when none was (its reason then stands)."""
-    from .bench import Timing
-
     ok = [r for r in runs if r.get("status") == "ok"]
     if not ok:
         return next(iter(runs), {"status": "skipped", "reason": "llama.cpp was not run"})
-    decode = Timing("decode", [x for r in ok for x in r["decode_samples_ms"]])
-    first = Timing("ttft", [x for r in ok for x in r["ttft_samples_ms"]])
-    return {**ok[0], "ttft_ms": first.median, "ttft_p10_ms": first.p10, "ttft_p90_ms": first.p90,
-            "decode_ms_per_token": decode.median, "decode_p10_ms": decode.p10, "decode_p90_ms": decode.p90,
-            "tokens_per_s": 1e3 / decode.median if decode.median > 0 else float("nan"),
-            "decode_samples_ms": decode.samples, "ttft_samples_ms": first.samples, "rounds": len(ok),
-            "repeats": sum(r.get("repeats", 0) for r in ok),
+    pooled = _figures([x / 1e3 for r in ok for x in r["ttft_samples_ms"]],
+                      [x / 1e3 for r in ok for x in r["decode_samples_ms"]],
+                      [x / 1e3 for r in ok for x in r.get("decode_two_generates_samples_ms", [])])
+    return {**ok[0], **pooled, "rounds": len(ok), "repeats": sum(r.get("repeats", 0) for r in ok),
             "code_path": ok[0].get("code_path", "") + f", {len(ok)} runs interleaved with the ladder's rounds, pooled"}
 
 
@@ -235,26 +263,32 @@ def _bench(request: dict) -> dict:
     def argmax() -> int:
         return int(np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(vocab,)).argmax())
 
-    def generate(count: int) -> list:
+    def generate(count: int, stamps: Optional[list] = None) -> list:
         llm.reset()  # the next eval drops the KV cache from position 0: no prefix reuse
         llm.eval(ids)
         out = [argmax()]
+        if stamps is not None:
+            stamps.append(time.perf_counter())  # after the first token: the decode steps start here
         for _ in range(count - 1):
             llm.eval([out[-1]])
             out.append(argmax())
+            if stamps is not None:
+                stamps.append(time.perf_counter())
         return out
 
     tokens = generate(n)  # warm-up, untimed
-    first, full = [], []
+    first, full, steps = [], [], []
     for _ in range(reps):
         t0 = time.perf_counter()
         generate(1)
         first.append(time.perf_counter() - t0)
+        stamps: list = []
         t0 = time.perf_counter()
-        generate(n)
+        generate(n, stamps)
         full.append(time.perf_counter() - t0)
+        steps.append([b - a for a, b in zip(stamps, stamps[1:])])
     info = llama_print_system_info()
-    return {"first_s": first, "full_s": full, "tokens": tokens, "load_s": load_s,
+    return {"first_s": first, "full_s": full, "step_s": steps, "tokens": tokens, "load_s": load_s,
             "system_info": info.decode(errors="replace") if isinstance(info, bytes) else str(info)}
 
 

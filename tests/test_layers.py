@@ -17,7 +17,7 @@ PACKAGE = Path(helpers.__file__).resolve().parent
 # (module, module it imports inside a function): why that import cannot sit at the top.
 LAZY_ALLOWED = {
     ("llamacpp", "params"): "the measuring child runs llamacpp.py as a script, without its package",
-    ("llamacpp", "bench"): "the measuring child runs llamacpp.py as a script, without its package",
+    ("llamacpp", "generation"): "the measuring child runs llamacpp.py as a script, without its package",
     ("run", "report"): "python -m helpers.run does not import torch; report draws with ladder, which does",
     ("run", "backend"): "python -m helpers.run does not import torch; backend does (the run's device, once)",
 }
