@@ -2,7 +2,8 @@
 # Both create .venv and install the pinned dependencies first (scripts/setup.sh).
 PYTHON ?= python3
 VENV ?= .venv
-PROFILE ?= default
+# a class's workshop.env names its profile (WORKBOOK_PROFILE=quick)
+PROFILE ?= $(or $(WORKBOOK_PROFILE),default)
 ARGS ?=
 USE_SYSTEM_TORCH ?= auto
 # 1: print the venv/pip commands setup would run, install nothing
@@ -70,19 +71,22 @@ report: setup setup-vllm
 	$(PY) -m helpers.run --profile $(PROFILE) --lang $(EDITION) $(ARGS)
 
 # --- the tests, in three levels (README "Tests"); budgets in seconds on an idle 2-core machine ----------
-UNIT_MARKS := not notebooks and not pins and not slow
+UNIT_MARKS := not notebooks and not pins and not slow and not machines
 LEGACY ?= 1
 
 ## The inner loop: unit tests only, on both cores; no notebook, no network, no venv besides .venv.
 test-unit: setup
 	@$(TIMED) test-unit 300 $(PY) -m pytest -n 2 -q -m "$(UNIT_MARKS)" $(ARGS)
 
-## What CI runs (.ci/run): the unit tests; every chapter and answer of the English edition on the
-## embedded model, of the Chinese edition and the dtype runs on the small random Llama (all with the
-## smoke profile, tests/conftest.py); then the legacy pinned set (LEGACY=0 skips it).
+## What CI runs (.ci/run): the unit tests (the CPU-class matrix among them); every chapter and answer
+## of the English edition on the embedded model, of the Chinese edition and the dtype runs on the small
+## random Llama (all with the smoke profile, tests/conftest.py); the simulated machines (an Ascend image
+## set up as docs/ascend.md says, a class of two attendees as other users: tests/test_machines.py);
+## then the legacy pinned set (LEGACY=0 skips it).
 test: setup-for-test
 	@WORKBOOK_TIMES=$(TIMES) $(TIMED) unit 240 $(PY) -m pytest -n 2 -q -m "$(UNIT_MARKS)" $(ARGS)
 	@WORKBOOK_TIMES=$(TIMES) $(TIMED) notebooks 600 $(PY) -m pytest -m "notebooks and not slow" $(ARGS)
+	@WORKBOOK_TIMES=$(TIMES) $(TIMED) machines 420 $(PY) -m pytest -m "machines and not slow" $(ARGS)
 	@if [ "$(LEGACY)" = "1" ]; then WORKBOOK_TIMES=$(TIMES) $(TIMED) legacy 240 $(MAKE) --no-print-directory test-legacy ARGS=; fi
 	@$(TIMED) --summary $(TIMES)
 
@@ -116,19 +120,29 @@ compare: setup
 	$(PY) -m helpers.compare $(RUNS) $(ARGS)
 
 ## JupyterLab on the notebooks with the project's kernel; its kernels import this clone's helpers
-## (PYTHONPATH), also with a venv shared by a class (VENV from workshop.env).
+## (PYTHONPATH), also with a venv shared by a class (VENV from workshop.env). LAB_IP=0.0.0.0 listens on
+## every address (a class reaching one machine), LAB_PORT its port, LAB_TOKEN a token of your own
+## (empty: JupyterLab makes one and prints the URL with it).
+LAB_IP ?= localhost
+LAB_PORT ?= 8888
+LAB_TOKEN ?=
 lab: setup
-	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m jupyter lab --notebook-dir=notebooks $(ARGS)
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m jupyter lab --notebook-dir=notebooks \
+	  --ip=$(LAB_IP) --port=$(LAB_PORT) $(if $(LAB_TOKEN),--IdentityProvider.token=$(LAB_TOKEN)) $(ARGS)
 
 ## Register the venv as a Jupyter kernel bound to this clone, for a JupyterLab already running (ModelArts).
 kernel: setup
 	$(PY) -m helpers.workshop kernel $(ARGS)
 
-## Prepare a class folder once: venv, converted model cache, workshop.env (docs/workshop.md).
+## Prepare a class folder once: venv, vLLM venv, converted model cache, workshop.env with each
+## attendee's share of the cores (ATTENDEES) (docs/workshop.md).
+ATTENDEES ?= 1
 workshop-prep:
 	@test -n "$(WORKSHOP_DIR)" || { echo "error: name the class folder, e.g. make workshop-prep WORKSHOP_DIR=/srv/class" >&2; exit 2; }
-	VENV="$(WORKSHOP_DIR)/venv" bash scripts/setup.sh
-	"$(WORKSHOP_DIR)/venv/bin/python" -m helpers.workshop prepare "$(WORKSHOP_DIR)" $(if $(filter 1,$(WORKSHOP_REPORT)),--report --profile $(PROFILE))
+	WORKBOOK_CLASS_SETUP=1 VENV="$(WORKSHOP_DIR)/venv" bash scripts/setup.sh
+	WORKBOOK_CLASS_SETUP=1 VLLM_VENV="$(WORKSHOP_DIR)/venv-vllm" bash scripts/setup_vllm.sh
+	"$(WORKSHOP_DIR)/venv/bin/python" -m helpers.workshop prepare "$(WORKSHOP_DIR)" --attendees $(ATTENDEES) \
+	  $(if $(filter 1,$(WORKSHOP_REPORT)),--report --profile $(PROFILE))
 
 clean-reports:
 	rm -rf reports

@@ -181,6 +181,37 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def npu_unseen(device) -> Optional[str]:
+    """Where this venv was made for an NPU (torch_npu is installed) and the chapter still runs on
+    another device, why, in one sentence a chapter shows first; else None. The usual cause is a
+    JupyterLab or shell without CANN's environment (``set_env.sh`` not sourced, e.g. after an
+    instance restart): every figure would then be the CPU's, with no word of why."""
+    import importlib.util
+
+    if as_device(device).type == "npu" or importlib.util.find_spec("torch_npu") is None:
+        return None
+    npu = import_torch_npu()
+    why = npu.error or message("torch_npu imports, but torch.npu.is_available() is False")
+    return message("this venv was made for an NPU (torch_npu is installed) but this kernel sees no NPU ({why}); "
+                   "every figure below is the {device}'s. Load CANN's environment where the kernel starts: in a "
+                   "terminal, `source /usr/local/Ascend/ascend-toolkit/set_env.sh`, then run `make kernel` again "
+                   "(the kernel then sources it at every start) and restart this kernel", why=why,
+                   device=as_device(device).type.upper())
+
+
+def thread_share() -> Optional[str]:
+    """A note when ``OMP_NUM_THREADS`` limits torch to fewer threads than the cores this process may
+    use (a class's fair share from ``workshop.env``, or a user's own limit); else None."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit = os.environ.get("OMP_NUM_THREADS", "")
+    if not limit.isdigit() or int(limit) >= cores:
+        return None
+    return message("this kernel computes on {threads} of the {cores} cores (OMP_NUM_THREADS={limit}{why}); "
+                   "every CPU figure below is for that many threads", threads=torch.get_num_threads(),
+                   cores=cores, limit=limit,
+                   why=message(", the class's share from workshop.env") if os.environ.get("WORKBOOK_CLASS_DIR") else "")
+
+
 def cpu_contention(device) -> Optional[str]:
     """A warning when CPU timings are unreliable because the cores are oversubscribed, else None.
 

@@ -162,18 +162,26 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
     # figure of the chapter was taken under it, so the header and the index warn beside them
     results.record_load("start")
     contention = pages.load_warning(results.data.get("load"), lang)
-    if contention:
-        results.note(contention)
+    # said first: a venv made for an NPU that sees none, and a class's thread share
+    unseen, share = backend.npu_unseen(choice.device), backend.thread_share()
+    for note in (unseen, share, contention):
+        if note:
+            results.note(note)
     chapter = Chapter(name, choice.device, choice.reason, dtype, dtype_reason, results, dict(parameters),
                       lang, picked)
-    _show_choice(chapter, contention)
+    _show_choice(chapter, contention, unseen, share)
     return chapter
 
 
-def _show_choice(chapter: Chapter, contention: Optional[str]) -> None:
+def _show_choice(chapter: Chapter, contention: Optional[str], unseen: Optional[str] = None,
+                 share: Optional[str] = None) -> None:
     label = prose.words(chapter.lang)
     text = (f"**{label['device']}** `{chapter.DEV}` ({prose.tr(chapter.device_reason, chapter.lang)}) · "
             f"**{label['dtype']}** `{chapter.DT}` ({prose.tr(chapter.dtype_reason, chapter.lang)})")
+    if unseen:
+        text = f"**{label['warning']}** {prose.tr(unseen, chapter.lang)}\n\n" + text
+    if share:
+        text += f"\n\n{prose.tr(share, chapter.lang)}"
     if contention:
         text += f"\n\n**{label['warning']}** {contention}"
     try:

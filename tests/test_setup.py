@@ -82,13 +82,69 @@ def test_detection_on_an_npu_image(tmp_path):
     assert "torch 2.1.0 + torch_npu 2.1.0.post10 with 8 NPU(s)" in proc.stdout
 
 
-@pytest.mark.parametrize("body,why", [(NO_CANN, "without a loadable torch_npu (ImportError)"),
-                                      (NO_DEVICE, "no NPU is visible"),
-                                      (None, "without a loadable torch_npu")])
-def test_detection_says_no_without_cann_device_or_wheel(tmp_path, body, why):
+@pytest.mark.parametrize("body,code,why", [(NO_CANN, 3, "a torch_npu that does not import"),
+                                           (NO_DEVICE, 3, "no NPU is visible"),
+                                           (None, 1, "without torch_npu")])
+def test_detection_says_no_without_a_wheel_and_stop_without_cann_or_device(tmp_path, body, code, why):
     proc = detect(fake_site(tmp_path, body))
-    assert proc.returncode == 1 and why in proc.stdout
+    assert proc.returncode == code and why in proc.stdout, proc.stdout
+    assert ("set_env.sh" in proc.stdout) == (code == 3)  # what to run, where an NPU torch is installed
     assert "Traceback" not in proc.stderr
+
+
+def system_venv(tmp_path) -> Path:
+    """A venv made over an image's torch (--system-site-packages), as setup makes it on an Ascend image."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    home = Path(getattr(sys, "_base_executable", sys.executable)).parent
+    (venv / "pyvenv.cfg").write_text(f"home = {home}\ninclude-system-site-packages = true\n"
+                                     f"version = {sys.version.split()[0]}\n")
+    return venv
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_an_npu_image_without_cann_loaded_stops_instead_of_building_a_cpu_venv(tmp_path, existing):
+    """After an instance restart, a new shell without set_env.sh: setup must not put the pinned CPU
+    torch into the venv made over the image's (nor make a CPU venv on a fresh clone); it says why
+    and what to run, and installs nothing."""
+    if existing:
+        system_venv(tmp_path)
+    proc = setup(tmp_path, fake_site(tmp_path, NO_CANN), USE_SYSTEM_TORCH="auto")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in proc.stderr
+    assert ("never installs a pinned CPU torch into it" in proc.stderr) == existing
+    assert "USE_SYSTEM_TORCH=0 VENV=.venv-cpu" in proc.stderr  # the CPU venv on purpose, elsewhere
+    assert not pip_installs(proc.stdout) and " -m venv " not in proc.stdout
+
+
+def test_a_venv_over_an_image_torch_never_gets_the_pinned_torch(tmp_path):
+    system_venv(tmp_path)
+    npu, cuda_like = fake_site(tmp_path / "npu", NPU_IMAGE), fake_site(tmp_path / "cuda", None)
+    forced = setup(tmp_path, npu, USE_SYSTEM_TORCH="0")
+    assert forced.returncode == 2 and "never does that" in forced.stderr and not pip_installs(forced.stdout)
+    # CANN loaded again (the NPU image): the venv is reused as it was made, no torch installed
+    again = setup(tmp_path, npu, USE_SYSTEM_TORCH="auto")
+    assert again.returncode == 0 and "USE_SYSTEM_TORCH=auto -> 1" in again.stdout, again.stderr
+    installs = pip_installs(again.stdout)
+    assert installs and all(" torch==" not in line and "-r requirements.txt" not in line for line in installs)
+    # a CUDA-like image (torch, no torch_npu) whose torch the venv reuses keeps reusing it
+    cuda = setup(tmp_path, cuda_like, USE_SYSTEM_TORCH="auto")
+    assert cuda.returncode == 0 and "USE_SYSTEM_TORCH=auto -> 1" in cuda.stdout, cuda.stderr
+
+
+def test_a_class_venv_is_only_checked_from_an_attendees_clone(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / ".workbook-class").write_text("class\n")
+    (venv / ".workbook-setup").write_text("an-older-version\n")
+    env = _env(PYTHON=sys.executable, VENV=venv, PYTHONPATH=fake_site(tmp_path, None))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "class's shared venv" in proc.stderr and "workshop-prep" in proc.stderr
+    assert (venv / ".workbook-setup").read_text() == "an-older-version\n"  # untouched
+    assert sorted(p.name for p in venv.iterdir()) == [".workbook-class", ".workbook-setup", "bin"]
 
 
 def test_npu_image_reuses_the_system_torch_and_installs_no_torch(tmp_path):
@@ -161,7 +217,7 @@ def test_forcing_the_current_set_where_it_cannot_work_is_an_error(tmp_path):
 
 
 def test_cpu_machine_installs_the_pinned_stack(tmp_path):
-    proc = setup(tmp_path, fake_site(tmp_path, NO_CANN), USE_SYSTEM_TORCH="auto")
+    proc = setup(tmp_path, fake_site(tmp_path, None), USE_SYSTEM_TORCH="auto")
     assert proc.returncode == 0, proc.stderr
     assert "USE_SYSTEM_TORCH=auto -> 0" in proc.stdout
     assert "pinned set 'current'" in proc.stdout
@@ -308,7 +364,7 @@ def _llamacpp(venv, **extra):
 
 
 def test_setup_builds_llamacpp_last_with_the_reduced_targets(tmp_path):
-    proc = setup(tmp_path, fake_site(tmp_path, NO_CANN), USE_SYSTEM_TORCH="auto")
+    proc = setup(tmp_path, fake_site(tmp_path, None), USE_SYSTEM_TORCH="auto")
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in pip_installs(proc.stdout) if "llama-cpp-python==0.3.36" in line)
     assert "-DLLAVA_BUILD=OFF" in line and "llamacpp-no-common.cmake" in line and "SKBUILD_BUILD_TARGETS=llama " in line

@@ -107,6 +107,64 @@ def test_prepare_makes_a_class_folder_and_names_what_others_cannot_read(tmp_path
         assert "umask 022" in text
 
 
+def test_prepare_writes_the_class_share_of_the_cores_its_venvs_and_its_profile(tmp_path, fake_gguf, umask):
+    umask(0o022)
+    class_dir = tmp_path / "class"
+    for venv in ("venv", "venv-vllm"):  # as make workshop-prep builds them before prepare
+        (class_dir / venv).mkdir(parents=True)
+    assert workshop.prepare(class_dir, out=io.StringIO(), attendees=3) == 0
+    text = (class_dir / workshop.ENV_FILE).read_text()
+    cores = len(os.sched_getaffinity(0))
+    assert f"export OMP_NUM_THREADS={max(1, cores // 3)}" in text and "export WORKBOOK_PROFILE=quick" in text
+    assert f"export VENV={class_dir / 'venv'}" in text and f"export VLLM_VENV={class_dir / 'venv-vllm'}" in text
+    assert f"export WORKBOOK_CLASS_DIR={class_dir}" in text
+    # both venvs are marked as the class's: setup only checks them from an attendee's clone
+    assert all((class_dir / v / workshop.CLASS_MARKER).is_file() for v in ("venv", "venv-vllm"))
+
+
+@pytest.mark.parametrize("attendees,cores,share", [(1, 2, 2), (2, 2, 1), (20, 2, 1), (4, 16, 4), (3, 16, 5)])
+def test_the_fair_share_of_the_cores(attendees, cores, share):
+    assert workshop.fair_share(attendees, cores) == share
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_a_bad_attendee_count_names_the_parameter(bad):
+    with pytest.raises(ValueError, match="attendees"):
+        workshop.fair_share(bad)
+
+
+def test_a_kernel_carries_the_class_variables_set_at_registration(monkeypatch):
+    monkeypatch.setattr(workshop, "npu_venv", lambda python=None: False)
+    env = {"WORKBOOK_CACHE": "/srv/class/cache", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "VLLM_VENV": "/srv/class/venv-vllm", "HOME": "/home/a", "UNRELATED": "x"}
+    spec = workshop.kernel_spec("/home/a/clone", "/srv/class/venv/bin/python", environ=env)
+    assert spec["env"] == {k: env[k] for k in ("WORKBOOK_CACHE", "HF_HUB_OFFLINE", "OMP_NUM_THREADS", "VLLM_VENV")}
+    assert spec["argv"][0] == "/srv/class/venv/bin/python" and spec["argv"][-1] == "{connection_file}"
+    assert "env" not in workshop.kernel_spec("/home/a/clone", "/usr/bin/python3", environ={"HOME": "/home/a"})
+
+
+def test_an_npu_kernel_sources_cann_before_python_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(workshop, "npu_venv", lambda python=None: True)
+    toolkit = tmp_path / "Ascend" / "ascend-toolkit"
+    (toolkit / "latest").mkdir(parents=True)
+    (toolkit / "set_env.sh").write_text("export ASCEND_OPP_PATH=/x\n")
+    environ = {"ASCEND_TOOLKIT_HOME": str(toolkit / "latest")}  # what sourcing set_env.sh exported
+    assert workshop.cann_set_env(environ) == toolkit / "set_env.sh"
+    spec = workshop.kernel_spec(tmp_path / "clone", sys.executable, environ=environ)
+    assert spec["argv"][:2] == ["/bin/bash", "-c"] and spec["argv"][4] == str(toolkit / "set_env.sh")
+    assert spec["metadata"]["workbook"]["cann_set_env"] == str(toolkit / "set_env.sh")
+    # the launcher really sources it, then runs Python with the kernel's arguments
+    launch = spec["argv"][:spec["argv"].index("-c", 3)]
+    proc = subprocess.run([*launch, "-c", "import os; print(os.environ['ASCEND_OPP_PATH'])"], capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"]})
+    assert proc.stdout.strip() == "/x", proc.stderr
+    # no set_env.sh anywhere: the CANN variables set now are carried instead
+    monkeypatch.setattr(workshop, "CANN_SET_ENV", ())
+    spec = workshop.kernel_spec(tmp_path / "clone", sys.executable,
+                                environ={"ASCEND_OPP_PATH": "/opp", "LD_LIBRARY_PATH": "/cann/lib64"})
+    assert spec["argv"][0] == sys.executable and spec["env"] == {"ASCEND_OPP_PATH": "/opp", "LD_LIBRARY_PATH": "/cann/lib64"}
+
+
 # --- damaged caches ---------------------------------------------------------------------------
 
 def _tensors(path: Path) -> Path:

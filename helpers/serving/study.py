@@ -795,6 +795,7 @@ def record_launch(ch, launch: Launch) -> None:
     if launch.install is not None and launch.install.ascend:
         engine += " + vllm-ascend"
     ch.record("serving_launch", launch.url, code_path="serving.launch", engine=engine,
+              python=launch.install.python if launch.install else "",
               endpoint=bool(launch.endpoint), served_model_local=launch.local,
               compile_cache_before_start=launch.cache_warm, enforce_eager=launch.enforce_eager,
               skip_reason=launch.skip_reason,
