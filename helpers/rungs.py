@@ -78,7 +78,10 @@ class Climb:
                 self.model.forward = compiled
 
     def compile(self) -> None:
-        static_decode.compile_model(self.model, self.device, npu_mode=self.npu_graph_mode)
+        # On a CPU only the decode step is compiled (each graph costs tens of seconds there; the
+        # prefill runs once per request): the TTFT of a graph rung is its eager prefill's
+        static_decode.compile_model(self.model, self.device, npu_mode=self.npu_graph_mode,
+                                    compile_prefill=as_device(self.device).type != "cpu")
 
 
 def native_eager(c: Climb):

@@ -381,3 +381,25 @@ def test_other_compile_failures_are_not_hidden(model):
     cache, kwargs = static_decode.static_generate_kwargs(m, _inputs(tok), 4)
     with pytest.raises(Exception, match="lowering failed"):
         _generate(m, tok, _inputs(tok), 4, **kwargs)
+
+
+def test_two_models_of_one_class_each_run_their_own_frozen_graph():
+    """Every Llama's forward is one code object, and dynamo keeps graphs per code object. With the
+    module guards skipped and inductor's freezing folding the weights into the graph, the second of two
+    compiled models once ran the first one's graph, its weights included (chapter 06's INT8 and INT4
+    rungs ran the dense rung's graph: the same step time, no graph built). Each compiled forward has a
+    frame of its own now, and compiling one model leaves another's graph in place."""
+    from helpers import model_files
+
+    first, _ = model_files.tiny_llama(seed=0, hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64)
+    second, _ = model_files.tiny_llama(seed=1, hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64)
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.inference_mode():
+        expected = first(ids).logits, second(ids).logits
+    compiled = [static_decode.compile_model(m, "cpu", inductor_config={"freezing": True}) for m in (first, second)]
+    with torch.inference_mode():
+        got = first(input_ids=ids).logits, second(input_ids=ids).logits, first(input_ids=ids).logits
+    torch.testing.assert_close(got[0], expected[0])
+    torch.testing.assert_close(got[1], expected[1])  # its own weights, not the first model's
+    torch.testing.assert_close(got[2], expected[0])
+    assert [c.graphs for c in compiled] == [1, 1]  # one each, and the first one's kept (no reset)
