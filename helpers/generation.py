@@ -89,7 +89,7 @@ def greedy_new_tokens(model, tokenizer, prompts, max_new_tokens: int, *, chat: b
 def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=None, *,
                        repeats: int = 3, chat: bool = False, seed: int = 0,
                        code_path: Optional[str] = None, generate_kwargs: Optional[dict] = None,
-                       static_cache: bool = False, kernel_profile: bool = False) -> dict:
+                       static_cache: bool = False, kernel_profile: bool = False, warm: bool = False) -> dict:
     """TTFT, decode latency per token, tokens/s per user and aggregate, and peak memory.
 
     ``prompts`` is the batch (one string per user). ``repeats`` timed runs of each generate follow
@@ -110,6 +110,11 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     ``kernel_profile=True`` adds where one decode step's time goes in this very configuration
     (``profiling.kernel_time_by_kind``: the weight-matmul kernels this path ran, attention, other
     kernels), from two profiled generates after the timed ones.
+
+    ``warm=True`` says the model has just run this request (a later round of an interleaved
+    measurement): the full generates then get no untimed warm-up of their own, and a compiled forward
+    no compiling generate; the 1-token generate keeps its untimed one, so the timed runs still follow a
+    run of this model.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 2:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is not valid; it must be an integer >= 2 "
@@ -144,14 +149,19 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
         steps.append(stamps.decode_intervals(max_new_tokens))
 
     graphs_before = (compiled.graphs, compiled.compile_s) if compiled is not None else (0, 0.0)
-    if compiled is not None:
+    if compiled is not None and not warm:
         generate(max_new_tokens)  # pays the compilation of the prefill and decode graphs, untimed
     # The first call of each measurement is its untimed warm-up.
     timing = dict(warmup=1, min_iters=repeats, max_iters=repeats, min_seconds=0.0,
                   min_sample_seconds=0.0)
     prefill = bench.measure(lambda: generate(1), device, name="generate 1 token", **timing)
     with backend.MemoryRegion(device) as memory:
-        full = bench.measure(full_generate, device, name=f"generate {max_new_tokens} tokens", **timing)
+        if warm:  # every call timed: the model has just run, and the 1-token generate warmed it again
+            full = bench.Timing(f"generate {max_new_tokens} tokens",
+                                [bench.timed_calls(full_generate, device)[1] for _ in range(repeats)],
+                                device=str(device))
+        else:
+            full = bench.measure(full_generate, device, name=f"generate {max_new_tokens} tokens", **timing)
     wrong = {n - prompt_len for n in lengths if n - prompt_len != max_new_tokens}
     if wrong:
         raise RuntimeError(f"generate produced {sorted(wrong)} new tokens instead of {max_new_tokens}")

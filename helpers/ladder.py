@@ -126,7 +126,9 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
             try:
                 variant = rung.prepare()
                 row["prepare_s"] = time.perf_counter() - start
-                metrics = dict(measure(variant))
+                # with rounds, the figures are the rounds': the first measurement warms the variant up
+                first = getattr(measure, "warm", measure) if rounds else measure
+                metrics = dict(first(variant))
                 for key in ("latency_ms", "tokens_per_s"):
                     if key not in metrics:
                         raise KeyError(f"measure() returned no {key!r}; it returned {sorted(metrics)}")
@@ -634,7 +636,7 @@ class References:
         if not self.llama_runs or self.llama_runs[-1].get("status") == "ok":
             self.llama_runs.append(llamacpp_reference(*self.args))
         if self.fp32_model is not None:
-            self.fp32_runs.append(self.measure.again(Variant(self.fp32_model)))
+            self.fp32_runs.append(self.measure.again(Variant(self.fp32_model), warm=bool(self.fp32_runs)))
 
     measure_once = __call__
 
@@ -785,10 +787,8 @@ def roofline_share(bytes_per_step: Optional[float], decode_ms: Optional[float],
             "roofline_share": achieved / bandwidth_gbps if bandwidth_gbps else None}
 
 
-def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, device, *,
-                       bandwidth_gbps: Optional[float] = None, repeats: int = 3,
-                       profile_steps: int = 0) -> Callable[[Any], dict]:
-    """A ``measure`` for ``run_ladder`` built on ``helpers.generation.measure_generation``.
+class GenerationMeasure:
+    """The ``measure`` of ``run_ladder``, built on ``helpers.generation.measure_generation``.
 
     A variant is a ``Variant``, a model, or ``(model, prompts)`` for a rung that changes the batch.
     ``latency_ms`` is one full ``generate`` of ``max_new_tokens``; ``tokens_per_s`` is the aggregate
@@ -801,12 +801,21 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
     per step in each of ``STEP_PARTS`` (``decode_step_parts``), profiled on the same shapes after
     the timed runs.
 
-    The returned ``measure`` also has ``again(variant)`` (one more timed ``measure_generation``,
-    no profile: a round of ``run_ladder(rounds=...)``) and ``pooled(variant, outs, row)`` (the row's
-    timing figures from those rounds' samples pooled; the profiled parts keep their shares of the
-    step, scaled to the pooled step).
+    Calling it measures a variant once (``repeats`` timed generates after a warm-up). With rounds,
+    ``run_ladder`` calls ``warm(variant)`` first (the warm-up, the compile and the profile, one timed
+    generate: the figures come from the rounds), then ``again(variant)`` once per round (the variant
+    is warm: no warm-up generate, only an untimed prefill), then ``pooled(variant, outs, row)``: the
+    row's timing figures from those rounds' samples pooled (the profiled parts keep their shares of
+    the step, scaled to the pooled step).
     """
-    def as_variant(variant) -> Variant:
+
+    def __init__(self, tokenizer, prompts: Sequence[str], max_new_tokens: int, device, *,
+                 bandwidth_gbps: Optional[float] = None, repeats: int = 3, profile_steps: int = 0):
+        self.tokenizer, self.prompts, self.max_new_tokens, self.device = tokenizer, list(prompts), max_new_tokens, device
+        self.bandwidth_gbps, self.repeats, self.profile_steps = bandwidth_gbps, repeats, profile_steps
+
+    @staticmethod
+    def _variant(variant) -> Variant:
         if not isinstance(variant, Variant):
             variant = Variant(*variant) if isinstance(variant, tuple) else Variant(variant)
         if not variant.greedy_loop:
@@ -815,16 +824,21 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
             use_greedy_loop(variant.model)
         return variant
 
-    def again(variant) -> dict:
-        variant = as_variant(variant)
-        out = measure_generation(variant.model, tokenizer, list(variant.prompts or prompts), max_new_tokens,
-                                 device, repeats=repeats, static_cache=variant.static_cache)
+    def _generate(self, variant: Variant, repeats: int, warm: bool = False) -> dict:
+        out = measure_generation(variant.model, self.tokenizer, list(variant.prompts or self.prompts),
+                                 self.max_new_tokens, self.device, repeats=repeats,
+                                 static_cache=variant.static_cache, warm=warm)
         if variant.greedy_loop:  # same protocol; the tokens come from the loop, not from generate
             out["code_path"] = out["code_path"].replace(
                 "transformers generate", "hand-written greedy loop (helpers.static_decode.GreedyLoop)", 1)
         return out
 
-    def row_of(variant: Variant, out: dict) -> dict:
+    def again(self, variant, warm: bool = True) -> dict:
+        """One more timed ``measure_generation`` of a variant (a round of ``run_ladder``); ``warm``: it
+        has run before (no warm-up generate; ``False`` for a variant's first run)."""
+        return self._generate(self._variant(variant), self.repeats, warm=warm)
+
+    def _row(self, variant: Variant, out: dict) -> dict:
         model = variant.model
         row = {k: out.get(k) for k in _ROW_KEYS}
         row.update(latency_ms=out["total_ms"], tokens_per_s=out["tokens_per_s_aggregate"],
@@ -832,34 +846,43 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
                    dtype=variant.weights or out.get("dtype"))
         if out.get("decode_resolved"):  # run_ladder's speedup and spread: decode time per token
             row["timing"] = Timing("decode per token", [x / 1e3 for x in out["decode_samples_ms"]],
-                                   device=str(device))
+                                   device=str(self.device))
         row["decode_samples"] = len(out.get("decode_samples_ms") or ())
-        sequences = out.get("batch_size") or len(variant.prompts or prompts)
-        row["bytes_per_step"] = decode_bytes_per_step(model, sequences, out["prompt_tokens"] + max_new_tokens // 2)
-        row.update(roofline_share(row["bytes_per_step"], out.get("decode_ms_per_token"), bandwidth_gbps))
-        if bandwidth_gbps:
-            row["roofline_tok_s"] = sequences * bandwidth_gbps * 1e9 / row["bytes_per_step"]
+        sequences = out.get("batch_size") or len(variant.prompts or self.prompts)
+        row["bytes_per_step"] = decode_bytes_per_step(model, sequences, out["prompt_tokens"] + self.max_new_tokens // 2)
+        row.update(roofline_share(row["bytes_per_step"], out.get("decode_ms_per_token"), self.bandwidth_gbps))
+        if self.bandwidth_gbps:
+            row["roofline_tok_s"] = sequences * self.bandwidth_gbps * 1e9 / row["bytes_per_step"]
         return row
 
-    def measure(variant) -> dict:
-        variant = as_variant(variant)
-        out = again(variant)
-        row = row_of(variant, out)
-        if profile_steps and row["batch_size"] == 1 and out.get("decode_resolved"):
-            parts = decode_step_parts(variant.model, tokenizer, list(variant.prompts or prompts),
+    def _measured(self, variant, repeats: int) -> dict:
+        variant = self._variant(variant)
+        out = self._generate(variant, repeats)
+        row = self._row(variant, out)
+        if self.profile_steps and row["batch_size"] == 1 and out.get("decode_resolved"):
+            parts = decode_step_parts(variant.model, self.tokenizer, list(variant.prompts or self.prompts),
                                       decode_ms=out["decode_ms_per_token"],
-                                      steps=min(profile_steps, max_new_tokens - 1),
-                                      static_cache=variant.static_cache, cache_tokens=max_new_tokens, device=device)
+                                      steps=min(self.profile_steps, self.max_new_tokens - 1),
+                                      static_cache=variant.static_cache, cache_tokens=self.max_new_tokens,
+                                      device=self.device)
             row.update({f"{k.split()[0]}_ms": parts[k] for k in STEP_PARTS})
         return row
 
-    def pooled(variant, outs: list, row: dict) -> dict:
+    def __call__(self, variant) -> dict:
+        return self._measured(variant, self.repeats)
+
+    def warm(self, variant) -> dict:
+        """The first measurement of a variant whose figures will come from the rounds: its warm-up
+        (and compile), one timed generate and the profile of its step."""
+        return self._measured(variant, 1)
+
+    def pooled(self, variant, outs: list, row: dict) -> dict:
         if not outs:
             raise ValueError("outs is empty; give the rounds' measure_generation results")
-        variant = as_variant(variant)
+        variant = self._variant(variant)
         out = _pooled(outs, len(outs))
         out["total_ms"] = float(sorted(o["total_ms"] for o in outs)[len(outs) // 2])
-        new = {k: v for k, v in row_of(variant, out).items() if k in _TIMING_KEYS}
+        new = {k: v for k, v in self._row(variant, out).items() if k in _TIMING_KEYS}
         new["code_path"] = out["code_path"]
         new["compiled_graphs"] = (row.get("compiled_graphs") or 0) + sum(o.get("compiled_graphs") or 0 for o in outs) \
             if row.get("compiled_graphs") is not None else None
@@ -871,8 +894,13 @@ def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, d
                     new[key] = row[key] * after / before
         return new
 
-    measure.again, measure.pooled = again, pooled
-    return measure
+
+def generation_measure(tokenizer, prompts: Sequence[str], max_new_tokens: int, device, *,
+                       bandwidth_gbps: Optional[float] = None, repeats: int = 3,
+                       profile_steps: int = 0) -> GenerationMeasure:
+    """``GenerationMeasure(...)``: the ``measure`` chapter 06 gives ``run_ladder``."""
+    return GenerationMeasure(tokenizer, prompts, max_new_tokens, device, bandwidth_gbps=bandwidth_gbps,
+                             repeats=repeats, profile_steps=profile_steps)
 
 
 def apply_runtime_options(device, *, jit_compile: bool = False, allow_internal_format: bool = False) -> list[dict]:

@@ -126,8 +126,8 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
     calls = []
 
     def measure_generation(model, tokenizer, prompts, max_new_tokens, device=None, *, repeats=3, chat=False,
-                           static_cache=False):
-        calls.append((len(prompts), max_new_tokens, repeats, static_cache))
+                           static_cache=False, warm=False):
+        calls.append((len(prompts), max_new_tokens, repeats, static_cache) + (("warm",) if warm else ()))
         graph = {"compiled_graphs": 2, "compile_s": 9.0} if static_cache else {}
         return {"total_ms": 500.0, "tokens_per_s_aggregate": 8.0 * len(prompts), "peak_memory_bytes": 123,
                 "batch_size": len(prompts), "ttft_ms": 50.0, "decode_ms_per_token": 45.0,
@@ -141,6 +141,10 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
     four = measure((model, ["a"] * 4))
     static = measure(ladder.Variant(model, ["a"] * 2, static_cache=True))
     assert calls == [(1, 4, 1, False), (4, 4, 1, False), (2, 4, 1, True)]
+    # a round times a variant that has run: no warm-up generate; the first measurement with rounds is one generate
+    measure = ladder.generation_measure(tokenizer, ["a"], 4, "cpu", repeats=3)
+    measure.warm(model), measure.again(model)
+    assert calls[3:] == [(1, 4, 1, False), (1, 4, 3, False, "warm")]
     assert one["compiled_graphs"] is None and static["compiled_graphs"] == 2 and static["compile_s"] == 9.0
     assert one["latency_ms"] == 500.0 and four["tokens_per_s"] == 32.0
     assert (one["prompt_tokens"], one["new_tokens"]) == (7, 4)  # chapter 07 compares at these lengths
