@@ -16,10 +16,37 @@ from helpers import environment_study, guide_api, versions
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_package_init_parses_on_python_38():
+# What the guide's Python 3.8 image runs before any floor check: the package's first file and the
+# scripts setup runs with the image's interpreter. None may use a construct newer than 3.8 (a
+# SyntaxError or TypeError there would hide the message that names an image that works).
+PY38_FILES = ("helpers/__init__.py", "scripts/detect_system_torch.py", "scripts/choose_pin_set.py")
+
+
+def _py38_violations(*paths) -> subprocess.CompletedProcess:
+    """vermin (pinned in both sets) on ``paths`` for Python 3.8, annotations evaluated and PEP 604
+    unions counted as the feature they are."""
+    from test_py39 import _vermin
+
+    return subprocess.run([_vermin(), "-t=3.8-", "--no-tips", "--violations", "--eval-annotations",
+                           "--feature", "union-types", *map(str, paths)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_what_the_py38_image_runs_first_needs_nothing_newer_than_38():
     """On the guide's py38 image the floor message must appear, not a SyntaxError."""
-    ast.parse((REPO / "helpers" / "__init__.py").read_text(), feature_version=(3, 8))
-    ast.parse((REPO / "scripts" / "detect_system_torch.py").read_text(), feature_version=(3, 8))
+    for name in PY38_FILES:
+        ast.parse((REPO / name).read_text(), feature_version=(3, 8))
+    proc = _py38_violations(*(REPO / name for name in PY38_FILES))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("source", ["def f(x: int | None = None):\n    return x",
+                                    "match 1:\n    case 1:\n        pass", "d = {} | {}",
+                                    "print('ab'.removeprefix('a'))"])
+def test_the_py38_check_catches_a_newer_construct(tmp_path, source):
+    path = tmp_path / "bad.py"
+    path.write_text(source + "\n")
+    assert _py38_violations(path).returncode != 0, source
 
 
 def test_old_python_gets_the_image_advice(monkeypatch):
