@@ -43,7 +43,7 @@ DOCS = REPO / "docs"
 ZH = DOCS / "zh"
 
 # English pages without a Chinese one yet: translated once their English is settled
-PENDING = {"setup.md", "testing.md", "workshop.md"}
+PENDING: set[str] = set()
 
 NUMBER = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)*(?![0-9])|[0-9]+(?:\.[0-9]+)*")
 SPREAD_LABEL = re.compile(r"(?<![A-Za-z0-9])p10\s*[-–]\s*p90(?![0-9])")
