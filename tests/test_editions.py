@@ -1,4 +1,8 @@
-"""The Chinese edition is the English one in another language: same code, same order, own words."""
+"""The Chinese edition is the English one in another language: same code, same order, own words.
+
+The Chinese notebooks are generated (scripts/make_zh_notebooks.py): each is its English notebook with
+the markdown cells translated from the catalog beside it (``<folder>/zh/<name>.po``). The tests
+check that what is committed is what the generator writes, and what the translations say."""
 from __future__ import annotations
 
 import json
@@ -14,9 +18,9 @@ from helpers import prose
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
-import sync_editions  # noqa: E402
+import make_zh_notebooks  # noqa: E402
 
-PAIRS = list(sync_editions.pairs())
+PAIRS = [(english, chinese) for english, _, chinese in make_zh_notebooks.pairs()]
 CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 
 
@@ -38,9 +42,10 @@ def _prose_only(text: str) -> str:
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=_ids)
-def test_every_notebook_has_a_chinese_edition_with_the_same_code(pair):
+def test_every_chinese_notebook_is_the_generated_one(pair):
     english, chinese = pair
-    assert not sync_editions.differences(english, chinese), sync_editions.differences(english, chinese)
+    found = make_zh_notebooks.problems(english, chinese.with_suffix(".po"), chinese)
+    assert not found, found
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=_ids)
@@ -67,27 +72,48 @@ def test_the_chinese_markdown_is_chinese(pair):
         assert len(words) < 12 or CJK.search(text), f"{chinese.name}: markdown cell {i} reads as English"
 
 
-def test_changing_code_in_one_edition_fails(tmp_path, monkeypatch):
-    english, chinese = tmp_path / "a.ipynb", tmp_path / "zh" / "a.ipynb"
-    chinese.parent.mkdir()
-    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# A"]},
-             {"cell_type": "code", "metadata": {}, "source": ["x = 1"], "outputs": [], "execution_count": None}]
-    english.write_text(json.dumps({"cells": cells}))
-    zh = json.loads(json.dumps({"cells": cells}))
-    zh["cells"][0]["source"] = ["# 甲"]
-    chinese.write_text(json.dumps(zh))
-    monkeypatch.setattr(sync_editions, "REPO", tmp_path)
-    assert sync_editions.differences(english, chinese) == []
-    zh["cells"][1]["source"] = ["x = 2"]
-    chinese.write_text(json.dumps(zh))
-    assert sync_editions.differences(english, chinese) == ["a.ipynb: code cell 1 differs from the English edition"]
-    assert sync_editions.sync(english, chinese)  # the sync tool puts the English code back
-    assert sync_editions.differences(english, chinese) == []
-    assert json.loads(chinese.read_text())["cells"][0]["source"] == ["# 甲"]
+def _notebook(path: Path, *cells) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cells": list(cells), "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
 
 
-def test_the_check_mode_of_the_sync_tool_passes_on_the_repository():
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "sync_editions.py"), "--check"],
+def _md(text):
+    return {"cell_type": "markdown", "id": "m", "metadata": {}, "source": [text]}
+
+
+def _code(text):
+    return {"cell_type": "code", "id": "c", "metadata": {}, "source": [text], "outputs": [], "execution_count": None}
+
+
+def test_the_generator_translates_markdown_keeps_code_and_names_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(make_zh_notebooks, "REPO", tmp_path)
+    english, catalog_path, chinese = (tmp_path / "notebooks" / "a.ipynb", tmp_path / "notebooks" / "zh" / "a.po",
+                                      tmp_path / "notebooks" / "zh" / "a.ipynb")
+    _notebook(english, _md("# A\n\nSome words."), _code("x = 1"))
+    assert make_zh_notebooks.update(english, catalog_path) == 1  # one message to translate
+    catalog = make_zh_notebooks.read_catalog(catalog_path)
+    with pytest.raises(make_zh_notebooks.Untranslated, match="cell 0 \\(untranslated\\)"):
+        make_zh_notebooks.translate(english, catalog)
+    catalog["# A\n\nSome words."].string = "# 甲\n\n一些话。"
+    make_zh_notebooks.write(catalog, catalog_path)
+    catalog = make_zh_notebooks.read_catalog(catalog_path)
+    chinese.write_text(make_zh_notebooks.dumps(make_zh_notebooks.translate(english, catalog)))
+    assert make_zh_notebooks.problems(english, catalog_path, chinese) == []
+    cells = json.loads(chinese.read_text())["cells"]
+    assert "".join(cells[0]["source"]) == "# 甲\n\n一些话。" and cells[1]["source"] == ["x = 1"]
+    # code changed in the Chinese notebook only: not what the generator writes
+    chinese.write_text(chinese.read_text().replace("x = 1", "x = 2"))
+    assert "is not what" in make_zh_notebooks.problems(english, catalog_path, chinese)[0]
+    # the English markdown changed: its message is new (fuzzy, the old translation as a start)
+    _notebook(english, _md("# A\n\nSome other words."), _code("x = 1"))
+    assert any("without a translation" in p for p in make_zh_notebooks.problems(english, catalog_path, chinese))
+    assert make_zh_notebooks.update(english, catalog_path) == 1
+    message = make_zh_notebooks.read_catalog(catalog_path).get("# A\n\nSome other words.")
+    assert message.fuzzy and message.string == "# 甲\n\n一些话。"
+
+
+def test_the_check_mode_of_the_generator_passes_on_the_repository():
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "make_zh_notebooks.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
