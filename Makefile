@@ -86,7 +86,7 @@ test-unit: setup
 test: setup-for-test
 	@WORKBOOK_TIMES=$(TIMES) $(TIMED) unit 240 $(PY) -m pytest -n 2 -q -m "$(UNIT_MARKS)" $(ARGS)
 	@WORKBOOK_TIMES=$(TIMES) $(TIMED) notebooks 600 $(PY) -m pytest -m "notebooks and not slow" $(ARGS)
-	@WORKBOOK_TIMES=$(TIMES) $(TIMED) machines 420 $(PY) -m pytest -m "machines and not slow" $(ARGS)
+	@WORKBOOK_TIMES=$(TIMES) $(TIMED) machines 480 $(PY) -m pytest -m "machines and not slow" $(ARGS)
 	@if [ "$(LEGACY)" = "1" ]; then WORKBOOK_TIMES=$(TIMES) $(TIMED) legacy 240 $(MAKE) --no-print-directory test-legacy ARGS=; fi
 	@$(TIMED) --summary $(TIMES)
 
