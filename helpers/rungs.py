@@ -149,6 +149,11 @@ def int4_weights(c: Climb):
     # the layers' linears in INT4 groups of 32 (the GGUF's Q4_1); lm_head in INT8 (the GGUF's is Q8_0).
     # The kernel's activations: the 16-bit dtype it was timed fastest with at this model's shapes.
     c.int4_kernels = time_int4_activations(fresh, skip=["lm_head"])
+    # The whole rung computes in that dtype, not only the INT4 matmuls: casts at every linear cost
+    # more than they save, and a compiled float16 graph is slow on a CPU without float16 arithmetic
+    # (measured on the embedded model, AVX-512 BF16, 2 threads: 22.0 ms per decode step in float16
+    # with bfloat16 casts at the linears, 7.7 ms with the model in bfloat16)
+    fresh.to(c.int4_kernels["act_dtype"])
     c.int4_info = quantize_model_int4(fresh, skip=["lm_head"], act_dtype=c.int4_kernels["act_dtype"])
     c.int4_info["lm_head"] = quant.quantize_model_int8(fresh, impl="auto")["impl"]
     c.int4_quality = ladder.weight_format_check(before, fresh, c.tokenizer)
@@ -182,8 +187,8 @@ RUNGS = [
      "concatenated; inductor's GEMM autotuning once weights are quantized)"), graph_mode),
     (N_("+ INT8"), N_("weight-only INT8 linears W8A16, quantized then {graph}"), int8_weights),
     (N_("+ INT4 g32"), N_("weight-only INT4 replacing INT8 in the layers, groups of 32 with a scale and zero each "
-     "(the grid of the GGUF's Q4_1), lm_head INT8 (Q8_0 in the GGUF): about the bytes llama.cpp reads; "
-     "{dtype} activations, {graph}"), int4_weights),
+     "(the grid of the GGUF's Q4_1), lm_head INT8 (Q8_0 in the GGUF): about the bytes llama.cpp reads; the model "
+     "in the 16-bit dtype the INT4 kernel is timed fastest with, {graph}"), int4_weights),
     (N_("+ batch {batch}"), N_("the previous rung serving {batch} users at once"), batched),
 ]
 
