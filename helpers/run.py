@@ -38,7 +38,7 @@ import yaml
 from . import REPO, pages
 from .claims import CLASS_COLOURS
 from .decide import chapter_samples
-from .results import (LOAD_PER_CORE_WARNING, REPORT_CHAPTER, RESULTS_NAME, load_results, read_run,
+from .results import (FINISHED, LOAD_PER_CORE_WARNING, REPORT_CHAPTER, RESULTS_NAME, load_results, read_run,
                       write_json_atomic)
 
 NOTEBOOKS = REPO / "notebooks"
@@ -291,7 +291,8 @@ def write_index(run_dir: Path, run: dict) -> Path:
                      "figures": [describe_key_figure(k, metrics[k], lang, samples) for k in data.get("key_figures", [])
                                  if k in metrics],
                      "load": load,
-                     "detail": "" if chapter.reason == "it wrote no results.json" else chapter.reason,
+                     # a finished notebook without results.json (the report chapter's own page) has no detail
+                     "detail": "" if chapter.data is None and chapter.status in FINISHED else chapter.reason,
                      "links": links(entry, results)
                      + [(art["label"], art["path"]) for art in data.get("artifacts", [])]})
         solution = entry.get("solution")
