@@ -93,7 +93,7 @@ def padding_check(model, tokenizer, prompts, max_new_tokens: int, *, chat: bool 
         first = next((i for i, (a, b) in enumerate(zip(alone, together)) if a != b), None)
         if first is None and len(alone) != len(together):
             first = min(len(alone), len(together))
-        prompt_tokens = len(generation._inputs(model, tokenizer, [prompt], device, chat)["input_ids"][0])
+        prompt_tokens = len(generation.prompt_inputs(model, tokenizer, [prompt], device, chat)["input_ids"][0])
         rows.append({"prompt": prompt, "prompt_tokens": prompt_tokens, "first_difference": first,
                      "match": first is None, "alone": tokenizer.decode(alone),
                      "batched": tokenizer.decode(together)})
@@ -268,8 +268,8 @@ def context_for_kv_growth(config, batch_size: int, growth_pct: float, weight_byt
                           dtype: str = "float16") -> float:
     """Tokens per sequence at which the KV cache alone makes batch ``batch_size`` use ``growth_pct`` % more
     memory than batch 1 (the inverse of ``kv_memory_growth_pct``); inf if it never can."""
-    growth = roofline._check_positive("growth_pct", growth_pct) / 100.0
-    weight_bytes = roofline._check_positive("weight_bytes", weight_bytes)
+    growth = roofline.check_positive("growth_pct", growth_pct) / 100.0
+    weight_bytes = roofline.check_positive("weight_bytes", weight_bytes)
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 2:
         raise ValueError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 2")
     per_token = roofline.kv_cache_bytes_per_token(config, dtype)
@@ -285,6 +285,6 @@ def kv_memory_growth_pct(config, batch_size: int, context_len: int, weight_bytes
     The analytic counterpart of a "batch B needs x % more memory" claim; activations and
     allocator slack come on top, so a measured growth can only be larger.
     """
-    weight_bytes = roofline._check_positive("weight_bytes", weight_bytes)
+    weight_bytes = roofline.check_positive("weight_bytes", weight_bytes)
     base = weight_bytes + roofline.kv_cache_bytes(config, 1, context_len, dtype)
     return 100.0 * (weight_bytes + roofline.kv_cache_bytes(config, batch_size, context_len, dtype)) / base - 100.0

@@ -117,7 +117,7 @@ def has_spread(figure: dict) -> bool:
                for k in figure)
 
 
-def _finite(*values) -> bool:
+def finite(*values) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                for v in values)
 
@@ -141,7 +141,7 @@ def direction(low: float, high: float, neutral: float = 1.0, *, samples: Optiona
     Anything that straddles ``neutral`` (or is not a number) is ``no difference beyond the noise``;
     from fewer than ``MIN_SAMPLES`` ``samples`` per side it is ``too_few``.
     """
-    if not _finite(low, high):
+    if not finite(low, high):
         return SAME
     return _side(low, high, neutral, FASTER, SLOWER, SAME) if enough(samples) else too_few(samples)
 
@@ -150,7 +150,7 @@ def time_ratio_direction(low: float, high: float, *, samples: Optional[float] = 
     """For a ratio of times (candidate / baseline, > 1 means the candidate takes longer): ``slower``
     when the whole spread is above 1, ``faster`` when below, else no difference beyond the noise
     (``too_few`` from fewer than ``MIN_SAMPLES`` samples per side)."""
-    if not _finite(low, high):
+    if not finite(low, high):
         return SAME
     return _side(low, high, 1.0, SLOWER, FASTER, SAME) if enough(samples) else too_few(samples)
 
@@ -159,7 +159,7 @@ def met(low: float, high: float, goal: float, *, samples: Optional[float] = None
     """A goal against a measured spread: ``met`` (all of it at or above the goal), ``not met``
     (all of it below) or ``within the noise of the goal``; ``too_few`` from fewer than
     ``MIN_SAMPLES`` samples (``EXACT`` for a computed figure against a threshold)."""
-    if not _finite(low, high, goal):
+    if not finite(low, high, goal):
         return "not measured"
     if not enough(samples):
         return too_few(samples)
@@ -172,7 +172,7 @@ def byte_bound(low: float, high: float, bound: float, *, samples: Optional[float
     ``above the byte bound`` when the whole spread is above it (the gain is not the bytes alone),
     ``within the byte bound`` when the whole spread is at or below it, else
     ``at the byte bound within the noise``."""
-    if not _finite(low, high, bound):
+    if not finite(low, high, bound):
         return "not measured"
     if not enough(samples):
         return too_few(samples)
@@ -210,16 +210,16 @@ def rank(options: Iterable[tuple[str, float, float, float]], higher_is_better: b
     than ``MIN_SAMPLES`` ``samples`` per option no option is clear: every option is tied and
     ``too_few`` holds the decision to say instead.
     """
-    rows = sorted((r for r in options if _finite(r[1])), key=lambda r: r[1], reverse=higher_is_better)
+    rows = sorted((r for r in options if finite(r[1])), key=lambda r: r[1], reverse=higher_is_better)
     if not rows:
         return None
     name, median, lo, hi = rows[0]
-    spread = (lo, hi) if _finite(lo, hi) else (median, median)
+    spread = (lo, hi) if finite(lo, hi) else (median, median)
     runner_up = rows[1][0] if len(rows) > 1 else None
     if not enough(samples):
         return Ranking(name, False, [r[0] for r in rows], runner_up, too_few(samples))
     tied = [r[0] for r in rows
-            if r[0] == name or not _finite(r[2], r[3]) or spreads_overlap(spread, (r[2], r[3]))]
+            if r[0] == name or not finite(r[2], r[3]) or spreads_overlap(spread, (r[2], r[3]))]
     return Ranking(name, len(tied) == 1, tied, runner_up)
 
 
@@ -235,11 +235,11 @@ def effect(claimed: float, measured: float, neutral: float, *, low: Optional[flo
     ``factor`` of the claimed size, else "smaller effect" / "larger effect". A measured effect from
     fewer than ``MIN_SAMPLES`` ``samples`` is ``too_few``.
     """
-    if not _finite(claimed, measured, neutral):
+    if not finite(claimed, measured, neutral):
         return "not measured"
     if not enough(samples):
         return too_few(samples)
-    if low is None or high is None or not _finite(low, high):
+    if low is None or high is None or not finite(low, high):
         low, high = measured - noise, measured + noise
     if min(low, high) <= neutral <= max(low, high):
         return "no effect beyond the noise"
@@ -267,7 +267,7 @@ def bandwidth_regime(achieved_gbps: float, bandwidth_gbps: float, bound_share: f
     of the measured read bandwidth; ``above the bandwidth`` past 100 % (the data stayed in the caches,
     so DRAM does not bound it); below that, the time goes elsewhere (kernels that do not stream at full
     speed, launches, Python), and calling it memory-bound would claim more than was measured."""
-    if not _finite(achieved_gbps, bandwidth_gbps) or bandwidth_gbps <= 0:
+    if not finite(achieved_gbps, bandwidth_gbps) or bandwidth_gbps <= 0:
         return "not measured"
     if achieved_gbps > bandwidth_gbps:
         return "above the bandwidth"
@@ -284,14 +284,14 @@ def changed(values: Sequence[float], spreads: Sequence[tuple[float, float]] = ()
     figures were sampled, and fewer than ``MIN_SAMPLES`` ``samples`` (None: not recorded) per point
     are ``too_few``.
     """
-    vals = [v for v in values if _finite(v)]
+    vals = [v for v in values if finite(v)]
     if len(vals) < 2:
         return "not measured"
     first, last = vals[0], vals[-1]
     if spreads and (samples is EXACT or not enough(samples)):
         samples = None if samples is EXACT else samples
         return too_few(samples)
-    if spreads and len(spreads) == len(values) and all(_finite(*s) for s in spreads):
+    if spreads and len(spreads) == len(values) and all(finite(*s) for s in spreads):
         apart = not spreads_overlap(spreads[0], spreads[-1])
     else:
         apart = bool(first) and abs(last / first - 1) > 0.10

@@ -97,7 +97,7 @@ def top_ops(model, tokenizer, prompt: str, steps: int = 4, *, chat: bool = False
         for _ in range(steps):
             step()
 
-    prof = profiling._profile(steps_in_a_row, device)
+    prof = profiling.profile_calls(steps_in_a_row, device)
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total = sum(e.self_cpu_time_total for e in events) or 1.0
     rows = [{"op": e.key, "calls": e.count, "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
@@ -377,7 +377,8 @@ def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[st
     ``aten::bmm`` under ``aten::linear`` is named, where ``count_ops`` counts the caller)."""
     device = as_device(device)
     fn()
-    ms = profiling._self_cpu_ms(profiling._profile(fn, device, device_kernels=False))
+    prof = profiling.profile_calls(fn, device, device_kernels=False)
+    ms = {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages() if e.self_cpu_time_total > 0}
     return sorted(ms, key=ms.get, reverse=True)[:top]
 
 
@@ -385,14 +386,14 @@ def busiest_ops(fn: Callable[[], object], device="cpu", top: int = 3) -> list[st
 
 def required_bandwidth_gbps(tokens_per_s: float, weight_bytes: float) -> float:
     """Bandwidth (GB/s) a single stream needs to decode ``tokens_per_s`` with these weights."""
-    return roofline._check_positive("tokens_per_s", tokens_per_s) * roofline._check_positive(
+    return roofline.check_positive("tokens_per_s", tokens_per_s) * roofline.check_positive(
         "weight_bytes", weight_bytes) / 1e9
 
 
 def prefill_floor_ms(prompt_tokens: int, parameters: int, tflops: float) -> float:
     """Lowest possible prefill time: 2 FLOP per parameter per prompt token at peak compute."""
-    return 2.0 * roofline._check_positive("prompt_tokens", prompt_tokens) * roofline._check_positive(
-        "parameters", parameters) / (roofline._check_positive("tflops", tflops) * 1e12) * 1e3
+    return 2.0 * roofline.check_positive("prompt_tokens", prompt_tokens) * roofline.check_positive(
+        "parameters", parameters) / (roofline.check_positive("tflops", tflops) * 1e12) * 1e3
 
 
 def claim_verdict(claimed_tok_s: float, ceiling_tok_s: float) -> str:

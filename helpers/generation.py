@@ -34,7 +34,8 @@ from .roofline import kv_cache_bytes
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 
-def _inputs(model, tokenizer, prompts, device, chat: bool):
+def prompt_inputs(model, tokenizer, prompts, device, chat: bool):
+    """The tokenized batch of ``prompts`` on ``device`` (None: the model's), as every timing here uses."""
     if isinstance(prompts, str):
         prompts = [prompts]
     if not isinstance(prompts, (list, tuple)) or not prompts:
@@ -81,7 +82,7 @@ class StepStamps(StoppingCriteria):
 def greedy_new_tokens(model, tokenizer, prompts, max_new_tokens: int, *, chat: bool = False,
                       device=None) -> list[list[int]]:
     """The new token ids of one batched greedy generate (left padding), one list per prompt."""
-    inputs = _inputs(model, tokenizer, prompts, device, chat)
+    inputs = prompt_inputs(model, tokenizer, prompts, device, chat)
     out = generate_tokens(model, tokenizer, inputs, max_new_tokens)
     return out[:, inputs["input_ids"].shape[1]:].tolist()
 
@@ -121,7 +122,7 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
                          "(decode is timed between the new tokens of one generate)")
     check_positive_int("repeats", repeats)
     device = as_device(device) if device is not None else backend.model_device(model)
-    inputs = _inputs(model, tokenizer, prompts, device, chat)
+    inputs = prompt_inputs(model, tokenizer, prompts, device, chat)
     batch, prompt_len = inputs["input_ids"].shape
     extra = dict(generate_kwargs or {})
     torch.manual_seed(seed)
@@ -197,7 +198,9 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     }
 
 
-def _pooled(parts: list, rounds: int) -> dict:
+def pool_runs(parts: list, rounds: int) -> dict:
+    """One figure from the ``measure_generation`` results of several interleaved rounds: every round's
+    TTFT and decode samples together, the largest memory growth, the code path naming the rounds."""
     out = dict(max(parts, key=lambda p: p["memory_growth_bytes"]))
     out.update(timing_figures([x / 1e3 for p in parts for x in p["ttft_samples_ms"]],
                               [x / 1e3 for p in parts for x in p["decode_samples_ms"]],
@@ -346,7 +349,7 @@ def decode_step(model, tokenizer, prompt: str, *, chat: bool = False, device=Non
     ``measure_generation``'s job.
     """
     device = as_device(device) if device is not None else backend.model_device(model)
-    inputs = _inputs(model, tokenizer, [prompt], device, chat)
+    inputs = prompt_inputs(model, tokenizer, [prompt], device, chat)
     forward = static_decode.eager_forward(model)
     with torch.inference_mode():
         out = forward(**inputs, use_cache=True)

@@ -377,7 +377,7 @@ def measure_interleaved(models_by_name: dict, tokenizer, prompts, max_new_tokens
         for name, model in models_by_name.items():
             runs[name].append(generation.measure_generation(model, tokenizer, prompts, max_new_tokens, device,
                                                  repeats=repeats, **kwargs))
-    return {name: generation._pooled(parts, rounds) for name, parts in runs.items()}
+    return {name: generation.pool_runs(parts, rounds) for name, parts in runs.items()}
 
 
 # --- chapter 05: the variants it builds and checks ------------------------------------------------
@@ -409,8 +409,8 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
     model, tokenizer = load_model(model_name, dtype=load_dtype, device=device)
     info = {"variant": name, "description": quant.VARIANTS[name], "dtype": backend.dtype_name(load_dtype),
             "device": str(device), "bytes_before": weight_bytes(model)}
-    if name in quant._INT8_VARIANTS:
-        impl, scheme = quant._INT8_VARIANTS[name]
+    if name in quant.INT8_VARIANTS:
+        impl, scheme = quant.INT8_VARIANTS[name]
         scales = act_scales if name == "w8a8_static" else None
         info.update(quant.quantize_model_int8(model, impl, scheme, act_scales=scales))
     elif name == "torchao":
@@ -430,13 +430,13 @@ def quantize_dynamic_cpu(model: nn.Module) -> tuple[nn.Module, dict]:
 
     The cautionary case: fast, and on SmolLM2 it multiplies perplexity several times.
     """
-    names = quant._check_model(model)
+    names = quant.check_model(model)
     first = model.get_submodule(names[0]).weight
     if first.device.type != "cpu" or first.dtype != torch.float32:
         raise ValueError(f"quantize_dynamic needs a float32 model on the CPU; got {first.dtype} on "
                          f"{first.device}")
     before = weight_bytes(model)
-    with quant._quiet_imports():
+    with quant.quiet_imports():
         from torch.ao.quantization import quantize_dynamic
 
         model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)

@@ -11,7 +11,6 @@ an Ascend machine instead of a number. Serving engines (vLLM, vLLM-Ascend) are c
 from __future__ import annotations
 
 import contextlib
-import inspect
 import importlib.util
 import math
 import time
@@ -21,11 +20,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
-from . import claims, decide, llamacpp, profiling, progress, static_decode, versions
+from . import claims, decide, decode_loop, llamacpp, profiling, progress, static_decode
 from .backend import as_device
 from .bench import Timing, speedup
 from .decide import SAME, direction, met
-from .generation import _pooled, decode_bytes_per_step, generate_tokens, measure_generation
+from .generation import decode_bytes_per_step, pool_runs, generate_tokens, measure_generation
 from .model_files import EMBEDDED_MODEL, local_gguf, locate_embedded_gguf
 from .models import chat_inputs, weight_bytes
 from .prose import Message, N_, message, translate_cell
@@ -651,7 +650,7 @@ class References:
     def fp32(self) -> Optional[dict]:
         if self.fp32_model is None or not self.fp32_runs:
             return None
-        out = _pooled(self.fp32_runs, len(self.fp32_runs))
+        out = pool_runs(self.fp32_runs, len(self.fp32_runs))
         out["code_path"] = out.get("code_path", "") + ", float32 eager, timed between the ladder's rounds"
         return out
 
@@ -754,8 +753,8 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
 @dataclass
 class Variant:
     """What a rung measures: a model, the batch of prompts (None: the ladder's), the cache kind,
-    whether ``generate`` is replaced by the hand-written greedy loop (``GreedyLoop``), and the label
-    of its weights when they are not the working dtype (``weights``: e.g. "int4 g32 weights,
+    whether ``generate`` is replaced by the hand-written greedy loop (``decode_loop.GreedyLoop``), and
+    the label of its weights when they are not the working dtype (``weights``: e.g. "int4 g32 weights,
     float16 activations"; None: the model's parameter dtype)."""
     model: Any
     prompts: Optional[Sequence[str]] = None
@@ -819,9 +818,9 @@ class GenerationMeasure:
         if not isinstance(variant, Variant):
             variant = Variant(*variant) if isinstance(variant, tuple) else Variant(variant)
         if not variant.greedy_loop:
-            restore_generate(variant.model)
-        elif greedy_loop_of(variant.model) is None:
-            use_greedy_loop(variant.model)
+            decode_loop.restore_generate(variant.model)
+        elif decode_loop.greedy_loop_of(variant.model) is None:
+            decode_loop.use_greedy_loop(variant.model)
         return variant
 
     def _generate(self, variant: Variant, repeats: int, warm: bool = False) -> dict:
@@ -830,7 +829,7 @@ class GenerationMeasure:
                                  static_cache=variant.static_cache, warm=warm)
         if variant.greedy_loop:  # same protocol; the tokens come from the loop, not from generate
             out["code_path"] = out["code_path"].replace(
-                "transformers generate", "hand-written greedy loop (helpers.static_decode.GreedyLoop)", 1)
+                "transformers generate", "hand-written greedy loop (helpers.decode_loop.GreedyLoop)", 1)
         return out
 
     def again(self, variant, warm: bool = True) -> dict:
@@ -880,7 +879,7 @@ class GenerationMeasure:
         if not outs:
             raise ValueError("outs is empty; give the rounds' measure_generation results")
         variant = self._variant(variant)
-        out = _pooled(outs, len(outs))
+        out = pool_runs(outs, len(outs))
         out["total_ms"] = float(sorted(o["total_ms"] for o in outs)[len(outs) // 2])
         new = {k: v for k, v in self._row(variant, out).items() if k in _TIMING_KEYS}
         new["code_path"] = out["code_path"]
@@ -1043,46 +1042,6 @@ def run_script(path: str, parameter: str = "script", timeout: float = 3600.0) ->
 
 # --- chapter 06: the best gain of the ladder and its spread ---------------------------------------
 
-def best_gain(options: Iterable[tuple[str, float, float, float]],
-              baseline: tuple[str, float, float, float], *, samples: Optional[float] = None) -> Optional[Gain]:
-    """``options`` and ``baseline`` are (name, median, p10, p90) of one figure where higher is better
-    (chapter 06: each rung's decode tokens/s, the baseline native eager's); None when no option has a
-    finite median. Two options are told apart only when their p10-p90 ranges do not overlap, the same
-    test as a speedup spread wholly above 1 (``bench.speedup``); a figure without a finite spread is
-    never called best, since its noise is unknown; from fewer than ``decide.MIN_SAMPLES``
-    ``samples`` per rung the decision is ``decide.too_few``."""
-    rows = [(n, m, lo, hi) for n, m, lo, hi in options if decide._finite(m)]
-    found = decide.rank(rows, samples=samples)
-    if found is None:
-        return None
-    if found.too_few:
-        return Gain(found.best, found.too_few, [])
-    _, _, low, high = next(r for r in rows if r[0] == found.best)
-    others = [n for n in found.tied if n != found.best]
-    _, _, base_low, base_high = baseline
-    if not decide._finite(low, high, base_low, base_high) or decide.spreads_overlap((low, high), (base_low, base_high)) \
-            or min(low, high) < min(base_low, base_high):
-        decision = "no gain beyond the noise"
-    else:
-        decision = "best, clear" if not others else "best, tied"
-    return Gain(found.best, decision, others)
-
-
-# --- chapter 06: the hand-written greedy loop of the static rungs over a static cache -------------
-
-def use_greedy_loop(model) -> GreedyLoop:
-    """Replace ``model.generate`` by a ``GreedyLoop`` (undo with ``restore_generate``)."""
-    restore_generate(model)
-    loop = GreedyLoop(model)
-    model.generate = loop
-    return loop
-
-
-def greedy_loop_of(model) -> Optional[GreedyLoop]:
-    found = getattr(model, "generate", None)
-    return found if isinstance(found, GreedyLoop) else None
-
-
 @dataclass
 class Gain:
     """The option with the highest median, and what may be said of it against a baseline.
@@ -1097,87 +1056,26 @@ class Gain:
     tied: list
 
 
-def restore_generate(model) -> None:
-    if isinstance(getattr(model, "generate", None), GreedyLoop):
-        del model.generate  # the instance attribute: the class's generate shows again
-
-
-class GreedyLoop:
-    """``model.generate`` replaced by a greedy loop over ``model.forward`` and a ``StaticCache``.
-
-    ``generate`` runs, for every new token, logits processors, stopping criteria, the update of its
-    keyword arguments and ``prepare_inputs_for_generation``: a few milliseconds of Python per token,
-    which a 135M-parameter model on a CPU notices. This loop does only what greedy decoding with a
-    static cache needs (one forward, an argmax, the next position) and takes the same arguments,
-    so ``helpers.generation.measure_generation`` times it with the same protocol as ``generate``.
-    It always produces ``max_new_tokens`` tokens (the workbook's protocol sets ``min_new_tokens``
-    equal to it) and needs the static cache of ``static_generate_kwargs`` (one prefill shape, one
-    decode shape: two graphs per request size, as with ``generate``).
-    """
-
-    def __init__(self, model):
-        self.model = model
-        self.cache_argument = versions.cache_argument(model)
-        params = inspect.signature(type(model).forward).parameters
-        self.keep_last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-
-    def __call__(self, input_ids, attention_mask=None, *, max_new_tokens: int, min_new_tokens=None,
-                 do_sample: bool = False, pad_token_id=None, **kwargs):
-        from transformers import StaticCache
-
-        if do_sample:
-            raise ValueError("do_sample=True is not valid for GreedyLoop; it decodes greedily")
-        if min_new_tokens not in (None, max_new_tokens):
-            raise ValueError(f"min_new_tokens={min_new_tokens!r}: GreedyLoop always produces "
-                             f"max_new_tokens={max_new_tokens} tokens")
-        cache = kwargs.pop(self.cache_argument, None)
-        kwargs.pop("disable_compile", None)
-        # Stopping criteria are called after every new token, as generate calls them, so that
-        # measure_generation's per-token clock (generation.StepStamps) stamps this loop's steps too; the
-        # loop never stops early (the protocol always makes max_new_tokens tokens).
-        criteria = list(kwargs.pop("stopping_criteria", None) or [])
-        if kwargs:
-            raise ValueError(f"GreedyLoop does not take {sorted(kwargs)}; it runs greedy decoding only")
-        if not isinstance(cache, StaticCache):
-            raise ValueError("GreedyLoop needs a StaticCache: pass static_generate_kwargs(...) "
-                             "(measure_generation(static_cache=True))")
-        batch, prompt = input_ids.shape
-        length = cache_length(cache)
-        if prompt + max_new_tokens > length:
-            raise ValueError(f"max_new_tokens={max_new_tokens} does not fit the cache ({length} positions "
-                             f"for a {prompt}-token prompt)")
-        mask = positions = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            # Left padding: a mask of the cache's full length keeps one shape for every step.
-            mask = attention_mask.new_ones(batch, length)
-            mask[:, :prompt] = attention_mask
-            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        common = {"use_cache": True, self.cache_argument: cache, **self.keep_last_logits}
-        # The first step is the prefill of the whole prompt, every later one a decode step of one token.
-        token, position, cache_position = input_ids, positions, torch.arange(prompt, device=input_ids.device)
-        tokens = []
-        for step in range(max_new_tokens):
-            out = self.model.forward(input_ids=token, attention_mask=mask, position_ids=position,
-                                     cache_position=cache_position, **common)
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-            tokens.append(token)
-            for criterion in criteria:
-                criterion(token)
-            cache_position = torch.tensor([prompt + step], device=input_ids.device)
-            position = None if positions is None else positions[:, -1:] + 1 + step
-        return torch.cat([input_ids, *tokens], dim=1)
-
-
-def cache_length(cache) -> int:
-    """The number of positions a ``StaticCache`` holds (the method's name differs between lines)."""
-    for name in ("get_max_length", "get_max_cache_shape"):
-        method = getattr(cache, name, None)
-        if callable(method):
-            value = method()
-            if isinstance(value, int) and value > 0:
-                return value
-    layers = getattr(cache, "layers", None) or [cache]
-    value = getattr(layers[0], "max_cache_len", None)
-    if isinstance(value, int) and value > 0:
-        return value
-    raise ValueError(f"cannot tell how many positions {type(cache).__name__} holds")
+def best_gain(options: Iterable[tuple[str, float, float, float]],
+              baseline: tuple[str, float, float, float], *, samples: Optional[float] = None) -> Optional[Gain]:
+    """``options`` and ``baseline`` are (name, median, p10, p90) of one figure where higher is better
+    (chapter 06: each rung's decode tokens/s, the baseline native eager's); None when no option has a
+    finite median. Two options are told apart only when their p10-p90 ranges do not overlap, the same
+    test as a speedup spread wholly above 1 (``bench.speedup``); a figure without a finite spread is
+    never called best, since its noise is unknown; from fewer than ``decide.MIN_SAMPLES``
+    ``samples`` per rung the decision is ``decide.too_few``."""
+    rows = [(n, m, lo, hi) for n, m, lo, hi in options if decide.finite(m)]
+    found = decide.rank(rows, samples=samples)
+    if found is None:
+        return None
+    if found.too_few:
+        return Gain(found.best, found.too_few, [])
+    _, _, low, high = next(r for r in rows if r[0] == found.best)
+    others = [n for n in found.tied if n != found.best]
+    _, _, base_low, base_high = baseline
+    if not decide.finite(low, high, base_low, base_high) or decide.spreads_overlap((low, high), (base_low, base_high)) \
+            or min(low, high) < min(base_low, base_high):
+        decision = "no gain beyond the noise"
+    else:
+        decision = "best, clear" if not others else "best, tied"
+    return Gain(found.best, decision, others)

@@ -7,7 +7,7 @@ Layer: measurement; taught in 01_operator_verification, 02_ffn_fusion and 03_end
 effect is fewer of them, so the chapters count them instead of guessing); ``03_end_to_end.ipynb``
 shows where decode time goes (``kernel_time_by_kind`` splits a decode step into the weight-matmul
 kernels that path really ran, attention, and everything else; the chapter's table of the top
-operators of a step is ``end_to_end_study.top_ops``, built on ``_profile`` here). ``decode_step_split`` is the one profiled
+operators of a step is ``end_to_end_study.top_ops``, built on ``profile_calls`` here). ``decode_step_split`` is the one profiled
 (N - 1)-token difference that splits a decode step by the kind of its events: chapter 03's
 ``kernel_time_by_kind`` and chapter 06's ``ladder.decode_step_parts`` both use it.
 
@@ -95,7 +95,7 @@ def _quiet_native_stderr():
         os.close(devnull)
 
 
-def _profile(fn: Callable[[], object], device, device_kernels: bool = True):
+def profile_calls(fn: Callable[[], object], device, device_kernels: bool = True):
     """torch.profiler over one call of ``fn``, fenced by synchronisation; CUDA kernels are
     recorded too where ``device_kernels`` and the device is CUDA."""
     from torch.profiler import ProfilerActivity, profile
@@ -110,11 +110,6 @@ def _profile(fn: Callable[[], object], device, device_kernels: bool = True):
     return prof
 
 
-def _self_cpu_ms(prof) -> dict:
-    """Self CPU time (ms) per operator name, operators that took none left out."""
-    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages() if e.self_cpu_time_total > 0}
-
-
 def count_ops(fn: Callable[[], object], device="cpu", *, warmup: int = 1) -> dict:
     """Profile one call of ``fn`` (after ``warmup`` calls, so compilation is excluded).
 
@@ -124,7 +119,7 @@ def count_ops(fn: Callable[[], object], device="cpu", *, warmup: int = 1) -> dic
     device = as_device(device)
     for _ in range(warmup):
         fn()
-    prof = _profile(fn, device)
+    prof = profile_calls(fn, device)
     counter: Counter = Counter()
     kernels = 0
     for event in prof.events():
@@ -180,7 +175,7 @@ def time_by_part(fn: Callable[[], object], device, part_of: Callable[[str], Opti
     on_device = device_kernels and device.type == "cuda"
     totals: Counter = Counter()
     names: dict = {}
-    for event in _profile(timed, device, device_kernels).key_averages():
+    for event in profile_calls(timed, device, device_kernels).key_averages():
         if on_device:
             value = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0))
         else:

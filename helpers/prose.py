@@ -515,7 +515,7 @@ class Message(str):
             out["context"] = self.context
         return out
 
-    # results._with_messages looks for this name (results sits below prose and does not import it)
+    # results.with_messages looks for this name (results sits below prose and does not import it)
     message_record = record
 
     @classmethod

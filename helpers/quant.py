@@ -351,7 +351,7 @@ def linear_names(model: nn.Module, skip: Iterable[str] = ()) -> list[str]:
             if isinstance(mod, nn.Linear) and not any(name == s or name.endswith("." + s) for s in skip)]
 
 
-def _check_model(model: nn.Module, skip: Iterable[str] = ()) -> list[str]:
+def check_model(model: nn.Module, skip: Iterable[str] = ()) -> list[str]:
     names = linear_names(model, skip)
     if not names:
         raise ValueError("model has no nn.Linear layers to quantize (already quantized, or not a "
@@ -364,7 +364,7 @@ def _check_model(model: nn.Module, skip: Iterable[str] = ()) -> list[str]:
     return names
 
 
-def _replace_linears(model: nn.Module, names: Iterable[str], make) -> list[nn.Module]:
+def replace_linears(model: nn.Module, names: Iterable[str], make) -> list[nn.Module]:
     """Swap each named ``nn.Linear`` for ``make(name, linear)`` in place; returns the new modules."""
     made = []
     for name in names:
@@ -389,7 +389,7 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
     _check_choice(impl, scheme)
     if act_scales is not None and scheme != "w8a8":
         raise ValueError("act_scales only applies to scheme='w8a8'")
-    names = _check_model(model, skip)
+    names = check_model(model, skip)
     if act_scales is not None:
         missing = [n for n in names if n not in act_scales]
         if missing:
@@ -417,7 +417,7 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
         raise ValueError(f"no linear of this model fits the NPU INT8 kernel: {kept_dense[0][1]}")
     dense = {n for n, _ in kept_dense}
     names = [n for n in names if n not in dense]
-    made = _replace_linears(model, names,
+    made = replace_linears(model, names,
                             lambda n, lin: Int8Linear(lin, impl, scheme, scales.get(n)))
     acts = {activations_label(m.act_dtype, m.model_dtype) for m in made}
     if scheme == "w8a8":
@@ -508,7 +508,7 @@ KERNEL_BUDGET_BYTES = 512 * 2**20  # int8 weights timed per candidate; a bigger 
 _KERNEL_CHOICES: dict = {}
 
 
-def _shape_groups(model: nn.Module, skip: Iterable[str] = ()) -> dict:
+def shape_groups(model: nn.Module, skip: Iterable[str] = ()) -> dict:
     """``{(out, in): [weight, ...]}`` of the model's linears: one decode step reads each once."""
     groups: dict = {}
     for name in linear_names(model, skip):
@@ -529,7 +529,7 @@ def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8
     unknown = [k for k in kernels if k not in W8A16_CPU_KERNELS]
     if unknown:
         raise ValueError(f"kernels contains {unknown[0]!r}; choose from {', '.join(W8A16_CPU_KERNELS)}")
-    groups = _shape_groups(model, skip)
+    groups = shape_groups(model, skip)
     model_dtype = next(iter(groups.values()))[0].dtype
     act = act_dtype_for("int8pack", "cpu", model_dtype)
     weights = sum(len(ws) * s[0] * s[1] for s, ws in groups.items())
@@ -611,7 +611,7 @@ def choose_cpu_w8a16_kernel(model: nn.Module, skip: Iterable[str] = ()) -> dict:
 
     Returns ``{"kernel", "rows", "decision"}``.
     """
-    groups = _shape_groups(model, skip)
+    groups = shape_groups(model, skip)
     key = (tuple(sorted((s, len(ws)) for s, ws in groups.items())),
            next(iter(groups.values()))[0].dtype, backend.cpu_capability(), torch.get_num_threads())
     if key not in _KERNEL_CHOICES:
@@ -633,7 +633,7 @@ def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 1
     """
     if not texts or any(not isinstance(t, str) or not t.strip() for t in texts):
         raise ValueError("texts must be a non-empty list of non-empty calibration strings")
-    names = _check_model(model)
+    names = check_model(model)
     amax: dict = {}
     hooks = []
     for name in names:
@@ -658,7 +658,7 @@ def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 1
 # --- library baselines -----------------------------------------------------------------------
 
 @contextmanager
-def _quiet_imports():
+def quiet_imports():
     """torchao and torch.ao warn on import and dynamo logs while torchao quantizes; none of it
     teaches anything (``helpers/__init__`` already keeps the torchao and pytree loggers quiet)."""
     dynamo = logging.getLogger("torch._dynamo")
@@ -674,7 +674,7 @@ def _quiet_imports():
 
 def _torchao():
     """torchao's ``(Int8WeightOnlyConfig, quantize_)``; ``VariantUnavailable`` says why not."""
-    with _quiet_imports():
+    with quiet_imports():
         try:
             from torchao.quantization import Int8WeightOnlyConfig, quantize_
         except Exception as exc:  # noqa: BLE001  (not installed on the legacy set and older images)
@@ -689,7 +689,7 @@ def _torchao_linear(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
     lin = nn.Linear(q.shape[1], q.shape[0], bias=False, dtype=dtype)
     with torch.no_grad():
         lin.weight.copy_(dequantize_weight(q, scale, dtype))
-    with _quiet_imports():
+    with quiet_imports():
         quantize_(lin, config())
     return lin
 
@@ -699,11 +699,11 @@ def torchao_int8_weight_only(model: nn.Module) -> dict:
 
     Transformers exposes the same thing at load time as ``TorchAoConfig(Int8WeightOnlyConfig())``.
     """
-    _check_model(model)
+    check_model(model)
     config, quantize_ = _torchao()
     before = weight_bytes(model)
     dtype = next(model.parameters()).dtype
-    with _quiet_imports():
+    with quiet_imports():
         quantize_(model, config())
     # torchao computes in the activations' own dtype: W8A16 only when the model is 16-bit
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": None,
@@ -724,7 +724,7 @@ VARIANTS = {
     "quantize_dynamic": "torch.ao quantize_dynamic, per-tensor W8 and A8 (float32, CPU only)",
 }
 # quantize_model_int8's (impl, scheme) for the variants made of Int8Linear
-_INT8_VARIANTS = {"w8a16": ("auto", "w8a16"), "w8a16_dequant": ("dequant", "w8a16"),
+INT8_VARIANTS = {"w8a16": ("auto", "w8a16"), "w8a16_dequant": ("dequant", "w8a16"),
                   "w8a8_dynamic": ("auto", "w8a8"), "w8a8_static": ("auto", "w8a8")}
 
 
@@ -732,3 +732,28 @@ class VariantUnavailable(RuntimeError):
     """A variant that cannot run on this device or dtype; the message says why."""
 
 
+# --- INT4 weights, groups of 32 (chapter 06's INT4 rung) ------------------------------------------
+
+def quantize_model_int4(model: nn.Module, group_size: int = INT4_GROUP, skip: Iterable[str] = (),
+                        act_dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Replace every ``nn.Linear`` (in place) by an ``Int4Linear`` computing in ``act_dtype``;
+    returns what ``quantize_model_int8`` does."""
+    names = check_model(model, skip)
+    problem = int4_problem(model.get_submodule(names[0]).weight.device)
+    if problem:
+        raise ValueError(problem)
+    # The packing needs in_features in whole groups and out_features in multiples of 16; a linear
+    # that is not stays as it is (named in the result).
+    kept = [n for n in names if model.get_submodule(n).in_features % group_size
+            or model.get_submodule(n).out_features % 16]
+    if len(kept) == len(names):
+        raise ValueError(f"no linear has in_features divisible by group_size={group_size} and "
+                         "out_features divisible by 16")
+    before = weight_bytes(model)
+    dtype = model.get_submodule(names[0]).weight.dtype
+    replace_linears(model, [n for n in names if n not in kept],
+                     lambda _, lin: Int4Linear(lin, group_size, act_dtype))
+    return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names) - len(kept),
+            "kept_unquantized": kept,
+            "impl": f"_weight_int4pack_mm_for_cpu, groups of {group_size}", "scheme": "w4a16",
+            "activations": activations_label(act_dtype, dtype)}

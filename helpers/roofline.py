@@ -64,7 +64,7 @@ def load_specs(path: "str | Path | None" = None):
             if not text and c == "fp16_dense_tflops":
                 continue
             try:
-                _check_positive(c, float(text))
+                check_positive(c, float(text))
             except ValueError:
                 problems.append(f"{where} {c}: {text!r} is not a number > 0")
     if problems:
@@ -74,7 +74,7 @@ def load_specs(path: "str | Path | None" = None):
     return df
 
 
-def _check_positive(name: str, value) -> float:
+def check_positive(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
         raise ValueError(f"{name}={value!r} is not valid; it must be a number > 0")
     return float(value)
@@ -82,7 +82,7 @@ def _check_positive(name: str, value) -> float:
 
 def decode_ceiling_tok_s(bandwidth_gbps: float, weight_bytes: float) -> float:
     """Batch-1 decode upper bound: every step reads ``weight_bytes`` at ``bandwidth_gbps`` (1e9 B/s)."""
-    return _check_positive("bandwidth_gbps", bandwidth_gbps) * 1e9 / _check_positive(
+    return check_positive("bandwidth_gbps", bandwidth_gbps) * 1e9 / check_positive(
         "weight_bytes", weight_bytes)
 
 

@@ -154,7 +154,7 @@ def int4_weights(c: Climb):
     # (measured on the embedded model, AVX-512 BF16, 2 threads: 22.0 ms per decode step in float16
     # with bfloat16 casts at the linears, 7.7 ms with the model in bfloat16)
     fresh.to(c.int4_kernels["act_dtype"])
-    c.int4_info = quantize_model_int4(fresh, skip=["lm_head"], act_dtype=c.int4_kernels["act_dtype"])
+    c.int4_info = quant.quantize_model_int4(fresh, skip=["lm_head"], act_dtype=c.int4_kernels["act_dtype"])
     c.int4_info["lm_head"] = quant.quantize_model_int8(fresh, impl="auto")["impl"]
     c.int4_quality = ladder.weight_format_check(before, fresh, c.tokenizer)
     del before
@@ -219,32 +219,7 @@ def weight_formats(c: Climb) -> list[dict]:
             for name, info in (("INT8", c.int8_info), ("INT4 g32", c.int4_info)) if info]
 
 
-# --- chapter 06: the INT4 rung's weights ----------------------------------------------------------
-
-def quantize_model_int4(model: nn.Module, group_size: int = quant.INT4_GROUP, skip: Iterable[str] = (),
-                        act_dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Replace every ``nn.Linear`` (in place) by an ``quant.Int4Linear`` computing in ``act_dtype``;
-    returns what ``quantize_model_int8`` does."""
-    names = quant._check_model(model, skip)
-    problem = quant.int4_problem(model.get_submodule(names[0]).weight.device)
-    if problem:
-        raise ValueError(problem)
-    # The packing needs in_features in whole groups and out_features in multiples of 16; a linear
-    # that is not stays as it is (named in the result).
-    kept = [n for n in names if model.get_submodule(n).in_features % group_size
-            or model.get_submodule(n).out_features % 16]
-    if len(kept) == len(names):
-        raise ValueError(f"no linear has in_features divisible by group_size={group_size} and "
-                         "out_features divisible by 16")
-    before = weight_bytes(model)
-    dtype = model.get_submodule(names[0]).weight.dtype
-    quant._replace_linears(model, [n for n in names if n not in kept],
-                     lambda _, lin: quant.Int4Linear(lin, group_size, act_dtype))
-    return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names) - len(kept),
-            "kept_unquantized": kept,
-            "impl": f"_weight_int4pack_mm_for_cpu, groups of {group_size}", "scheme": "w4a16",
-            "activations": quant.activations_label(act_dtype, dtype)}
-
+# --- chapter 06: which activation dtype the INT4 kernel is fastest with ------------------------------
 
 def time_int4_activations(model: nn.Module, skip: Iterable[str] = (), group_size: int = quant.INT4_GROUP, *,
                           min_iters: int = 5, min_seconds: float = 0.1) -> dict:
@@ -254,12 +229,12 @@ def time_int4_activations(model: nn.Module, skip: Iterable[str] = (), group_size
     holds), beside the model's own dense linears.
 
     Returns ``{"rows", "act_dtype"}``: per candidate the step's ms (median, p10, p90), and the
-    activation dtype with the lowest median, the one ``Int4Linear`` then computes in. Linears that
+    activation dtype with the lowest median, the one ``quant.Int4Linear`` then computes in. Linears that
     the packing cannot take (in_features not in whole groups, out_features not a multiple of 16) are
-    left out, as ``quantize_model_int4`` leaves them dense. Weights above ``quant.KERNEL_BUDGET_BYTES``
+    left out, as ``quant.quantize_model_int4`` leaves them dense. Weights above ``quant.KERNEL_BUDGET_BYTES``
     are timed on their first ones and scaled by the count, as in ``quant.time_w8a16_kernels``.
     """
-    groups = {s: ws for s, ws in quant._shape_groups(model, skip).items() if s[1] % group_size == 0 and s[0] % 16 == 0}
+    groups = {s: ws for s, ws in quant.shape_groups(model, skip).items() if s[1] % group_size == 0 and s[0] % 16 == 0}
     if not groups:
         raise ValueError(f"no linear has in_features divisible by group_size={group_size} and out_features by 16")
     model_dtype = next(iter(groups.values()))[0].dtype

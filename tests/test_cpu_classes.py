@@ -101,7 +101,7 @@ CHILD = textwrap.dedent('''
             if r.get("problem") or r["kernel"].startswith("dense"):
                 continue
             q = copy.deepcopy(model)
-            rungs.quantize_model_int4(q, act_dtype=getattr(torch, r["activations"]))
+            quant.quantize_model_int4(q, act_dtype=getattr(torch, r["activations"]))
             with torch.inference_mode():
                 row["int4"][r["activations"]] = agreement(q(ids).logits, dense)
     choice = dtype_choice.measure_cpu_dtype(base, budget=64 * 2**20, rounds=1, decode_iters=1, prefill_iters=1,

@@ -165,7 +165,7 @@ def test_every_module_docstring_names_its_layer_and_its_chapter():
 # chapter's own code and lives in the study module.
 STUDY_CHAPTERS = {
     "environment_study": ("00",), "operator_study": ("01", "02"), "end_to_end_study": ("03",),
-    "batching_study": ("04",), "int8_study": ("05",), "ladder": ("06",), "rungs": ("06",),
+    "batching_study": ("04",), "int8_study": ("05",), "decode_loop": ("06",), "ladder": ("06",), "rungs": ("06",),
     "serving": ("07",), "report": ("08",),
 }
 
@@ -179,6 +179,10 @@ def _code_of_notebooks(chapter: str) -> str:
     for path in sorted((PACKAGE / "templates").glob(f"{chapter}_*.j2")):
         text.append(path.read_text(encoding="utf-8"))
     return "\n".join(text)
+
+
+# One chapter's function that stays below the studies on purpose, and why.
+KEPT_BELOW = {("quant", "quantize_model_int4"): "the weight formats live together: INT4 beside INT8 and W8A16"}
 
 
 def test_no_module_below_the_studies_holds_one_chapters_function():
@@ -208,7 +212,7 @@ def test_no_module_below_the_studies_holds_one_chapters_function():
             for c in chapters:
                 if re.search(rf"\b{me}\.{name}\b", notebook_code[c]):
                     used_by.add(next((g for g in STUDY_CHAPTERS.values() if c in g)))
-            if len(used_by) == 1 and ("shared",) not in used_by:
+            if len(used_by) == 1 and ("shared",) not in used_by and (me, name) not in KEPT_BELOW:
                 misplaced.append(f"{path.relative_to(PACKAGE.parent)}: {name} serves only chapter(s) "
                                  f"{'/'.join(next(iter(used_by)))}")
     assert not misplaced, "\n".join(misplaced) + "\nmove each into its chapter's study module"

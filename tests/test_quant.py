@@ -383,7 +383,7 @@ def test_quantize_model_int4_replaces_every_linear(tiny_model):
     model = copy.deepcopy(tiny_model[0])
     ids = torch.randint(0, 200, (1, 16))
     ref = model(input_ids=ids).logits
-    info = rungs.quantize_model_int4(model)
+    info = quant.quantize_model_int4(model)
     # the byte tokenizer's vocabulary is no multiple of 16: lm_head stays as it is, and says so
     assert info["kept_unquantized"] == ["lm_head"] and quant.linear_names(model) == ["lm_head"]
     assert info["layers"] == 14 and info["scheme"] == "w4a16"
@@ -521,7 +521,7 @@ def test_the_int4_kernel_s_activations_are_chosen_by_timing_at_the_model_s_shape
     assert found["kernel"] == min(timed, key=lambda r: r["decode_ms"])["kernel"]
     bf16 = rungs.time_int4_activations(model.to(torch.bfloat16), min_iters=3, min_seconds=0.0)
     assert [r["kernel"] for r in bf16["rows"]][1:] == ["int4 g32, bfloat16 activations"]  # float16 may overflow
-    info = rungs.quantize_model_int4(model.to(torch.float16), act_dtype=torch.float16)
+    info = quant.quantize_model_int4(model.to(torch.float16), act_dtype=torch.float16)
     assert info["activations"] == "float16" and model[0].act_dtype == torch.float16
     with pytest.raises(ValueError, match="act_dtype"):
         quant.Int4Linear(nn.Linear(64, 32), act_dtype=torch.float32)

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from helpers import generation, ladder, ops, quant, static_decode, versions
+from helpers import decode_loop, generation, ops, quant, static_decode, versions
 from helpers.model_files import tiny_llama
 
 PROMPT = "the static cache keeps shapes fixed"
@@ -90,7 +90,7 @@ def test_batched_static_path_matches_eager_greedy(model):
     prompts = [PROMPT, "hi"]
     expected = generation.greedy_new_tokens(m, tok, prompts, 5)
     static_decode.compile_model(m, "cpu", backend_override=CountingEager())
-    inputs = generation._inputs(m, tok, prompts, None, False)
+    inputs = generation.prompt_inputs(m, tok, prompts, None, False)
     cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 5)
     out = _generate(m, tok, inputs, 5, **kwargs)
     assert out[:, inputs["input_ids"].shape[1]:].tolist() == expected
@@ -310,20 +310,20 @@ def test_greedy_loop_gives_generates_tokens_with_two_graphs(model, prompts):
     counter = CountingEager()
     compiled = static_decode.compile_model(m, "cpu", backend_override=counter)
     cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 10)
-    loop = ladder.use_greedy_loop(m)
-    assert ladder.greedy_loop_of(m) is loop
+    loop = decode_loop.use_greedy_loop(m)
+    assert decode_loop.greedy_loop_of(m) is loop
     for n in (10, 1, 10):
         cache.reset()
         out = _generate(m, tok, inputs, n, **kwargs)
         assert torch.equal(out, reference[:, :inputs["input_ids"].shape[1] + n])
     assert counter.graphs == compiled.graphs == 2
-    ladder.restore_generate(m)
-    assert ladder.greedy_loop_of(m) is None and not isinstance(m.generate, ladder.GreedyLoop)
+    decode_loop.restore_generate(m)
+    assert decode_loop.greedy_loop_of(m) is None and not isinstance(m.generate, decode_loop.GreedyLoop)
 
 
 def test_measure_generation_times_the_loop_with_the_same_protocol(model):
     m, tok = model
-    ladder.use_greedy_loop(m)
+    decode_loop.use_greedy_loop(m)
     out = generation.measure_generation(m, tok, [PROMPT], 6, "cpu", repeats=2, static_cache=True)
     assert out["new_tokens"] == 6 and out["decode_ms_per_token"] > 0 and out["static_cache"]
 
@@ -331,7 +331,7 @@ def test_measure_generation_times_the_loop_with_the_same_protocol(model):
 def test_greedy_loop_refuses_what_it_does_not_do(model):
     m, tok = model
     inputs = _inputs(tok)
-    loop = ladder.use_greedy_loop(m)
+    loop = decode_loop.use_greedy_loop(m)
     with pytest.raises(ValueError, match="StaticCache"):
         loop(**inputs, max_new_tokens=4)
     cache, kwargs = static_decode.static_generate_kwargs(m, inputs, 4)
