@@ -100,7 +100,10 @@ def decode_inductor_config(device, backend: str, quantized: bool = True) -> dict
     Without quantized weights (``quantized=False``) max-autotune is left out: measured here on the
     ladder's float32 graph, ATen's BLAS GEMVs were faster than the autotuned choice (33.5 against
     30.7 tok/s) and autotuning cost about 45 s of compile time; for int8 / int4 weights inductor's
-    C++ GEMM template is what fuses the dequantization into the matmul.
+    C++ GEMM template is what fuses the dequantization into the matmul (measured on the embedded
+    model with fused operators, bfloat16, 2 threads, AVX-512 BF16, 378 decode steps each, the two
+    graphs alternated: INT8 8.1 ms per step [8.0-8.3] with max-autotune against 14.1 [13.7-15.4] with
+    ATen's int8 kernel; INT4 8.0 [7.7-8.2] against 9.4 [9.3-9.7]).
     """
     if backend != "inductor" or device_kind(device) != "cpu":
         return {}
