@@ -407,11 +407,6 @@ def shown(table, columns: Sequence[str]):
 # --- beside the ladder: a float32 eager run and llama.cpp, never in the ladder's own ratios ------
 
 GOAL_FRACTION_OF_LLAMACPP = 1.0  # the best batch-1 rung should decode at least as fast as llama.cpp
-# decide.met's words for a goal, as chapter 06 records them
-FRACTION_VERDICTS = {"met": "reached", "not met": "missed",
-                     "within the noise of the goal": "within_noise", "not measured": "not_measured"}
-
-
 def decode_sample_count(row) -> Optional[float]:
     """How many decode samples a rung's (or a reference's) p10-p90 range stands on: the per-token
     samples pooled over every round and repeat (``decode_samples``, or the length of
@@ -466,14 +461,14 @@ def reference_columns(table, reference: Optional[dict], name: str):
     return table
 
 
-def fraction_verdict(ratio: Optional[dict], fraction: float = GOAL_FRACTION_OF_LLAMACPP) -> str:
-    """``reached`` when the whole spread is at or above ``fraction``, ``missed`` when it is all below,
-    ``within_noise`` when the spread straddles it, ``not_measured`` without a ratio: ``decide.met``
-    in chapter 06's words."""
+def goal_decision(ratio: Optional[dict], fraction: float = GOAL_FRACTION_OF_LLAMACPP) -> str:
+    """A ratio to llama.cpp against the goal ``fraction``, in ``decide.met``'s words: ``met`` when the
+    whole spread is at or above it, ``not met`` when it is all below, ``within the noise of the goal``
+    when the spread straddles it, ``too_few`` from too few samples, ``not measured`` without a ratio.
+    Recorded with the figure; the chapter's page says what was recorded."""
     if not ratio:
-        return "not_measured"
-    verdict = met(ratio["low"], ratio["high"], fraction, samples=ratio.get("n_samples"))
-    return "too_few" if decide.is_too_few(verdict) else FRACTION_VERDICTS[verdict]
+        return "not measured"
+    return met(ratio["low"], ratio["high"], fraction, samples=ratio.get("n_samples"))
 
 
 def rung_effect(table, rung: str) -> Optional[dict]:
@@ -671,11 +666,11 @@ def reference_facts(table, llama: dict, fp32: Optional[dict],
         ratio = decode_ratio(best, llama) if llama.get("status") == "ok" else None
         facts["best"] = {"rung": best["rung"], "tok_s": float(best["tokens_per_s"]),
                          "decode_ms": float(best["decode_ms_per_token"]), "ratio": ratio,
-                         "verdict": fraction_verdict(ratio, fraction)}
+                         "decision": goal_decision(ratio, fraction)}
         parts = {k: best.get(f"{k.split()[0]}_ms") for k in STEP_PARTS}
         facts["best"].update(bytes_per_step=best.get("bytes_per_step"), roofline_share=best.get("roofline_share"),
                              dtype=best.get("dtype"))
-        if ratio and facts["best"]["verdict"] != "reached" and all(_known(v) for v in parts.values()):
+        if ratio and facts["best"]["decision"] != "met" and all(_known(v) for v in parts.values()):
             found = what_stands_in_the_way(parts, float(llama["decode_ms_per_token"]), fraction)
             facts["blocker"] = {**found, "parts": parts, "instead": llamacpp.KERNELS[found["blocker"]]}
     if fp32 and best is not None:
@@ -719,7 +714,7 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
         parts = {f"{k.split()[0]}_ms": v for k, v in (blocker.get("parts") or {}).items()}
         results.record("ladder_best_batch1_vs_llamacpp", best["ratio"]["ratio"], "x", key_figure=True,
                        device=device, dtype=dtype, shape=shape, rung=best["rung"], low=best["ratio"]["low"],
-                       high=best["ratio"]["high"], verdict=best["verdict"], goal=facts["fraction"],
+                       high=best["ratio"]["high"], decision=best["decision"], goal=facts["fraction"],
                        tok_s=best["tok_s"], code_path=message("decode tok/s of the batch-1 rung with the highest "
                                                               "median over llama.cpp's, same run (not part of the "
                                                               "ladder's own ratios)"),

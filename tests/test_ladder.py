@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from helpers import bench, generation, ladder, models, plots
+from helpers import bench, decide, generation, ladder, models, plots
 
 
 def _measure(latency_ms):
@@ -245,17 +245,17 @@ def test_decode_ratio_keeps_the_spread_of_both():
     assert ladder.decode_ratio({"rung": "x"}, {"decode_ms_per_token": 10.0}) is None
 
 
-def test_the_goal_verdict_goes_three_ways():
+def test_the_goal_decision_goes_three_ways():
     assert ladder.GOAL_FRACTION_OF_LLAMACPP == 1.0  # at least llama.cpp's decode, not a share of it
     n = {"n_samples": POOLED}
-    assert ladder.fraction_verdict({"ratio": 1.1, "low": 1.02, "high": 1.2, **n}) == "reached"
-    assert ladder.fraction_verdict({"ratio": 0.7, "low": 0.65, "high": 0.75, **n}) == "missed"
-    assert ladder.fraction_verdict({"ratio": 1.0, "low": 0.95, "high": 1.05, **n}) == "within_noise"
-    assert ladder.fraction_verdict({"ratio": 0.6, "low": 0.52, "high": 0.7, **n}, fraction=0.5) == "reached"
-    # the same spreads from too few samples (or an unrecorded count) say no verdict
-    assert ladder.fraction_verdict({"ratio": 1.1, "low": 1.02, "high": 1.2, "n_samples": 3}) == "too_few"
-    assert ladder.fraction_verdict({"ratio": 0.7, "low": 0.65, "high": 0.75}) == "too_few"
-    assert ladder.fraction_verdict(None) == "not_measured"
+    assert ladder.goal_decision({"ratio": 1.1, "low": 1.02, "high": 1.2, **n}) == "met"
+    assert ladder.goal_decision({"ratio": 0.7, "low": 0.65, "high": 0.75, **n}) == "not met"
+    assert ladder.goal_decision({"ratio": 1.0, "low": 0.95, "high": 1.05, **n}) == "within the noise of the goal"
+    assert ladder.goal_decision({"ratio": 0.6, "low": 0.52, "high": 0.7, **n}, fraction=0.5) == "met"
+    # the same spreads from too few samples (or an unrecorded count) decide nothing
+    assert decide.is_too_few(ladder.goal_decision({"ratio": 1.1, "low": 1.02, "high": 1.2, "n_samples": 3}))
+    assert decide.is_too_few(ladder.goal_decision({"ratio": 0.7, "low": 0.65, "high": 0.75}))
+    assert ladder.goal_decision(None) == "not measured"
 
 
 def test_reference_columns_skip_rungs_at_another_batch_and_failed_rungs():
@@ -326,7 +326,7 @@ def test_references_facts_and_their_recorded_figures_both_ways():
     fp32 = {"decode_ms_per_token": 60.0, "decode_p10_ms": 59.0, "decode_p90_ms": 61.0, "rounds": 3, "repeats": 9,
             "decode_samples_ms": [59.0, 60.0, 61.0] * 45}
     facts = ladder.reference_facts(table, _llama(10.0), fp32)
-    assert facts["best"]["verdict"] == "missed" and facts["blocker"]["blocker"] == "matmul kernels"
+    assert facts["best"]["decision"] == "not met" and facts["blocker"]["blocker"] == "matmul kernels"
     out = _Recorder()
     ladder.record_reference_figures(out, facts, _llama(10.0), fp32, "cpu", "bfloat16", 16)
     assert out.m["llamacpp_decode_tok_s"]["value"] == pytest.approx(100.0)
@@ -338,7 +338,7 @@ def test_references_facts_and_their_recorded_figures_both_ways():
     assert out.m["int8_rung_step"]["value"] == pytest.approx(40 / 30) and out.m["int8_rung_step"]["low"] > 1
     fast = _table(_row("native eager", 40.0), _row("+ INT4 g32", 8.0))
     facts = ladder.reference_facts(fast, _llama(10.0), None)
-    assert facts["best"]["verdict"] == "reached" and facts["blocker"] is None
+    assert facts["best"]["decision"] == "met" and facts["blocker"] is None
     missing = _Recorder()
     ladder.record_reference_figures(missing, ladder.reference_facts(fast, {"status": "unavailable",
                                     "reason": "no C++ compiler"}, None), {"status": "unavailable",
