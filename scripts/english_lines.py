@@ -53,6 +53,9 @@ MODEL_TEXT = {"metrics": ("smoke_generation", "request_answer"), "tables": ("ans
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 WORD = re.compile(r"[A-Za-z]+(?:['\u2019-][A-Za-z]+)*")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# a fenced code block in a Markdown output (a listing of the workbook's code, chapter 06's decode loop):
+# code, like inline code, not prose
+FENCED = re.compile(r"^```[^\n]*\n.*?^```[ \t]*$", re.S | re.M)
 # what is not prose: inline code, a link's target, a bare URL, an HTML tag
 NOT_PROSE = re.compile(r"`[^`]*`|\]\([^)]*\)|https?://\S+|<[^>]+>")
 # a token is what lies between spaces and the punctuation that separates words (the separators of a
@@ -116,7 +119,8 @@ def model_words(run_dir: Path) -> frozenset:
 
 def output_lines(notebook: dict) -> list[str]:
     """The non-blank lines a reader sees below the code cells of an executed notebook: printed
-    text, Markdown (or else plain text) of every display and result without an image, and errors."""
+    text, Markdown (or else plain text) of every display and result without an image, and errors;
+    a fenced code block of a Markdown output is code, not a line a translation could change."""
     lines = []
     for cell in notebook.get("cells", []):
         if cell.get("cell_type") != "code":
@@ -131,7 +135,11 @@ def output_lines(notebook: dict) -> list[str]:
                 data = out.get("data", {})
                 if any(mime.startswith("image/") for mime in data):
                     continue  # a figure: its words are drawn in the image
-                text = _text(data.get("text/markdown", data.get("text/plain", "")))
+                markdown = data.get("text/markdown")
+                if markdown is not None:
+                    text = FENCED.sub("", _text(markdown))
+                else:
+                    text = _text(data.get("text/plain", ""))
             lines += [line for line in ANSI.sub("", text).splitlines() if line.strip()]
     return lines
 

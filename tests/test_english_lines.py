@@ -57,6 +57,9 @@ def test_the_output_lines_are_what_the_page_shows(tmp_path):
          "data": {"text/plain": "   name  value\n0  cpu  1", "text/html": "<table></table>"}},
         {"output_type": "display_data", "metadata": {},
          "data": {"image/png": "iVBOR", "text/plain": "<Figure size 640x480 with 1 Axes>"}},
+        {"output_type": "display_data", "metadata": {},  # a listing of code: code, not prose
+         "data": {"text/markdown": "```python\nfor step in range(n):  # one forward for every new token\n```\n",
+                  "text/plain": "<Markdown>"}},
     ])
     lines = english_lines.output_lines(json.loads(path.read_text()))
     assert lines == ["printed in English for a reader", "本段是中文。", "then an English paragraph follows",
