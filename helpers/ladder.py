@@ -593,6 +593,20 @@ def weight_format_check(before, after, tokenizer, tokens: int = 128) -> dict:
             "perplexity_before": ref["perplexity"], "perplexity_after": out["perplexity"]}
 
 
+def model_gguf(model: str):
+    """The GGUF file ``model`` was converted from (the embedded one, or ``local_gguf``), else None."""
+    return locate_embedded_gguf() if model == EMBEDDED_MODEL else local_gguf(model)
+
+
+def output_format(gguf) -> str:
+    """The GGUF type of the matrix llama.cpp computes the logits with (``output.weight``, or the tied
+    ``token_embd.weight``), e.g. ``Q8_0`` or ``Q4_0``."""
+    import gguf as gguf_lib
+
+    types = {t.name: t.tensor_type.name for t in gguf_lib.GGUFReader(str(gguf)).tensors}
+    return types.get("output.weight") or types["token_embd.weight"]
+
+
 def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens: int, repeats: int) -> dict:
     """llama.cpp's figures for the ladder's request, or ``{"status": ..., "reason"}`` saying why not."""
     if not enabled:
@@ -603,8 +617,7 @@ def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens
         reason = message("llama.cpp runs the embedded GGUF ({embedded}) or a local .gguf file; this ladder ran "
                          "{model}", embedded=EMBEDDED_MODEL, model=model)
     else:  # the very file the ladder's weights were converted from
-        gguf = locate_embedded_gguf() if model == EMBEDDED_MODEL else local_gguf(model)
-        return llamacpp.measure(gguf, prompt_ids, new_tokens, repeats=repeats)
+        return llamacpp.measure(model_gguf(model), prompt_ids, new_tokens, repeats=repeats)
     return {"status": "skipped", "reason": reason}
 
 

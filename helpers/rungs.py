@@ -146,16 +146,22 @@ def int4_weights(c: Climb):
     if c.fusion:
         ops.apply_fused_modules(fresh)
     before = copy.deepcopy(fresh)
-    # the layers' linears in INT4 groups of 32 (the GGUF's Q4_1); lm_head in INT8 (the GGUF's is Q8_0).
+    # the layers' linears in INT4 groups of 32 (the grid of the GGUF's Q4_1); lm_head in the bits of
+    # the GGUF's own output matrix, so both sides read about the same bytes: INT4 where llama.cpp reads
+    # it in 4 bits (a Q4_0 file of make_wide_llama.py), else INT8 (the embedded model's Q8_0).
     # The kernel's activations: the 16-bit dtype it was timed fastest with at this model's shapes.
-    c.int4_kernels = time_int4_activations(fresh, skip=["lm_head"])
+    gguf = ladder.model_gguf(c.model_name)
+    head_int4 = gguf is not None and ladder.output_format(gguf).startswith("Q4")
+    skip = [] if head_int4 else ["lm_head"]
+    c.int4_kernels = time_int4_activations(fresh, skip=skip)
     # The whole rung computes in that dtype, not only the INT4 matmuls: casts at every linear cost
     # more than they save, and a compiled float16 graph is slow on a CPU without float16 arithmetic
     # (measured on the embedded model, AVX-512 BF16, 2 threads: 22.0 ms per decode step in float16
     # with bfloat16 casts at the linears, 7.7 ms with the model in bfloat16)
     fresh.to(c.int4_kernels["act_dtype"])
-    c.int4_info = quant.quantize_model_int4(fresh, skip=["lm_head"], act_dtype=c.int4_kernels["act_dtype"])
-    c.int4_info["lm_head"] = quant.quantize_model_int8(fresh, impl="auto")["impl"]
+    c.int4_info = quant.quantize_model_int4(fresh, skip=skip, act_dtype=c.int4_kernels["act_dtype"])
+    c.int4_info["lm_head"] = (c.int4_info["impl"] if head_int4 else
+                              quant.quantize_model_int8(fresh, impl="auto")["impl"])
     c.int4_quality = ladder.weight_format_check(before, fresh, c.tokenizer)
     del before
     c.model = fresh
@@ -187,7 +193,8 @@ RUNGS = [
      "concatenated; inductor's GEMM autotuning once weights are quantized)"), graph_mode),
     (N_("+ INT8"), N_("weight-only INT8 linears W8A16, quantized then {graph}"), int8_weights),
     (N_("+ INT4 g32"), N_("weight-only INT4 replacing INT8 in the layers, groups of 32 with a scale and zero each "
-     "(the grid of the GGUF's Q4_1), lm_head INT8 (Q8_0 in the GGUF): about the bytes llama.cpp reads; the model "
+     "(the grid of the GGUF's Q4_1), lm_head in INT4 where the GGUF's is 4-bit, else INT8 (Q8_0 in the GGUF): "
+     "about the bytes llama.cpp reads; the model "
      "in the 16-bit dtype the INT4 kernel is timed fastest with, {graph}"), int4_weights),
     (N_("+ batch {batch}"), N_("the previous rung serving {batch} users at once"), batched),
 ]
