@@ -64,13 +64,19 @@ def load_profile(name: str) -> dict:
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    """``-p batch_sizes=[1,2]`` -> {"batch_sizes": [1, 2]}; values are parsed as YAML literals."""
+    """``-p batch_sizes=[1,2]`` -> {"batch_sizes": [1, 2]}; values are parsed as YAML literals.
+
+    A string naming a file or folder relative to where the runner was started (``-p
+    model=.cache/wide/x.gguf``) is made absolute: each kernel runs in its notebook's folder."""
     out = {}
     for pair in pairs or []:
         if "=" not in pair:
             raise SystemExit(f"-p {pair!r}: use -p name=value")
         key, value = pair.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        value = yaml.safe_load(value) if value.strip() else ""
+        if isinstance(value, str) and value and not os.path.isabs(value) and os.path.exists(value):
+            value = os.path.abspath(value)
+        out[key.strip()] = value
     return out
 
 

@@ -274,6 +274,15 @@ def test_overrides_are_yaml_literals():
         runner.parse_overrides(["device"])
 
 
+def test_a_relative_path_override_reaches_the_kernel_absolute(tmp_path, monkeypatch):
+    # each kernel runs in its notebook's folder: `-p model=.cache/wide/x.gguf` as the docs write it
+    (tmp_path / "wide").mkdir()
+    (tmp_path / "wide" / "x.gguf").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    got = runner.parse_overrides(["model=wide/x.gguf", "device=cpu"])
+    assert got == {"model": str(tmp_path / "wide" / "x.gguf"), "device": "cpu"}
+
+
 def test_unknown_profile_names_the_choices():
     with pytest.raises(SystemExit) as err:
         runner.load_profile("fastest")
