@@ -297,8 +297,8 @@ def pick_cpu_dtype(rows: list[dict], prompt_tokens: Optional[int] = None,
 
     float32 unless a usable 16-bit dtype serves the request in ``PICK_MARGIN_PCT`` % less time and
     beyond both spreads (16 bits cost precision, so they have to pay for it; ``clears_margin``);
-    bfloat16 before float16 (float32's range, so no overflow) unless float16 clears the same margin
-    against it. ``decision`` is one of ``DTYPE_DECISIONS``.
+    of the 16-bit dtypes that do, bfloat16 before float16 (float32's range, so no overflow) unless
+    float16 clears the same margin against it. ``decision`` is one of ``DTYPE_DECISIONS``.
     """
     by = {r["dtype"]: r for r in rows}
     if "float32" not in by or by["float32"].get("problem"):
@@ -311,12 +311,16 @@ def pick_cpu_dtype(rows: list[dict], prompt_tokens: Optional[int] = None,
     halves = [usable[d] for d in ("bfloat16", "float16") if d in usable]
     if not halves:
         return "float32", "no_16bit_usable"
-    best = halves[0]
-    if len(halves) > 1 and clears_margin(halves[1], halves[0]):
-        best = halves[1]
-    if clears_margin(best, usable["float32"]):
-        return best["dtype"], "16bit_faster"
-    return "float32", "float32_not_slower"
+    # each 16-bit dtype against float32 first: a bfloat16 that does not pay for its bits must not
+    # hide a float16 that does (at Llama-2-7B's widths on an AVX-512 BF16 CPU, float16 served the
+    # request in 44 % less time than float32 and bfloat16 did not clear the margin)
+    winners = [r for r in halves if clears_margin(r, usable["float32"])]
+    if not winners:
+        return "float32", "float32_not_slower"
+    best = winners[0]
+    if len(winners) > 1 and clears_margin(winners[1], winners[0]):
+        best = winners[1]
+    return best["dtype"], "16bit_faster"
 
 
 def _crossings(rows: list[dict], new_tokens: int) -> list[float]:

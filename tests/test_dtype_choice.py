@@ -75,6 +75,14 @@ def test_a_challenger_must_clear_the_margin_as_well_as_the_spread():
     assert dtype_choice.clears_margin(FP16, BF16, 30) and not dtype_choice.clears_margin(FP16, BF16, 31)
 
 
+def test_a_bfloat16_that_does_not_clear_float32_does_not_hide_a_float16_that_does():
+    # bfloat16 10 % below float32, float16 40 % below float32 and 15 % below bfloat16
+    near = _row("bfloat16", 45, 90, 280)
+    fp16 = _row("float16", 38, 90, 280)
+    assert not dtype_choice.clears_margin(fp16, near) and dtype_choice.clears_margin(fp16, F32)
+    assert dtype_choice.pick_cpu_dtype([F32, near, fp16]) == ("float16", "16bit_faster")
+
+
 def test_float32_is_kept_when_no_16bit_dtype_beats_it():
     slower = [F32, _row("bfloat16", 60, 120, 350), _row("float16", 55, 200, 900)]
     assert dtype_choice.pick_cpu_dtype(slower) == ("float32", "float32_not_slower")
