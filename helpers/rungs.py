@@ -190,7 +190,7 @@ RUNGS = [
     (N_("+ fused operators"), N_("apply_fused_modules, implementation named below"), fused_operators),
     (N_("+ graph mode"), N_("torch.compile of forward, dynamic=False: torchair on NPU (max-autotune: whole graph "
      "to GE), inductor elsewhere (CPU: the decode step only, freezing, the linears sharing an input "
-     "concatenated; inductor's GEMM autotuning once weights are quantized)"), graph_mode),
+     "concatenated; inductor's GEMM autotuning for batch-1 steps once weights are quantized)"), graph_mode),
     (N_("+ INT8"), N_("weight-only INT8 linears W8A16, quantized then {graph}"), int8_weights),
     (N_("+ INT4 g32"), N_("weight-only INT4 replacing INT8 in the layers, groups of 32 with a scale and zero each "
      "(the grid of the GGUF's Q4_1), lm_head in INT4 where the GGUF's is 4-bit, else INT8 (Q8_0 in the GGUF): "

@@ -193,7 +193,7 @@ def test_cpu_inductor_settings_are_chosen_for_cpu_inductor_only(model):
     quant.quantize_model_int8(m, impl="dequant")
     compiled = static_decode.compile_model(m, "cpu")
     assert static_decode.has_quantized_linears(m) and compiled.inductor_config == full
-    assert "max-autotune GEMM (CPP,ATEN) for decode steps" in compiled.describe()
+    assert "max-autotune GEMM (CPP,ATEN) for batch-1 decode steps" in compiled.describe()
 
 
 class ConfigRecorder(CountingEager):
@@ -276,8 +276,9 @@ def test_release_static_addresses_unmarks_every_cache_tensor(model):
     assert not any(hasattr(t, "_dynamo_static_input_type") for t in tensors)
 
 
-def test_autotuning_is_kept_to_decode_steps_unless_asked(model):
-    """The prefill graph is built without max_autotune (it runs once per request); decode with it."""
+def test_autotuning_is_kept_to_batch1_decode_steps_unless_asked(model):
+    """The prefill graph is built without max_autotune (it runs once per request), and so is a
+    batch's decode step (measured no faster with it); a batch-1 decode step with it."""
     import torch._inductor.config as config
 
     m, tok = model
@@ -298,6 +299,14 @@ def test_autotuning_is_kept_to_decode_steps_unless_asked(model):
         _generate(m, tok, _inputs(tok), 3, **kwargs)
         assert recorder.seen == expected
         static_decode.restore_eager(m)
+    recorder = AutotuneRecorder()
+    recorder.seen = []
+    static_decode.compile_model(m, "cpu", backend_override=recorder, inductor_config={"max_autotune": True})
+    batch = _inputs(tok, ("a", PROMPT))
+    cache, kwargs = static_decode.static_generate_kwargs(m, batch, 3)
+    _generate(m, tok, batch, 3, **kwargs)
+    assert recorder.seen == [False, False]
+    static_decode.restore_eager(m)
 
 
 # --- the hand-written greedy loop ---------------------------------------------------------------
