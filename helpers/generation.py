@@ -87,6 +87,12 @@ def greedy_new_tokens(model, tokenizer, prompts, max_new_tokens: int, *, chat: b
     return out[:, inputs["input_ids"].shape[1]:].tolist()
 
 
+# New tokens of the profiled generates behind ``kernel_profile``: the profiler's events, not the steps,
+# cost the time (a 32-token generate of the embedded model gives about 200,000 events and 10 s of
+# parsing; the split took 43 s at 32 tokens, 14 s at 8, with the same shares within its noise).
+KERNEL_PROFILE_TOKENS = 8
+
+
 def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=None, *,
                        repeats: int = 3, chat: bool = False, seed: int = 0,
                        code_path: Optional[str] = None, generate_kwargs: Optional[dict] = None,
@@ -110,7 +116,8 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
 
     ``kernel_profile=True`` adds where one decode step's time goes in this very configuration
     (``profiling.kernel_time_by_kind``: the weight-matmul kernels this path ran, attention, other
-    kernels), from two profiled generates after the timed ones.
+    kernels), from profiled generates of 1 and of at most ``KERNEL_PROFILE_TOKENS`` new tokens after
+    the timed ones.
 
     ``warm=True`` says the model has just run this request (a later round of an interleaved
     measurement): the full generates then get no untimed warm-up of their own, and a compiled forward
@@ -169,7 +176,7 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
 
     kernels = {}
     if kernel_profile:
-        kernels = kernel_time_by_kind(generate, max_new_tokens, device)
+        kernels = kernel_time_by_kind(generate, min(max_new_tokens, KERNEL_PROFILE_TOKENS), device)
     # The timed samples are the last calls bench.measure made; the calls before them were warm-up.
     decode_samples = [x for run in steps[max(len(steps) - len(full.samples), 0):] for x in run]
     two_generates = [(f - p) / (max_new_tokens - 1) for f, p in zip(full.samples, prefill.samples)]

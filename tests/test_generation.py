@@ -76,6 +76,15 @@ def test_per_token_decode_resolves_where_the_two_generate_difference_does_not(ti
     assert len(r["decode_samples_ms"]) == 2 * 3  # the warm-up generate's steps left out
 
 
+def test_the_kernel_profile_splits_generates_of_at_most_a_few_tokens(tiny_model):
+    # the profiler's events cost the time, not the steps: a long request is split over a short one
+    model, tok = tiny_model
+    r = generation.measure_generation(model, tok, PROMPTS[:1], 12, repeats=1, kernel_profile=True)
+    n = generation.KERNEL_PROFILE_TOKENS
+    assert r["new_tokens"] == 12 and f"(generate {n} - generate 1) / {n - 1}" in r["kernel_profile"]
+    assert r["weight_matmul_ms"] > 0 and r["matmul_kernels"]
+
+
 def test_step_stamps_time_the_steps_between_new_tokens():
     stamps = generation.StepStamps("cpu")
     stamps.stamps = [0.0, 0.5, 0.52, 0.55, 0.59, 0.7]  # start, 4 tokens, one step a generate ran ahead
