@@ -208,19 +208,19 @@ def smoke_dtypes(auto: "str | None") -> tuple:
     return others[0], others[1]
 
 
-def small_model_path(kind: str = "F16") -> Path:
-    """The small random Llama as one GGUF (``make_wide_llama.py --small``, matrices in ``kind``), written
-    once into the model cache (``WORKBOOK_CACHE`` or .cache/): the same arguments write the same bytes,
-    so a later session reuses it, and its converted folder, as they are."""
+def small_model_path() -> Path:
+    """The small random Llama as one GGUF (``make_wide_llama.py --small``), written once into the model
+    cache (``WORKBOOK_CACHE`` or .cache/): the same arguments write the same bytes, so a later session
+    reuses it, and its converted folder, as they are."""
     from helpers.model_files import cache_root
 
     spec = importlib.util.spec_from_file_location("make_wide_llama", REPO / "scripts" / "make_wide_llama.py")
     wide = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(wide)
     small = dict(wide.SMALL)
-    path = cache_root() / "small" / f"small-random-llama-{small['layers']}l.{kind}.gguf"
+    path = cache_root() / "small" / f"small-random-llama-{small['layers']}l.F16.gguf"
     if not path.exists():
-        wide.build(path, small.pop("layers"), kind, 0, **small)
+        wide.build(path, small.pop("layers"), "F16", 0, **small)
     return path
 
 

@@ -79,8 +79,8 @@ def test_int8_is_skipped_when_off_or_slower_and_recompiles_in_graph_mode(climb, 
         "lm_head (N=128256 > 65535, the limit of npu_weight_quant_batchmatmul)"
 
 
-@pytest.mark.parametrize("kind, head_bits", [("Q4_0", 4), ("F16", 8)])
-def test_the_int4_rung_reads_lm_head_in_the_bits_of_the_gguf_s_output_matrix(kind, head_bits):
+@pytest.mark.parametrize("head_format, head_bits", [("Q4_0", 4), ("Q8_0", 8)])
+def test_the_int4_rung_reads_lm_head_in_the_bits_of_the_gguf_s_output_matrix(head_format, head_bits, monkeypatch):
     # llama.cpp reads a Q4_0 file's output matrix in 4 bits: the rung's lm_head is INT4 then, else INT8
     from conftest import small_model_path
 
@@ -88,14 +88,21 @@ def test_the_int4_rung_reads_lm_head_in_the_bits_of_the_gguf_s_output_matrix(kin
 
     if quant.int4_problem("cpu"):
         pytest.skip(quant.int4_problem("cpu"))
-    path = str(small_model_path(kind))
+    path = str(small_model_path())
+    assert ladder.output_format(ladder.model_gguf(path)) == "F16"  # read from the file itself
+    monkeypatch.setattr(ladder, "output_format", lambda gguf: head_format)
     lm, tokenizer = models.load_model(path, dtype="float32", device="cpu")
     c = rungs.Climb(path, tokenizer, "cpu", lm.dtype, "hello", model=lm)
     variant = _by_name(c)["+ INT4 g32"].prepare()
-    head = variant.model.lm_head
-    assert isinstance(head, quant.Int4Linear) == (head_bits == 4)
+    assert isinstance(variant.model.lm_head, quant.Int4Linear) == (head_bits == 4)
     assert isinstance(variant.model.model.layers[0].mlp.up_proj, quant.Int4Linear)
     assert (c.int4_info["lm_head"] == c.int4_info["impl"]) == (head_bits == 4)  # what the page names
+
+
+def test_the_output_matrix_format_of_the_embedded_gguf_is_its_tied_q8_0_embedding():
+    from helpers.model_files import EMBEDDED_MODEL
+
+    assert ladder.output_format(ladder.model_gguf(EMBEDDED_MODEL)) == "Q8_0"
 
 
 def test_int4_off_or_unsupported_says_why(climb, monkeypatch):
