@@ -243,24 +243,26 @@ def _own_frame() -> Callable:
     return types.FunctionType(code, _forward_frame.__globals__, code.co_name)
 
 
-def _batch1_decode_step(args, kwargs) -> bool:
-    """A decode step of one sequence: the calls max-autotune is kept for (``decode_inductor_config``)."""
+def _call_tokens(args, kwargs) -> Optional[torch.Tensor]:
+    """A forward call's ``input_ids`` (or ``inputs_embeds``), sequences first and positions second."""
     tokens = kwargs.get("input_ids")
     if tokens is None and args and isinstance(args[0], torch.Tensor):
         tokens = args[0]
     if tokens is None:
         tokens = kwargs.get("inputs_embeds")
-    return _one_token_per_sequence(args, kwargs) and isinstance(tokens, torch.Tensor) and tokens.shape[0] == 1
+    return tokens if isinstance(tokens, torch.Tensor) and tokens.dim() >= 2 else None
 
 
 def _one_token_per_sequence(args, kwargs) -> bool:
     """Whether a forward call is a decode step: ``input_ids`` (or ``inputs_embeds``) one position long."""
-    tokens = kwargs.get("input_ids")
-    if tokens is None and args and isinstance(args[0], torch.Tensor):
-        tokens = args[0]
-    if tokens is None and isinstance(kwargs.get("inputs_embeds"), torch.Tensor):
-        return kwargs["inputs_embeds"].shape[1] == 1
-    return isinstance(tokens, torch.Tensor) and tokens.dim() >= 2 and tokens.shape[1] == 1
+    tokens = _call_tokens(args, kwargs)
+    return tokens is not None and tokens.shape[1] == 1
+
+
+def _batch1_decode_step(args, kwargs) -> bool:
+    """A decode step of one sequence: the calls max-autotune is kept for (``decode_inductor_config``)."""
+    tokens = _call_tokens(args, kwargs)
+    return tokens is not None and tuple(tokens.shape[:2]) == (1, 1)
 
 
 class CompiledForward:
