@@ -407,6 +407,8 @@ def shown(table, columns: Sequence[str]):
 # --- beside the ladder: a float32 eager run and llama.cpp, never in the ladder's own ratios ------
 
 GOAL_FRACTION_OF_LLAMACPP = 1.0  # the best batch-1 rung should decode at least as fast as llama.cpp
+
+
 def decode_sample_count(row) -> Optional[float]:
     """How many decode samples a rung's (or a reference's) p10-p90 range stands on: the per-token
     samples pooled over every round and repeat (``decode_samples``, or the length of
@@ -613,7 +615,7 @@ def llamacpp_reference(enabled: bool, device, model: str, prompt_ids, new_tokens
         reason = message("the llamacpp parameter is off")
     elif (kind := as_device(device).type) != "cpu":
         reason = message("llama.cpp is the CPU reference; this ladder ran on {device}", device=kind)
-    elif model != EMBEDDED_MODEL and local_gguf(model) is None:
+    elif model_gguf(model) is None:
         reason = message("llama.cpp runs the embedded GGUF ({embedded}) or a local .gguf file; this ladder ran "
                          "{model}", embedded=EMBEDDED_MODEL, model=model)
     else:  # the very file the ladder's weights were converted from
