@@ -687,7 +687,8 @@ def reference_facts(table, llama: dict, fp32: Optional[dict],
                              dtype=best.get("dtype"))
         if ratio and facts["best"]["decision"] != "met" and all(_known(v) for v in parts.values()):
             found = what_stands_in_the_way(parts, float(llama["decode_ms_per_token"]), fraction)
-            facts["blocker"] = {**found, "parts": parts, "instead": llamacpp.KERNELS[found["blocker"]]}
+            if found["over_ms"] > 0:  # a step already within the target is held back by the spread, no part
+                facts["blocker"] = {**found, "parts": parts, "instead": llamacpp.KERNELS[found["blocker"]]}
     if fp32 and best is not None:
         first = table[table["status"] == "ok"].iloc[0]
         facts["fp32"] = {"tok_s": 1e3 / float(fp32["decode_ms_per_token"]),

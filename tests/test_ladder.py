@@ -339,6 +339,11 @@ def test_references_facts_and_their_recorded_figures_both_ways():
     fast = _table(_row("native eager", 40.0), _row("+ INT4 g32", 8.0))
     facts = ladder.reference_facts(fast, _llama(10.0), None)
     assert facts["best"]["decision"] == "met" and facts["blocker"] is None
+    # a step within llama.cpp's whose spread straddles the goal: no part stands in the way, the noise does
+    noisy = _table(_row("native eager", 40.0), _row("+ INT4 g32", 9.5, spread=2.0, matmul_ms=6.0,
+                                                    attention_ms=1.0, other_ms=1.0, framework_ms=1.5))
+    facts = ladder.reference_facts(noisy, _llama(10.0), None)
+    assert facts["best"]["decision"] == "within the noise of the goal" and facts["blocker"] is None
     missing = _Recorder()
     ladder.record_reference_figures(missing, ladder.reference_facts(fast, {"status": "unavailable",
                                     "reason": "no C++ compiler"}, None), {"status": "unavailable",
