@@ -752,6 +752,7 @@ def record_reference_figures(results, facts: dict, llama: dict, fp32: Optional[d
     if facts.get("int8"):
         i, k = facts["int8"], facts.get("int8_kernels") or {}
         results.record("int8_rung_step", i["ratio"], "x", low=i["low"], high=i["high"], previous=i["previous"],
+                       n_samples=i.get("n_samples"),  # the pooled decode samples: what the page's direction needs
                        decode_ms=i.get("decode_ms"), spread_ms=i.get("spread_ms"), device=device, dtype=dtype,
                        shape=shape, kernel=k.get("kernel"), kernel_ms=k.get("kernel_ms"), dense=k.get("dense"),
                        dense_ms=k.get("dense_ms"), saving_ms=k.get("saving_ms"),

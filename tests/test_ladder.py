@@ -336,6 +336,8 @@ def test_references_facts_and_their_recorded_figures_both_ways():
     assert "quantized dot products" in vs["instead"]  # what llama.cpp runs there instead
     assert out.m["float32_vs_native_rung"]["value"] == pytest.approx(1.5)  # 60 / 40 ms: the dtype's share
     assert out.m["int8_rung_step"]["value"] == pytest.approx(40 / 30) and out.m["int8_rung_step"]["low"] > 1
+    # the same samples as the ladder's own step from graph mode to INT8, so the page decides it once
+    assert out.m["int8_rung_step"]["n_samples"] == ladder.ladder_steps(table)[0]["n_samples"] == POOLED
     fast = _table(_row("native eager", 40.0), _row("+ INT4 g32", 8.0))
     facts = ladder.reference_facts(fast, _llama(10.0), None)
     assert facts["best"]["decision"] == "met" and facts["blocker"] is None
