@@ -48,7 +48,7 @@ TABLE_WORDS = (
 
 
 
-COLUMNS = ("rung", "description", "status", "latency_ms", "tokens_per_s", "peak_memory_bytes",
+COLUMNS = ("rung", "rung_id", "description", "status", "latency_ms", "tokens_per_s", "peak_memory_bytes",
            "roofline_pct", "speedup", "speedup_low", "speedup_high", "error")
 
 
@@ -58,9 +58,15 @@ class RungSkipped(Exception):
 
 @dataclass
 class Rung:
+    """``name`` is the label a page shows (translated there); ``id`` is what code matches (the name
+    when not given): a page or an answer asks for ``"int8_weights"``, not for the words "+ INT8"."""
     name: str
     description: str
     prepare: Callable[[], Any]
+    id: str = ""
+
+    def __post_init__(self):
+        self.id = self.id or self.name
 
 
 def _as_rung(item) -> Rung:
@@ -106,9 +112,9 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
     rungs = [_as_rung(r) for r in rungs]
     if not rungs:
         raise ValueError("rungs is empty; give at least one (name, description, prepare) rung")
-    names = [r.name for r in rungs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"rung names must be unique, got {names}")
+    for names in ([r.name for r in rungs], [r.id for r in rungs]):
+        if len(set(names)) != len(names):
+            raise ValueError(f"rung names and ids must be unique, got {names}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"rounds={rounds!r} is not valid; give an integer >= 0 (0: each rung timed once, "
                          "as it is built)")
@@ -119,7 +125,7 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
     kept: list = []  # (row, variant) of the ok rungs, timed again in the rounds
     try:
         for rung in progress.steps(rungs, lambda r: r.name):
-            row: dict = {"rung": rung.name, "description": rung.description, "status": "ok", "error": ""}
+            row: dict = {"rung": rung.name, "rung_id": rung.id, "description": rung.description, "status": "ok", "error": ""}
             variant = None
             start = time.perf_counter()
             try:
@@ -267,7 +273,8 @@ def ladder_steps(table) -> list[dict]:
     for (_, before), (_, row) in zip(ok.iloc[:-1].iterrows(), ok.iloc[1:].iterrows()):
         found = decode_ratio(row, before)
         if found:
-            rows.append({"rung": row["rung"], "previous": before["rung"], **found})
+            rows.append({"rung": row["rung"], "rung_id": row.get("rung_id"), "previous": before["rung"],
+                         **found})
     return rows
 
 
@@ -473,14 +480,15 @@ def goal_decision(ratio: Optional[dict], fraction: float = GOAL_FRACTION_OF_LLAM
     return met(ratio["low"], ratio["high"], fraction, samples=ratio.get("n_samples"))
 
 
-def rung_effect(table, rung: str) -> Optional[dict]:
-    """``rung`` against the ok batch-1 rung before it: ``{"verdict": faster / slower / no_difference,
-    "ratio", "low", "high", "previous"}`` from the decode spreads (None if either did not run)."""
-    step = next((s for s in ladder_steps(table) if s["rung"] == rung), None)
+def rung_effect(table, rung_id: str) -> Optional[dict]:
+    """The rung ``rung_id`` against the ok batch-1 rung before it: ``{"verdict": faster / slower /
+    no_difference, "ratio", "low", "high", "previous"}`` from the decode spreads (None if either did
+    not run)."""
+    step = next((s for s in ladder_steps(table) if s["rung_id"] == rung_id), None)
     if step is None:
         return None
     verdict = direction(step["low"], step["high"], samples=step.get("n_samples"))
-    step.pop("rung")
+    step.pop("rung"), step.pop("rung_id")
     if decide.is_too_few(verdict):
         return {**step, "verdict": "too_few", "decision": verdict}
     return {**step, "verdict": "no_difference" if verdict == SAME else verdict}
@@ -672,9 +680,9 @@ def reference_facts(table, llama: dict, fp32: Optional[dict],
     ok = _batch1(table)
     best = ok.iloc[ok["tokens_per_s"].astype(float).values.argmax()] if len(ok) else None
     facts: dict = {"llama": llama, "fraction": fraction, "best": None, "fp32": None, "blocker": None,
-                   "int8": rung_effect(table, "+ INT8"), "int8_kernels": int8_kernel_saving(int8_kernels)}
+                   "int8": rung_effect(table, "int8_weights"), "int8_kernels": int8_kernel_saving(int8_kernels)}
     if facts["int8"]:
-        row = table[table["rung"] == "+ INT8"].iloc[0]
+        row = table[table["rung_id"] == "int8_weights"].iloc[0]
         facts["int8"]["spread_ms"] = float(row["decode_p90_ms"] - row["decode_p10_ms"])
         facts["int8"]["decode_ms"] = float(row["decode_ms_per_token"])
     if best is not None:

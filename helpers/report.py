@@ -365,7 +365,7 @@ def batch1_protocol_table(results: dict):
             add("05_int8_quantization", message("dense model, batch 1"), r.get("decode_tok_s_b1"), None,
                 protocol05.get("new_tokens"), r.get("dtype"))
     for r in (results.get("06_optimization_ladder") or {}).get("tables", {}).get("ladder") or []:
-        if r.get("rung") == "native eager" and r.get("status") == "ok":
+        if r.get("rung_id") == "native_eager" and r.get("status") == "ok":
             add("06_optimization_ladder", message("ladder, native eager"), r.get("tokens_per_s"), r.get("prompt_tokens"),
                 r.get("new_tokens"), r.get("dtype"))
     return pd.DataFrame(rows)

@@ -201,10 +201,12 @@ RUNGS = [
 
 
 def rungs(climb: Climb, order=RUNGS) -> list[ladder.Rung]:
-    """``order`` (default ``RUNGS``) as the ``ladder.Rung`` list of this climb."""
+    """``order`` (default ``RUNGS``) as the ``ladder.Rung`` list of this climb; each rung's id is its
+    function's name (``native_eager``, ``graph_mode``, ``int8_weights`` ...)."""
     words = {"dtype": dtype_name(climb.dtype), "batch": climb.batch_size,
              "graph": message("forward compiled, dynamic=False, static cache") if climb.graph_mode else "eager"}
-    return [ladder.Rung(name.format(**words), Message(text, words), partial(fn, climb)) for name, text, fn in order]
+    return [ladder.Rung(name.format(**words), Message(text, words), partial(fn, climb), id=fn.__name__)
+            for name, text, fn in order]
 
 
 def fusion_description(fusion: Optional[dict]) -> Optional[str]:

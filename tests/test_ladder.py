@@ -32,6 +32,7 @@ def test_failing_rung_is_recorded_and_the_ladder_continues():
     assert table.loc[3, "roofline_pct"] == pytest.approx(100.0)
     assert pd.isna(table.loc[1, "speedup"])
     assert [r["rung"] for r in seen] == ["eager", "broken", "npu options", "fast"]
+    assert list(table["rung_id"]) == ["eager", "broken", "npu options", "fast"]  # no id given: the name
     assert list(table.columns[:len(ladder.COLUMNS)]) == list(ladder.COLUMNS)
 
 
@@ -81,6 +82,9 @@ def test_bad_rungs_are_rejected_before_any_work():
         ladder.run_ladder([("a", "no callable", None)], lambda v: {})
     with pytest.raises(ValueError, match="unique"):
         ladder.run_ladder([("a", "", lambda: 1), ("a", "", lambda: 2)], lambda v: {})
+    with pytest.raises(ValueError, match="unique"):
+        ladder.run_ladder([ladder.Rung("a", "", lambda: 1, id="x"), ladder.Rung("b", "", lambda: 2, id="x")],
+                          lambda v: {})
 
 
 def test_guide_ladder_ratios_and_comparison():
@@ -227,9 +231,14 @@ def test_graph_rungs_above_two_graphs_are_reported():
 
 # --- beside the ladder: llama.cpp and float32 eager ------------------------------------------------
 
+# the ids rungs.rungs gives the rungs these tests name (any other name is its own id)
+RUNG_IDS = {"native eager": "native_eager", "+ graph mode": "graph_mode", "+ INT8": "int8_weights",
+            "+ INT4 g32": "int4_weights"}
+
+
 def _row(rung, ms, spread=0.5, batch=1, status="ok", samples=POOLED, **extra):
     # as a round-robin rung records it: rounds, and the per-token decode samples pooled over them
-    return {"rung": rung, "status": status, "batch_size": batch, "tokens_per_s": batch * 1e3 / ms,
+    return {"rung": rung, "rung_id": RUNG_IDS.get(rung, rung), "status": status, "batch_size": batch, "tokens_per_s": batch * 1e3 / ms,
             "decode_ms_per_token": ms, "decode_p10_ms": ms - spread, "decode_p90_ms": ms + spread,
             "rounds": 3, "decode_samples": samples, **extra}
 
@@ -272,14 +281,15 @@ def test_reference_columns_skip_rungs_at_another_batch_and_failed_rungs():
 def test_rung_effect_reads_the_spreads():
     table = _table(_row("eager", 40.0), _row("+ graph mode", 20.0), _row("+ INT8", 15.0),
                    _row("+ same", 15.1, spread=1.0))
-    assert ladder.rung_effect(table, "+ INT8")["verdict"] == "faster"
+    assert ladder.rung_effect(table, "int8_weights")["verdict"] == "faster"
     assert ladder.rung_effect(table, "+ same")["verdict"] == "no_difference"
     slower = _table(_row("eager", 40.0), _row("+ INT8", 45.0))
-    assert ladder.rung_effect(slower, "+ INT8")["verdict"] == "slower"
+    assert ladder.rung_effect(slower, "int8_weights")["verdict"] == "slower"
+    assert ladder.rung_effect(slower, "+ INT8") is None  # asked by id; the name is a label
     # the count is the pooled decode samples, not the row's 3 rounds; from 3 samples no direction
-    assert ladder.rung_effect(table, "+ INT8")["n_samples"] == POOLED
+    assert ladder.rung_effect(table, "int8_weights")["n_samples"] == POOLED
     few = _table(_row("eager", 40.0, samples=3), _row("+ INT8", 15.0))
-    assert ladder.rung_effect(few, "+ INT8")["verdict"] == "too_few"
+    assert ladder.rung_effect(few, "int8_weights")["verdict"] == "too_few"
     assert ladder.rung_effect(slower, "missing") is None and ladder.rung_effect(slower, "eager") is None
 
 

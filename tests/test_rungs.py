@@ -26,6 +26,10 @@ def _by_name(c):
 def test_rungs_are_data_with_the_run_s_words(climb):
     names = [r.name for r in rungs.rungs(climb)]
     assert names[0] == "native eager" and names[-1] == "+ batch 4" and len(set(names)) == len(names)
+    # what pages and answers match: the ids, the same whatever the batch or the language
+    assert [r.id for r in rungs.rungs(climb)] == ["native_eager", "runtime_options", "static_cache", "greedy_loop",
+                                                  "fused_operators", "graph_mode", "int8_weights", "int4_weights",
+                                                  "batched"]
     text = {r.name: r.description for r in rungs.rungs(climb)}
     assert "float32" in text["native eager"] and "eager" in text["+ INT8"]
     assert "bfloat16" not in text["+ INT4 g32"]  # the activations' dtype is the run's
