@@ -41,7 +41,8 @@ LAYERS = (
     ("model and kernels", ("model_files", "dtype_choice", "models", "ops", "quant", "ge_support",
                            "static_decode", "generation", "llamacpp")),
     ("chapter studies", ("environment_study", "operator_study", "end_to_end_study", "batching_study",
-                         "int8_study", "decode_loop", "ladder", "rungs", "serving", "report")),
+                         "int8_study", "decode_loop", "round_robin", "ladder", "rungs", "mindspeed", "serving",
+                         "report")),
     ("entry points", ("workshop", "compare", "run", "chapter")),
 )
 

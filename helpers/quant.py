@@ -587,6 +587,67 @@ def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8
     return rows
 
 
+# --- INT4: which activation dtype the kernel is fastest with (chapter 06's INT4 rung) ---------------
+
+def time_int4_activations(model: nn.Module, skip: Iterable[str] = (), group_size: int = INT4_GROUP, *,
+                          min_iters: int = 5, min_seconds: float = 0.1) -> dict:
+    """One batch-1 decode step's linears in INT4 (``_weight_int4pack_mm_for_cpu``, groups of
+    ``group_size``), once per 16-bit activation dtype the kernel takes (``INT4_ACT_DTYPES``; the
+    model's activations cast to it at each linear; float16 only for a float16 model, whose range it
+    holds), beside the model's own dense linears.
+
+    Returns ``{"rows", "act_dtype"}``: per candidate the step's ms (median, p10, p90), and the
+    activation dtype with the lowest median, the one ``Int4Linear`` then computes in. Linears that
+    the packing cannot take (in_features not in whole groups, out_features not a multiple of 16) are
+    left out, as ``quantize_model_int4`` leaves them dense. Weights above ``KERNEL_BUDGET_BYTES``
+    are timed on their first ones and scaled by the count, as in ``time_w8a16_kernels``.
+    """
+    groups = {s: ws for s, ws in shape_groups(model, skip).items() if s[1] % group_size == 0 and s[0] % 16 == 0}
+    if not groups:
+        raise ValueError(f"no linear has in_features divisible by group_size={group_size} and out_features by 16")
+    model_dtype = next(iter(groups.values()))[0].dtype
+    weights = sum(len(ws) * s[0] * s[1] for s, ws in groups.items())
+    keep = max(1e-9, min(1.0, KERNEL_BUDGET_BYTES / max(weights, 1)))
+    sampled = [(shape, w) for shape, ws in groups.items() for w in ws[:max(1, int(round(len(ws) * keep)))]]
+    stretch = sum(len(ws) for ws in groups.values()) / len(sampled)
+    packed = []
+    for shape, w in sampled:
+        q, scale, zero = quantize_weight_int4(w, group_size)
+        packed.append((shape, w, torch._convert_weight_to_int4pack_for_cpu(q, 8),
+                       torch.stack([scale, zero], -1).transpose(0, 1).contiguous()))
+    x = {s: torch.full((1, s[1]), 0.5, dtype=model_dtype) for s in groups}
+
+    def int4_step(act):
+        scales = [sz.to(act) for _, _, _, sz in packed]
+        return lambda: [torch._weight_int4pack_mm_for_cpu(x[s].to(act), q, group_size, sc).to(model_dtype)
+                        for (s, _, q, _), sc in zip(packed, scales)]
+
+    candidates = [(f"dense {backend.dtype_name(model_dtype)}", lambda: [F.linear(x[s], w) for s, w, _, _ in packed], None)]
+    # float16 only for a float16 model: a bfloat16 or float32 activation may exceed float16's 65504
+    acts = [a for a in INT4_ACT_DTYPES if a != torch.float16 or model_dtype == torch.float16]
+    candidates += [(f"int4 g{group_size}, {backend.dtype_name(act)} activations", int4_step(act), act)
+                   for act in acts]
+    rows = []
+    for name, step, act in candidates:
+        with torch.inference_mode():
+            try:
+                t = bench.measure(step, "cpu", name=name, warmup=2, min_iters=min_iters, min_seconds=min_seconds)
+            except RuntimeError as exc:  # a torch without this activation dtype for the kernel
+                rows.append({"kernel": name, "problem": str(exc).splitlines()[0][:200], "act_dtype": act})
+                continue
+        rows.append({"kernel": name, "decode_ms": t.median * 1e3 * stretch, "decode_p10_ms": t.p10 * 1e3 * stretch,
+                     "decode_p90_ms": t.p90 * 1e3 * stretch, "problem": None,
+                     "activations": backend.dtype_name(act) if act is not None else backend.dtype_name(model_dtype),
+                     "act_dtype": act})
+    usable = [r for r in rows if r["act_dtype"] is not None and not r["problem"]]
+    if not usable:
+        raise ValueError("the INT4 kernel ran with no 16-bit activation dtype: "
+                         + "; ".join(f"{r['kernel']}: {r['problem']}" for r in rows if r["problem"]))
+    best = min(usable, key=lambda r: r["decode_ms"])
+    return {"rows": [{k: v for k, v in r.items() if k != "act_dtype"} for r in rows], "act_dtype": best["act_dtype"],
+            "kernel": best["kernel"]}
+
+
 def pick_w8a16_kernel(rows: list[dict]) -> dict:
     """The decision from ``time_w8a16_kernels`` rows: the fastest int8 kernel by median, and
     whether it is faster than the dense baseline beyond both spreads.

@@ -334,7 +334,7 @@ SLOW_CELL_S = float(os.environ.get("WORKBOOK_SLOW_CELL_S", "10"))
 
 def cell_lines_engine() -> str:
     """Register (once) and name papermill's nbclient engine with the runner's lines about slow cells:
-    ``    cell [12] of 31 running for 10 s: rows = ladder.run_ladder(...`` while it runs, then
+    ``    cell [12] of 31 running for 10 s: table = round_robin.run_ladder(...`` while it runs, then
     ``    cell [12] done in 145.2 s``, so a long chapter says where it is."""
     from papermill.engines import NBClientEngine, papermill_engines
 

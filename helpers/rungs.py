@@ -4,8 +4,8 @@
 The ladder is cumulative: a ``Climb`` holds what the
 rungs so far have changed (the model, the cache kind, the greedy loop, graph mode), and each rung
 function takes the climb, makes its one change and returns the ``ladder.Variant`` to measure, or
-raises ``ladder.RungSkipped`` saying why the rung does not apply here. ``rungs(climb)`` turns
-``RUNGS`` into the ``ladder.Rung`` list that ``ladder.run_ladder`` measures; what a rung found out on
+raises ``round_robin.RungSkipped`` saying why the rung does not apply here. ``rungs(climb)`` turns
+``RUNGS`` into the ``round_robin.Rung`` list that ``round_robin.run_ladder`` measures; what a rung found out on
 the way (the fused modules it really ran, the INT8 kernels it timed, the INT4 rung's agreement) stays
 on the climb for the chapter to record.
 """
@@ -14,16 +14,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 
-from . import backend, bench, ladder, models, ops, quant, static_decode
+from . import ladder, models, ops, quant, static_decode
 from .backend import as_device, dtype_name
 from .models import weight_bytes
 from .prose import Message, N_, message
+from .round_robin import Rung, RungSkipped
 
 
 @dataclass
@@ -50,7 +49,7 @@ class Climb:
     int8_kernels: Optional[dict] = None
     int8_info: Optional[dict] = None
     int4_info: Optional[dict] = None
-    int4_kernels: Optional[dict] = None  # the INT4 kernel timed per activation dtype (time_int4_activations)
+    int4_kernels: Optional[dict] = None  # the INT4 kernel timed per activation dtype (quant.time_int4_activations)
     int4_quality: Optional[dict] = None
 
     def __post_init__(self):
@@ -111,7 +110,7 @@ def fused_operators(c: Climb):
 
 def graph_mode(c: Climb):
     if not c.graph_mode:
-        raise ladder.RungSkipped(message("graph_mode is off in this profile; each compile costs minutes on a CPU"))
+        raise RungSkipped(message("graph_mode is off in this profile; each compile costs minutes on a CPU"))
     c.model = c.eager_copy()
     c.compile()
     c.graph = True
@@ -120,13 +119,13 @@ def graph_mode(c: Climb):
 
 def int8_weights(c: Climb):
     if not c.int8:
-        raise ladder.RungSkipped(message("int8 is off in this profile"))
+        raise RungSkipped(message("int8 is off in this profile"))
     model = c.eager_copy()  # quantize an eager copy, then compile it once more
     # on a CPU the int8 kernel is timed at this model's shapes, then kept; never slower than dense
     if as_device(c.device).type == "cpu":
         c.int8_kernels = quant.choose_cpu_w8a16_kernel(model)
         if not c.int8_kernels["decision"]["beats_dense"]:
-            raise ladder.RungSkipped(ladder.int8_skip_reason(c.int8_kernels["rows"]))
+            raise RungSkipped(ladder.int8_skip_reason(c.int8_kernels["rows"]))
     c.int8_info = quant.quantize_model_int8(model, impl="auto")
     c.model = model
     c.weights = message("int8 weights ({impl}), {activations} activations", impl=c.int8_info["impl"],
@@ -138,10 +137,10 @@ def int8_weights(c: Climb):
 
 def int4_weights(c: Climb):
     if not c.int4:
-        raise ladder.RungSkipped(message("int4 is off in this profile"))
+        raise RungSkipped(message("int4 is off in this profile"))
     problem = quant.int4_problem(c.device)
     if problem:
-        raise ladder.RungSkipped(problem)
+        raise RungSkipped(problem)
     fresh = c.load()  # from the unquantized weights, not from INT8's, with the earlier changes
     if c.fusion:
         ops.apply_fused_modules(fresh)
@@ -153,7 +152,7 @@ def int4_weights(c: Climb):
     gguf = ladder.model_gguf(c.model_name)
     head_int4 = gguf is not None and ladder.output_format(gguf).startswith("Q4")
     skip = [] if head_int4 else ["lm_head"]
-    c.int4_kernels = time_int4_activations(fresh, skip=skip)
+    c.int4_kernels = quant.time_int4_activations(fresh, skip=skip)
     # The whole rung computes in that dtype, not only the INT4 matmuls: casts at every linear cost
     # more than they save, and a compiled float16 graph is slow on a CPU without float16 arithmetic
     # (measured on the embedded model, AVX-512 BF16, 2 threads: 22.0 ms per decode step in float16
@@ -200,12 +199,12 @@ RUNGS = [
 ]
 
 
-def rungs(climb: Climb, order=RUNGS) -> list[ladder.Rung]:
-    """``order`` (default ``RUNGS``) as the ``ladder.Rung`` list of this climb; each rung's id is its
+def rungs(climb: Climb, order=RUNGS) -> list[Rung]:
+    """``order`` (default ``RUNGS``) as the ``round_robin.Rung`` list of this climb; each rung's id is its
     function's name (``native_eager``, ``graph_mode``, ``int8_weights`` ...)."""
     words = {"dtype": dtype_name(climb.dtype), "batch": climb.batch_size,
              "graph": message("forward compiled, dynamic=False, static cache") if climb.graph_mode else "eager"}
-    return [ladder.Rung(name.format(**words), Message(text, words), partial(fn, climb), id=fn.__name__)
+    return [Rung(name.format(**words), Message(text, words), partial(fn, climb), id=fn.__name__)
             for name, text, fn in order]
 
 
@@ -226,64 +225,3 @@ def weight_formats(c: Climb) -> list[dict]:
     return [{"format": name, **{k: info.get(k) for k in keys},
              "kept_dense": "; ".join(f"{layer} ({why})" for layer, why in info.get("kept_dense") or ()) or None}
             for name, info in (("INT8", c.int8_info), ("INT4 g32", c.int4_info)) if info]
-
-
-# --- chapter 06: which activation dtype the INT4 kernel is fastest with ------------------------------
-
-def time_int4_activations(model: nn.Module, skip: Iterable[str] = (), group_size: int = quant.INT4_GROUP, *,
-                          min_iters: int = 5, min_seconds: float = 0.1) -> dict:
-    """One batch-1 decode step's linears in INT4 (``_weight_int4pack_mm_for_cpu``, groups of
-    ``group_size``), once per 16-bit activation dtype the kernel takes (``quant.INT4_ACT_DTYPES``; the
-    model's activations cast to it at each linear; float16 only for a float16 model, whose range it
-    holds), beside the model's own dense linears.
-
-    Returns ``{"rows", "act_dtype"}``: per candidate the step's ms (median, p10, p90), and the
-    activation dtype with the lowest median, the one ``quant.Int4Linear`` then computes in. Linears that
-    the packing cannot take (in_features not in whole groups, out_features not a multiple of 16) are
-    left out, as ``quant.quantize_model_int4`` leaves them dense. Weights above ``quant.KERNEL_BUDGET_BYTES``
-    are timed on their first ones and scaled by the count, as in ``quant.time_w8a16_kernels``.
-    """
-    groups = {s: ws for s, ws in quant.shape_groups(model, skip).items() if s[1] % group_size == 0 and s[0] % 16 == 0}
-    if not groups:
-        raise ValueError(f"no linear has in_features divisible by group_size={group_size} and out_features by 16")
-    model_dtype = next(iter(groups.values()))[0].dtype
-    weights = sum(len(ws) * s[0] * s[1] for s, ws in groups.items())
-    keep = max(1e-9, min(1.0, quant.KERNEL_BUDGET_BYTES / max(weights, 1)))
-    sampled = [(shape, w) for shape, ws in groups.items() for w in ws[:max(1, int(round(len(ws) * keep)))]]
-    stretch = sum(len(ws) for ws in groups.values()) / len(sampled)
-    packed = []
-    for shape, w in sampled:
-        q, scale, zero = quant.quantize_weight_int4(w, group_size)
-        packed.append((shape, w, torch._convert_weight_to_int4pack_for_cpu(q, 8),
-                       torch.stack([scale, zero], -1).transpose(0, 1).contiguous()))
-    x = {s: torch.full((1, s[1]), 0.5, dtype=model_dtype) for s in groups}
-
-    def int4_step(act):
-        scales = [sz.to(act) for _, _, _, sz in packed]
-        return lambda: [torch._weight_int4pack_mm_for_cpu(x[s].to(act), q, group_size, sc).to(model_dtype)
-                        for (s, _, q, _), sc in zip(packed, scales)]
-
-    candidates = [(f"dense {backend.dtype_name(model_dtype)}", lambda: [F.linear(x[s], w) for s, w, _, _ in packed], None)]
-    # float16 only for a float16 model: a bfloat16 or float32 activation may exceed float16's 65504
-    acts = [a for a in quant.INT4_ACT_DTYPES if a != torch.float16 or model_dtype == torch.float16]
-    candidates += [(f"int4 g{group_size}, {backend.dtype_name(act)} activations", int4_step(act), act)
-                   for act in acts]
-    rows = []
-    for name, step, act in candidates:
-        with torch.inference_mode():
-            try:
-                t = bench.measure(step, "cpu", name=name, warmup=2, min_iters=min_iters, min_seconds=min_seconds)
-            except RuntimeError as exc:  # a torch without this activation dtype for the kernel
-                rows.append({"kernel": name, "problem": str(exc).splitlines()[0][:200], "act_dtype": act})
-                continue
-        rows.append({"kernel": name, "decode_ms": t.median * 1e3 * stretch, "decode_p10_ms": t.p10 * 1e3 * stretch,
-                     "decode_p90_ms": t.p90 * 1e3 * stretch, "problem": None,
-                     "activations": backend.dtype_name(act) if act is not None else backend.dtype_name(model_dtype),
-                     "act_dtype": act})
-    usable = [r for r in rows if r["act_dtype"] is not None and not r["problem"]]
-    if not usable:
-        raise ValueError("the INT4 kernel ran with no 16-bit activation dtype: "
-                         + "; ".join(f"{r['kernel']}: {r['problem']}" for r in rows if r["problem"]))
-    best = min(usable, key=lambda r: r["decode_ms"])
-    return {"rows": [{k: v for k, v in r.items() if k != "act_dtype"} for r in rows], "act_dtype": best["act_dtype"],
-            "kernel": best["kernel"]}

@@ -4,7 +4,7 @@ this machine can be limited to.
 Each class of x86-64 machine the workbook has met broke a path the suite had not run on the machine
 it ran on: on an AVX2-only CPU the dtype pick, on an AVX-512 BF16 CPU the float16 path, on an AMX VM
 llama.cpp. The choices are made by timing (``dtype_choice.measure_cpu_dtype``,
-``quant.choose_cpu_w8a16_kernel``, ``rungs.time_int4_activations``), so which path a machine takes
+``quant.choose_cpu_w8a16_kernel``, ``quant.time_int4_activations``), so which path a machine takes
 depends on its class. Here a child process is limited to each class that is not above this machine's
 own (``ATEN_CPU_CAPABILITY`` for ATen's kernels, ``ONEDNN_MAX_CPU_ISA`` for oneDNN's) and runs, on a
 tiny random Llama:
@@ -61,7 +61,7 @@ def cpu_flags() -> set:
 # What the child runs under one class; prints one JSON line.
 CHILD = textwrap.dedent('''
     import copy, json, torch
-    from helpers import dtype_choice, model_files, quant, rungs
+    from helpers import dtype_choice, model_files, quant
     from helpers.backend import dtype_name
 
     def agreement(got, ref):
@@ -94,7 +94,7 @@ CHILD = textwrap.dedent('''
             with torch.inference_mode():
                 row["int8"][kernel] = agreement(q(ids).logits, dense)
         row["int8_problems"] = {r["kernel"]: str(r["problem"]) for r in rows if r.get("problem")}
-        found = rungs.time_int4_activations(model, min_iters=2, min_seconds=0.0)
+        found = quant.time_int4_activations(model, min_iters=2, min_seconds=0.0)
         row["int4_pick"] = dtype_name(found["act_dtype"])
         row["int4"] = {}
         for r in found["rows"]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from helpers import bench, decide, generation, ladder, models, plots
+from helpers import bench, decide, generation, ladder, mindspeed, models, plots, round_robin
 
 
 def _measure(latency_ms):
@@ -17,12 +17,12 @@ def test_failing_rung_is_recorded_and_the_ladder_continues():
         raise RuntimeError("fused op missing\nsecond line")
 
     def skipped():
-        raise ladder.RungSkipped("runtime options exist only on an NPU")
+        raise round_robin.RungSkipped("runtime options exist only on an NPU")
 
     rungs = [("eager", "baseline", lambda: "a"), ("broken", "raises", broken),
-             ladder.Rung("npu options", "skipped here", skipped), ("fast", "twice as fast", lambda: "b")]
+             round_robin.Rung("npu options", "skipped here", skipped), ("fast", "twice as fast", lambda: "b")]
     seen = []
-    table = ladder.run_ladder(rungs, _measure({"a": 200.0, "b": 100.0}), roofline_tok_s=1000.0,
+    table = round_robin.run_ladder(rungs, _measure({"a": 200.0, "b": 100.0}), roofline_tok_s=1000.0,
                               on_rung=seen.append)
     assert list(table["status"]) == ["ok", "failed", "skipped", "ok"]
     assert table.loc[1, "error"] == "RuntimeError: fused op missing"
@@ -33,7 +33,7 @@ def test_failing_rung_is_recorded_and_the_ladder_continues():
     assert pd.isna(table.loc[1, "speedup"])
     assert [r["rung"] for r in seen] == ["eager", "broken", "npu options", "fast"]
     assert list(table["rung_id"]) == ["eager", "broken", "npu options", "fast"]  # no id given: the name
-    assert list(table.columns[:len(ladder.COLUMNS)]) == list(ladder.COLUMNS)
+    assert list(table.columns[:len(round_robin.COLUMNS)]) == list(round_robin.COLUMNS)
 
 
 def test_measure_errors_and_missing_keys_fail_only_their_rung():
@@ -43,7 +43,7 @@ def test_measure_errors_and_missing_keys_fail_only_their_rung():
         return {"latency_ms": 10.0, "tokens_per_s": 10.0, "roofline_tok_s": 20.0}
 
     freed = []
-    table = ladder.run_ladder([("a", "", lambda: "ok"), ("b", "", lambda: "bad")], measure,
+    table = round_robin.run_ladder([("a", "", lambda: "ok"), ("b", "", lambda: "bad")], measure,
                               cleanup=freed.append)
     assert list(table["status"]) == ["ok", "failed"]
     assert "tokens_per_s" in table.loc[1, "error"]
@@ -55,7 +55,7 @@ def test_first_rung_failing_makes_the_next_ok_rung_the_baseline():
     def boom():
         raise ValueError("no model")
 
-    table = ladder.run_ladder([("a", "", boom), ("b", "", lambda: "b"), ("c", "", lambda: "c")],
+    table = round_robin.run_ladder([("a", "", boom), ("b", "", lambda: "b"), ("c", "", lambda: "c")],
                               _measure({"b": 300.0, "c": 100.0}))
     assert table.loc[1, "speedup"] == pytest.approx(1.0)
     assert table.loc[2, "speedup"] == pytest.approx(3.0)
@@ -65,7 +65,7 @@ def test_timings_give_speedup_with_spread():
     slow = bench.Timing("slow", [0.20, 0.21, 0.19])
     fast = bench.Timing("fast", [0.10, 0.11, 0.09])
     timings = {"s": slow, "f": fast}
-    table = ladder.run_ladder(
+    table = round_robin.run_ladder(
         [("s", "", lambda: "s"), ("f", "", lambda: "f")],
         lambda v: {"latency_ms": timings[v].median_ms, "tokens_per_s": 1 / timings[v].median,
                    "timing": timings[v]})
@@ -77,13 +77,13 @@ def test_timings_give_speedup_with_spread():
 
 def test_bad_rungs_are_rejected_before_any_work():
     with pytest.raises(ValueError, match="rungs is empty"):
-        ladder.run_ladder([], lambda v: {})
+        round_robin.run_ladder([], lambda v: {})
     with pytest.raises(ValueError, match="not valid"):
-        ladder.run_ladder([("a", "no callable", None)], lambda v: {})
+        round_robin.run_ladder([("a", "no callable", None)], lambda v: {})
     with pytest.raises(ValueError, match="unique"):
-        ladder.run_ladder([("a", "", lambda: 1), ("a", "", lambda: 2)], lambda v: {})
+        round_robin.run_ladder([("a", "", lambda: 1), ("a", "", lambda: 2)], lambda v: {})
     with pytest.raises(ValueError, match="unique"):
-        ladder.run_ladder([ladder.Rung("a", "", lambda: 1, id="x"), ladder.Rung("b", "", lambda: 2, id="x")],
+        round_robin.run_ladder([round_robin.Rung("a", "", lambda: 1, id="x"), round_robin.Rung("b", "", lambda: 2, id="x")],
                           lambda v: {})
 
 
@@ -92,7 +92,7 @@ def test_guide_ladder_ratios_and_comparison():
     assert guide["speedup"].iloc[-1] == pytest.approx(6012 / 2100)
     assert guide["throughput_ratio"].iloc[-1] == pytest.approx(47.2 / 16.6)
     assert guide["memory_ratio"].iloc[-1] == pytest.approx(7.8 / 13.6)
-    ours = ladder.run_ladder([("a", "", lambda: "a"), ("b", "", lambda: "b")], _measure({"a": 2.0, "b": 1.0}))
+    ours = round_robin.run_ladder([("a", "", lambda: "a"), ("b", "", lambda: "b")], _measure({"a": 2.0, "b": 1.0}))
     both = ladder.compare_with_guide(ours)
     assert set(both["source"]) == {"guide's claim (910B, Llama-2-7B fp16)", "measured here"}
     panels = ladder.beside_the_guide(ours)
@@ -105,13 +105,13 @@ def test_guide_ladder_ratios_and_comparison():
 
 
 def test_framework_detection_names_mindspeed_and_its_commands(monkeypatch):
-    monkeypatch.setattr(ladder.importlib.util, "find_spec", lambda name: None)
-    rows = {r["framework"]: r for r in ladder.detect_frameworks()}
+    monkeypatch.setattr(mindspeed.importlib.util, "find_spec", lambda name: None)
+    rows = {r["framework"]: r for r in mindspeed.detect_frameworks()}
     assert rows["MindSpeed-LLM"]["status"] == "not installed here"
     assert "generate_llama2_7b_ptd.sh" in rows["MindSpeed-LLM"]["commands"]
     assert "vLLM-Ascend" not in rows  # serving engines are chapter 07's (helpers.serving)
-    monkeypatch.setattr(ladder.importlib.util, "find_spec", lambda name: object())
-    assert ladder.detect_frameworks()[0]["status"] == "installed"
+    monkeypatch.setattr(mindspeed.importlib.util, "find_spec", lambda name: object())
+    assert mindspeed.detect_frameworks()[0]["status"] == "installed"
 
 
 def test_runtime_options_real_ones_applied_invented_one_ignored(fake_torch_npu):
@@ -122,7 +122,7 @@ def test_runtime_options_real_ones_applied_invented_one_ignored(fake_torch_npu):
     assert "set_compile_mode(False)" in fake_torch_npu.CALLS
     assert torch.npu.config._options["ALLOW_INTERNAL_FORMAT"] is False
     assert rows["torch.npu.config.enable_auto_mixed_precision"]["status"] == "silently ignored"
-    with pytest.raises(ladder.RungSkipped, match="only in torch_npu"):
+    with pytest.raises(round_robin.RungSkipped, match="only in torch_npu"):
         ladder.apply_runtime_options("cpu")
 
 
@@ -163,7 +163,7 @@ def test_generation_measure_maps_the_generation_contract(monkeypatch, tiny_model
 def test_batch_rung_speedup_is_a_throughput_ratio():
     metrics = {"b1": {"latency_ms": 100.0, "tokens_per_s": 10.0, "batch_size": 1},
                "b4": {"latency_ms": 150.0, "tokens_per_s": 26.0, "batch_size": 4}}
-    table = ladder.run_ladder([("b1", "", lambda: "b1"), ("b4", "", lambda: "b4")], lambda v: metrics[v])
+    table = round_robin.run_ladder([("b1", "", lambda: "b1"), ("b4", "", lambda: "b4")], lambda v: metrics[v])
     assert table.loc[1, "speedup"] == pytest.approx(2.6)
 
 
@@ -172,15 +172,15 @@ def test_run_script_times_a_script_and_reports_failures(tmp_path):
 
     ok = tmp_path / "ok.sh"
     ok.write_text("sleep 0.3; echo generated text in $(pwd)\n")
-    out = ladder.run_script(str(ok), parameter="mindspeed_script")
+    out = mindspeed.run_script(str(ok), parameter="mindspeed_script")
     assert out["returncode"] == 0 and f"generated text in {tmp_path}" in out["output_tail"]
     assert out["wall_s"] >= 0.3  # the script's whole run is timed, not the start of the process
     bad = tmp_path / "bad.sh"
     bad.write_text("echo broken >&2; exit 3\n")
     with pytest.raises(RuntimeError, match="exited with 3"):
-        ladder.run_script(str(bad), parameter="mindspeed_script")
+        mindspeed.run_script(str(bad), parameter="mindspeed_script")
     with pytest.raises(ValueError, match="mindspeed_script="):
-        ladder.run_script(str(tmp_path / "missing.sh"), parameter="mindspeed_script")
+        mindspeed.run_script(str(tmp_path / "missing.sh"), parameter="mindspeed_script")
 
 
 # the decode samples a default chapter 06 rung pools: 3 rounds x 3 repeats x 15 steps of 16 new tokens
@@ -194,7 +194,7 @@ def _ladder_table():
                "batch 8": {"latency_ms": 80.0, "tokens_per_s": 100.0, "batch_size": 8, "decode_samples": POOLED}}
     rungs = [(name, "", (lambda n=name: n)) for name in metrics]
     rungs.insert(1, ("broken", "", lambda: 1 / 0))
-    return ladder.run_ladder(rungs, lambda v: metrics[v])
+    return round_robin.run_ladder(rungs, lambda v: metrics[v])
 
 
 def test_headline_figures_never_mix_batch1_latency_and_batch_throughput():
@@ -224,7 +224,7 @@ def test_graph_rungs_above_two_graphs_are_reported():
     metrics = {"eager": {"latency_ms": 10.0, "tokens_per_s": 10.0},
                "graph": {"latency_ms": 5.0, "tokens_per_s": 20.0, "compiled_graphs": 2},
                "recompiling": {"latency_ms": 5.0, "tokens_per_s": 20.0, "compiled_graphs": 9}}
-    table = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in metrics], lambda v: metrics[v])
+    table = round_robin.run_ladder([(n, "", (lambda n=n: n)) for n in metrics], lambda v: metrics[v])
     assert ladder.graph_count_problems(table) == ["recompiling: 9 graphs built, more than 2 for one shape"]
     assert ladder.graph_count_problems(table[table["rung"] != "recompiling"]) == []
 
@@ -376,7 +376,7 @@ def test_ladder_steps_and_the_best_rung_from_the_speedup_spreads():
 
     metrics = {"native eager": timed("a", 40.0, 1.0), "+ graph mode": timed("b", 20.2, 1.0),
                "+ INT8": timed("c", 20.0, 1.0)}
-    table = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in metrics], lambda v: metrics[v])
+    table = round_robin.run_ladder([(n, "", (lambda n=n: n)) for n in metrics], lambda v: metrics[v])
     best = ladder.best_batch1_speedup(table)
     row = table[table["rung"] == "+ INT8"].iloc[0]
     assert best["rung"] == "+ INT8" and best["speedup"] == pytest.approx(row["speedup"])  # the table's ratio
@@ -474,10 +474,10 @@ def test_the_ladder_figures_carry_the_batch1_protocol_and_the_table_s_ratio():
 
     def prepare(name):
         if metrics[name] is None:
-            raise ladder.RungSkipped("off")
+            raise round_robin.RungSkipped("off")
         return name
 
-    table = ladder.run_ladder([(n, "", (lambda n=n: prepare(n))) for n in metrics], lambda v: metrics[v])
+    table = round_robin.run_ladder([(n, "", (lambda n=n: prepare(n))) for n in metrics], lambda v: metrics[v])
     ch = _Chapter()
     ladder.record_ladder_figures(ch, table, 16)
     m = ch.results.m
@@ -529,7 +529,7 @@ def test_rounds_time_every_rung_round_robin_after_all_are_built():
     measure = _RoundMeasure({"a": 40.0, "b": 20.0, "c": 10.0})
     between = []
     rungs = [(n, "", (lambda n=n: n)) for n in measure.ms]
-    table = ladder.run_ladder(rungs, measure, rounds=2, between_rounds=lambda i: between.append((i, len(measure.log))))
+    table = round_robin.run_ladder(rungs, measure, rounds=2, between_rounds=lambda i: between.append((i, len(measure.log))))
     builds = [("build", n) for n in "abc"]
     assert measure.log == builds + [("round", n) for n in "abc"] * 2
     assert between == [(0, 3), (1, 6)]  # the references run before each round
@@ -538,9 +538,9 @@ def test_rounds_time_every_rung_round_robin_after_all_are_built():
     assert table["rounds"].tolist() == [2, 2, 2]
     assert table.loc[2, "speedup"] == pytest.approx(4.0)
     with pytest.raises(ValueError, match="rounds"):
-        ladder.run_ladder(rungs, lambda v: {"latency_ms": 1.0, "tokens_per_s": 1.0}, rounds=2)
+        round_robin.run_ladder(rungs, lambda v: {"latency_ms": 1.0, "tokens_per_s": 1.0}, rounds=2)
     with pytest.raises(ValueError, match="rounds=-1"):
-        ladder.run_ladder(rungs, measure, rounds=-1)
+        round_robin.run_ladder(rungs, measure, rounds=-1)
 
 
 def test_a_round_robin_rung_is_decided_on_its_pooled_decode_samples_not_its_rounds():
@@ -549,13 +549,13 @@ def test_a_round_robin_rung_is_decided_on_its_pooled_decode_samples_not_its_roun
             return {**super().pooled(name, outs, row), "decode_samples": 15 * len(outs)}
 
     measure = _PerToken({"a": 40.0, "b": 20.0})
-    table = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in measure.ms], measure, rounds=3)
+    table = round_robin.run_ladder([(n, "", (lambda n=n: n)) for n in measure.ms], measure, rounds=3)
     assert table["rounds"].tolist() == [3, 3] and table["decode_samples"].tolist() == [45, 45]
     effect = ladder.rung_effect(table, "b")
     assert effect["n_samples"] == 45 and effect["verdict"] == "faster"  # 3 rounds alone would be too few
     assert ladder.best_batch1_speedup(table)["decision"] == "best, clear"
     # without the pooled count the rounds' own timing (3 samples here) is what stands behind the spread
-    plain = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in measure.ms], _RoundMeasure(measure.ms), rounds=3)
+    plain = round_robin.run_ladder([(n, "", (lambda n=n: n)) for n in measure.ms], _RoundMeasure(measure.ms), rounds=3)
     assert ladder.rung_effect(plain, "b")["verdict"] == "too_few"
 
 
@@ -569,7 +569,7 @@ def test_a_rung_failing_in_a_round_is_recorded_and_the_others_go_on():
         return real(name)
 
     measure.again = again
-    table = ladder.run_ladder([(n, "", (lambda n=n: n)) for n in measure.ms], measure, rounds=2)
+    table = round_robin.run_ladder([(n, "", (lambda n=n: n)) for n in measure.ms], measure, rounds=2)
     assert table["status"].tolist() == ["ok", "failed"] and "lost its cache" in table.loc[1, "error"]
 
 

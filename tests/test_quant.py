@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import int8_study, models, operator_study, quality, quant, rungs, versions
+from helpers import int8_study, models, operator_study, quality, quant, versions
 
 
 def _linear(n=48, k=32, dtype=torch.float32, bias=False, seed=0):
@@ -512,14 +512,14 @@ def test_the_embedded_model_in_float16_int8_has_a_finite_perplexity():
 def test_the_int4_kernel_s_activations_are_chosen_by_timing_at_the_model_s_shapes():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32, bias=False), nn.Linear(32, 48, bias=False)).to(torch.float16)
-    found = rungs.time_int4_activations(model, min_iters=3, min_seconds=0.0)
+    found = quant.time_int4_activations(model, min_iters=3, min_seconds=0.0)
     names = [r["kernel"] for r in found["rows"]]
     # the dense baseline and both 16-bit activation dtypes; in_features 32 and 64 are whole groups of 32
     assert names == ["dense float16", "int4 g32, bfloat16 activations", "int4 g32, float16 activations"]
     timed = [r for r in found["rows"][1:] if not r["problem"]]
     assert found["act_dtype"] in quant.INT4_ACT_DTYPES and timed
     assert found["kernel"] == min(timed, key=lambda r: r["decode_ms"])["kernel"]
-    bf16 = rungs.time_int4_activations(model.to(torch.bfloat16), min_iters=3, min_seconds=0.0)
+    bf16 = quant.time_int4_activations(model.to(torch.bfloat16), min_iters=3, min_seconds=0.0)
     assert [r["kernel"] for r in bf16["rows"]][1:] == ["int4 g32, bfloat16 activations"]  # float16 may overflow
     info = quant.quantize_model_int4(model.to(torch.float16), act_dtype=torch.float16)
     assert info["activations"] == "float16" and model[0].act_dtype == torch.float16

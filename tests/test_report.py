@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import claims, ladder, report
+from helpers import claims, report, round_robin
 from helpers.results import (REPORT_CHAPTER, STATUSES, Results, load_results, read_run, workbook_chapters,
                              write_json_atomic)
 
@@ -40,7 +40,7 @@ def make_partial_run(run_dir: Path) -> Path:
     res.finish()
     res = Results("05_int8_quantization", run_dir, environment={"device": "cpu"})
     _record(res, "int8_decode_speedup_batch1", 1.6)  # then "crashed": status stays "running"
-    table = ladder.run_ladder(
+    table = round_robin.run_ladder(
         [("native eager", "", lambda: 100.0), ("fused", "", lambda: 1 / 0), ("int8", "", lambda: 60.0)],
         lambda v: {"latency_ms": v, "tokens_per_s": 1e3 / v, "peak_memory_bytes": 1000 * v})
     res = Results("06_optimization_ladder", run_dir, environment={"device": "cpu"})

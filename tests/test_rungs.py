@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import ladder, ops, quant, rungs, static_decode
+from helpers import ladder, ops, quant, round_robin, rungs, static_decode
 
 
 @pytest.fixture
@@ -43,16 +43,16 @@ def test_the_climb_is_cumulative_and_graph_mode_off_skips_cleanly(climb):
     assert v.static_cache and v.greedy_loop
     r["+ fused operators"].prepare()
     assert rungs.fusion_description(climb.fusion).startswith("RMSNorm reference, SwiGLU reference")
-    with pytest.raises(ladder.RungSkipped, match="graph_mode is off"):
+    with pytest.raises(round_robin.RungSkipped, match="graph_mode is off"):
         r["+ graph mode"].prepare()
-    with pytest.raises(ladder.RungSkipped):  # the NPU switches live in torch_npu
+    with pytest.raises(round_robin.RungSkipped):  # the NPU switches live in torch_npu
         r["+ runtime options"].prepare()
     assert r["+ batch 4"].prepare().prompts == ["hello"] * 4 and "compile" not in climb.calls
 
 
 def test_int8_is_skipped_when_off_or_slower_and_recompiles_in_graph_mode(climb, monkeypatch):
     climb.int8 = False
-    with pytest.raises(ladder.RungSkipped, match="int8 is off"):
+    with pytest.raises(round_robin.RungSkipped, match="int8 is off"):
         _by_name(climb)["+ INT8"].prepare()
     climb.int8 = True
     rows = [{"kernel": "dense float32", "decode_ms": 9.0, "decode_p10_ms": 8.9, "decode_p90_ms": 9.1},
@@ -60,12 +60,12 @@ def test_int8_is_skipped_when_off_or_slower_and_recompiles_in_graph_mode(climb, 
     monkeypatch.setattr(quant, "choose_cpu_w8a16_kernel",
                         lambda m: {"rows": rows, "decision": {"loses_to_dense": True, "beats_dense": False}})
     monkeypatch.setattr(ladder, "int8_skip_reason", lambda rows: "dense was faster")
-    with pytest.raises(ladder.RungSkipped, match="dense was faster"):
+    with pytest.raises(round_robin.RungSkipped, match="dense was faster"):
         _by_name(climb)["+ INT8"].prepare()
     # a tie is skipped too: the INT8 rung runs only where its kernel is faster beyond the spread
     monkeypatch.setattr(quant, "choose_cpu_w8a16_kernel",
                         lambda m: {"rows": rows, "decision": {"loses_to_dense": False, "beats_dense": False}})
-    with pytest.raises(ladder.RungSkipped, match="dense was faster"):
+    with pytest.raises(round_robin.RungSkipped, match="dense was faster"):
         _by_name(climb)["+ INT8"].prepare()
     monkeypatch.setattr(quant, "choose_cpu_w8a16_kernel",
                         lambda m: {"rows": rows, "decision": {"loses_to_dense": False, "beats_dense": True}})
@@ -98,7 +98,7 @@ def test_the_int4_rung_reads_lm_head_in_the_bits_of_the_gguf_s_output_matrix(hea
     assert ladder.output_format(ladder.model_gguf(path)) == "F16"  # read from the file itself
     monkeypatch.setattr(ladder, "output_format", lambda gguf: head_format)
     # the kernel timing and the agreement check run in chapter 06 itself; here only what is quantized
-    monkeypatch.setattr(rungs, "time_int4_activations", lambda m, skip: {"act_dtype": torch.bfloat16, "rows": []})
+    monkeypatch.setattr(quant, "time_int4_activations", lambda m, skip: {"act_dtype": torch.bfloat16, "rows": []})
     monkeypatch.setattr(ladder, "weight_format_check", lambda before, after, tok: {})
     lm, tokenizer = models.load_model(path, dtype="float32", device="cpu")
     c = rungs.Climb(path, tokenizer, "cpu", lm.dtype, "hello", model=lm)
@@ -116,9 +116,9 @@ def test_the_output_matrix_format_of_the_embedded_gguf_is_its_tied_q8_0_embeddin
 
 def test_int4_off_or_unsupported_says_why(climb, monkeypatch):
     climb.int4 = False
-    with pytest.raises(ladder.RungSkipped, match="int4 is off"):
+    with pytest.raises(round_robin.RungSkipped, match="int4 is off"):
         _by_name(climb)["+ INT4 g32"].prepare()
     climb.int4 = True
     monkeypatch.setattr(quant, "int4_problem", lambda device: "no INT4 kernel on this device")
-    with pytest.raises(ladder.RungSkipped, match="no INT4 kernel"):
+    with pytest.raises(round_robin.RungSkipped, match="no INT4 kernel"):
         _by_name(climb)["+ INT4 g32"].prepare()
