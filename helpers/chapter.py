@@ -175,15 +175,16 @@ def open_chapter(name: str, namespace: Optional[dict] = None, *, checks: Optiona
 
 def _show_choice(chapter: Chapter, contention: Optional[str], unseen: Optional[str] = None,
                  share: Optional[str] = None) -> None:
-    label = prose.words(chapter.lang)
-    text = (f"**{label['device']}** `{chapter.DEV}` ({prose.tr(chapter.device_reason, chapter.lang)}) · "
-            f"**{label['dtype']}** `{chapter.DT}` ({prose.tr(chapter.dtype_reason, chapter.lang)})")
+    lang = chapter.lang
+    device, dtype, warning = prose.tell(lang, "device"), prose.tell(lang, "dtype"), prose.tell(lang, "warning:")
+    text = (f"**{device}** `{chapter.DEV}` ({prose.tr(chapter.device_reason, lang)}) · "
+            f"**{dtype}** `{chapter.DT}` ({prose.tr(chapter.dtype_reason, lang)})")
     if unseen:
-        text = f"**{label['warning']}** {prose.tr(unseen, chapter.lang)}\n\n" + text
+        text = f"**{warning}** {prose.tr(unseen, lang)}\n\n" + text
     if share:
         text += f"\n\n{prose.tr(share, chapter.lang)}"
     if contention:
-        text += f"\n\n**{label['warning']}** {contention}"
+        text += f"\n\n**{warning}** {contention}"
     try:
         from IPython.display import Markdown, display
     except ImportError:  # a plain Python session

@@ -37,7 +37,6 @@ from typing import Any, Optional
 from . import decide, pages
 
 TEMPLATES = pages.TEMPLATES  # one folder for the pages' templates and the chapters'
-WORDS = TEMPLATES  # the phrase tables (words.<lang>.yaml) stay with the package's templates
 LANGUAGES = ("en", "zh")
 SOURCE_LANGUAGE = "en"  # a one-file template is written in English; the catalogs translate it
 # gettext catalogs of the one-file templates: locale/<lang>/LC_MESSAGES/<chapter>.po, one domain per
@@ -250,37 +249,97 @@ def other_dtype(dtype: Any, device: Any) -> str:
     return "bfloat16" if str(_plain(device)).startswith("cpu") else "float16"
 
 
+def NC_(context: str, msgid: str) -> str:
+    """Marks a word with a gettext context for the runtime catalog (extracted like ``pmessage``).
+    Returns it unchanged."""
+    return msgid
+
+
+# What each helpers.decide decision says in a sentence (templates: ``{{ decision | say }}``), in
+# English; the runtime catalog translates each phrase under the context "decision". Templates never
+# spell these words themselves, so a direction always comes from a decision.
+PHRASES = {
+    "faster": NC_("decision", "faster beyond the noise"),
+    "slower": NC_("decision", "slower beyond the noise"),
+    "no difference beyond the noise": NC_("decision", "no difference beyond the noise"),
+    "met": NC_("decision", "met"),
+    "not met": NC_("decision", "not met"),
+    "within the noise of the goal": NC_("decision", "within the noise of the goal"),
+    "same effect": NC_("decision", "the same effect (same direction, size within 2x of the claim)"),
+    "smaller effect": NC_("decision", "the same direction but a smaller effect (less than half the claimed size)"),
+    "larger effect": NC_("decision", "the same direction but a larger effect (more than twice the claimed size)"),
+    "opposite effect": NC_("decision", "the opposite effect"),
+    "no effect beyond the noise": NC_("decision", "no effect beyond the noise"),
+    "no effect claimed": NC_("decision", "no effect claimed"),
+    "at the bandwidth": NC_("decision", "at the bandwidth (bound by moving bytes)"),
+    "below the bandwidth": NC_("decision", "below the bandwidth (its time goes to something other than moving "
+                                           "bytes)"),
+    "above the bandwidth": NC_("decision", "above the DRAM bandwidth (the data stayed in the caches)"),
+    "grows": NC_("decision", "grows beyond the noise"),
+    "shrinks": NC_("decision", "shrinks beyond the noise"),
+    "no change beyond the noise": NC_("decision", "no change beyond the noise"),
+    "not measured": NC_("decision", "not measured"),
+    "least time, clear": NC_("decision", "took the least time, apart from the others beyond the noise"),
+    "least time, tied": NC_("decision", "took the least time within each other's noise"),
+    "most, clear": NC_("decision", "is ahead of the others beyond the noise"),
+    "most, tied": NC_("decision", "are ahead within each other's noise"),
+    # helpers.decide.too_few: a comparison from fewer samples than decide.MIN_SAMPLES (or a percentile
+    # from fewer than decide.percentile_samples) says no direction; {n} and {need} are the counts
+    "too few samples": NC_("decision", "too few samples to say a direction ({n} of the {need} needed)"),
+    "too few samples, not recorded": NC_("decision", "too few samples to say a direction (the sample count was not "
+                                                     "recorded; {need} are needed)"),
+    # chapter 07: why there is no users-served ratio (helpers.serving.users_ratio)
+    "users ratio: baseline serves none": NC_("decision", "our path serves no user within the targets at chapter "
+                                                         "04's lengths, so there is nothing to divide by"),
+    "users ratio: lower bound": NC_("decision", "a sweep ended while its largest level still met both targets, so "
+                                                "its count is only a lower bound"),
+    "users ratio: not both measured": NC_("decision", "vLLM and our path were not both measured at chapter 04's "
+                                                      "batch sizes and lengths"),
+    # chapter 05: a speedup against the most its cut in bytes allows (helpers.decide.byte_bound)
+    "above the byte bound": NC_("decision", "above what the cut in bytes alone allows, so the kernel, not only the "
+                                            "bytes, made the difference"),
+    "within the byte bound": NC_("decision", "within what the cut in bytes alone allows"),
+    "at the byte bound within the noise": NC_("decision", "at what the cut in bytes alone allows, within the noise"),
+    # chapter 06: the ladder's best rung (helpers.decide.best_gain)
+    "best, clear": NC_("decision", "the best: ahead of native eager and of every other rung beyond the noise"),
+    "best, tied": NC_("decision", "ahead of native eager beyond the noise, but within the noise of the rungs named "
+                                  "next, so none of them is the best"),
+    "no gain beyond the noise": NC_("decision", "not ahead of native eager beyond the noise, so no rung is the best "
+                                                "here"),
+    "blocker: matmul kernels": NC_("decision", "the matmul kernels (they alone take longer than the goal's step)"),
+    "blocker: the rest of the step": NC_("decision", "the rest of the step (the matmul kernels fit the goal's step; "
+                                                     "attention, other kernels, Python and dispatch push it over)"),
+}
+
+
 def words(lang: str = "en") -> dict:
-    """The phrase table of a language: what each ``helpers.decide`` decision says (a copy: the
-    table is read once per process, and ``say`` reads it for every decision a page phrases)."""
-    return dict(_phrase_table(lang))
+    """Every decision's phrase (``PHRASES``) as a reader of ``lang`` reads it."""
+    return {key: phrase(key, lang) for key in PHRASES}
 
 
-@functools.lru_cache(maxsize=None)
-def _phrase_table(lang: str) -> dict:
-    import yaml
-
-    return yaml.safe_load((WORDS / f"words.{lang}.yaml").read_text(encoding="utf-8"))
+def phrase(key: str, lang: str = "en") -> str:
+    """The phrase of the decision ``key`` in ``lang``: ``PHRASES``, through the runtime catalog."""
+    if key not in PHRASES:
+        raise KeyError(f"prose.PHRASES has no phrase for the decision {key!r}")
+    english = PHRASES[key]
+    return english if lang == SOURCE_LANGUAGE else runtime_translations(lang).pgettext(DECISION, english)
 
 
 def say(decision: Any, lang: str = "en", *, mark=lambda fig, text: text) -> str:
-    """What a ``helpers.decide`` decision says in ``lang``: the phrase of ``words.<lang>.yaml``, and for a
-    ``decide.too_few`` decision the too-few phrase with its counts put in. The chapters' templates
-    (the ``say`` filter) and the worked answers both phrase decisions here, so a notebook never looks a
-    decision up in the phrase table itself and never prints a decision's key. ``mark`` marks the
-    counts as recorded figures in audit mode."""
+    """What a ``helpers.decide`` decision says in ``lang`` (``phrase``), and for a ``decide.too_few``
+    decision the too-few phrase with its counts put in. The chapters' templates (the ``say`` filter)
+    and the worked answers both phrase decisions here, so a notebook never looks a decision up in
+    the phrase table itself and never prints a decision's key. ``mark`` marks the counts as recorded
+    figures in audit mode."""
     key = decision["decision"] if isinstance(decision, dict) else str(_plain(decision))
-    table = _phrase_table(lang)
     few = decide.parse_too_few(key)
     if few is not None:  # "too few samples: 2 of 5": the phrase with the counts put in
         count, need = few
         # both counts are figures of the run's record and of decide's rule: marked as such
-        return table[decide.TOO_FEW if count is not None else f"{decide.TOO_FEW}, {decide.UNKNOWN_COUNT}"
-                     ].format(n=mark(Fig(count, "count of samples"), format_number(count)),
-                              need=mark(Fig(need, "count needed (decide)"), format_number(need)))
-    if key not in table:
-        raise KeyError(f"words.{lang}.yaml has no phrase for the decision {key!r}")
-    return table[key]
+        return phrase(decide.TOO_FEW if count is not None else f"{decide.TOO_FEW}, {decide.UNKNOWN_COUNT}", lang
+                      ).format(n=mark(Fig(count, "count of samples"), format_number(count)),
+                               need=mark(Fig(need, "count needed (decide)"), format_number(need)))
+    return phrase(key, lang)
 
 
 def samples_in(values: Any) -> Optional[float]:
@@ -554,7 +613,7 @@ def pmessage(context: str, msgid: str, **args) -> Message:
 
 def decision(key: str) -> Message:
     """A ``helpers.decide`` decision inside a message: its key in English (as the records have always
-    said it), its phrase of ``words.<lang>.yaml`` in another language (``say``)."""
+    said it), its phrase (``say``) in another language."""
     return Message(str(key), None, DECISION)
 
 

@@ -13,7 +13,7 @@ compiled: helpers.prose reads the .po itself.
 
 The ``runtime`` domain holds what the helpers say to a reader at run time (reasons, labels, a
 table's words, the worked answers' paragraphs): the calls to ``prose.message`` / ``pmessage`` /
-``tell`` / ``N_`` / ``pgettext`` with a literal msgid in ``helpers/**.py`` and in the code cells of
+``tell`` / ``N_`` / ``NC_`` / ``pgettext`` with a literal msgid in ``helpers/**.py`` and in the code cells of
 the English notebooks and worked answers (the Chinese ones have the same code), read with Babel's
 Python extractor, the text columns of the shipped data the tables show (``RUNTIME_DATA``) and the
 sentences among the claims' rule arguments (``helpers.claims.SAID_ARGS``), in
@@ -61,7 +61,7 @@ def update(chapter: str) -> None:
 
 # the calls whose literal msgid is a run-time message (Babel keyword specs: "1c" is the context)
 RUNTIME_KEYWORDS = {"message": (1,), "pmessage": ((1, "c"), 2), "tell": (2,), "N_": (1,),
-                    "pgettext": ((1, "c"), 2)}
+                    "NC_": ((1, "c"), 2), "pgettext": ((1, "c"), 2)}
 
 
 def _notebook_code(path: Path) -> str:

@@ -79,3 +79,26 @@ def test_chapter_00_measures_dtype_auto_instead_of_reading_an_old_record(tmp_pat
     assert other.DT == "float32" and other.dtype_choice.source == "recorded by chapter 00 of this run"
     fixed = chapter.open_chapter("00_environment_check", {**namespace, "dtype": "float32"})
     assert fixed.dtype_choice is None and fixed.dtype_reason == "set by the dtype parameter"
+
+
+@pytest.mark.parametrize("lang, words", [("en", ("**device**", "**dtype**", "**warning:**")),
+                                         ("zh", ("**设备**", "**数据类型**", "**警告：**"))])
+def test_the_preamble_line_names_its_parts_in_the_edition_s_language(monkeypatch, capsys, lang, words):
+    import builtins
+
+    import torch
+
+    real_import = builtins.__import__
+
+    def no_ipython(name, *args, **kwargs):  # the line as a plain Python session prints it
+        if name.startswith("IPython"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ipython)
+    ch = chapter.Chapter("01_operator_verification", torch.device("cpu"), "requested cpu", torch.float32,
+                         "requested float32", None, {}, lang)
+    # a machine under load and an unseen CPU class: both warnings, in the reader's words
+    chapter._show_choice(ch, "load average 2.5", unseen="an unseen CPU")
+    out = capsys.readouterr().out
+    assert all(w in out for w in words) and out.count(words[2]) == 2 and "load average 2.5" in out

@@ -96,7 +96,7 @@ REAL_TEMPLATES = sorted(p for p in prose.TEMPLATES.glob("[0-9][0-9]_*.md.j2"))
 DIRECTION_WORDS = ("faster", "slower", "fastest", "slowest", "best", "worst", "same effect", "memory-bound",
                    "compute-bound", "grows", "shrinks", "beats", "improves", "speeds up", "barely")
 DTYPE_WORDS = ("16-bit", "16 bit", "fp16", "bf16", "float16", "bfloat16", "float32", "fp32", "half precision")
-# the same for the Chinese catalogs (words.zh.yaml holds their phrases)
+# the same for the Chinese catalogs (the runtime catalog holds the decisions' phrases)
 ZH_DIRECTION_WORDS = ("更快", "更慢", "最快", "最慢", "最好", "最佳", "效果相同", "内存受限", "带宽受限", "变快",
                       "变慢", "几乎不变", "16 位", "半精度")
 # Chapters whose templates keep further words out of their own text (their sentences compare sizes

@@ -787,7 +787,7 @@ def test_every_reason_for_no_users_ratio_has_a_phrase():
 
     table = prose.words("en")
     for key in (serving.NO_USERS_RATIO_BASELINE, serving.NO_USERS_RATIO_BOUND, serving.NO_USERS_RATIO_MISSING):
-        assert table.get(key), f"words.en.yaml has no phrase for {key!r}"
+        assert table.get(key), f"prose.PHRASES has no phrase for {key!r}"
 
 
 def test_check_parameters_names_the_parameter():

@@ -25,8 +25,10 @@ RULES = {
     "A 对 B": (r"(?:\d\s?[A-Za-z%]*|`)\s对\s(?:\d|`)", "“A 与 B 相比” / “A 比 B”, not the calque “A 对 B”"),
     "地更快": (r"超出噪声地|范围地更快", "say the direction, then that it is beyond the noise"),
 }
-# a decision word (words.zh.yaml) is put inside sentences and brackets: it holds no bracket itself
+# a decision word (the runtime catalog's msgctxt "decision") is put inside sentences and brackets: it
+# holds no bracket itself
 DECISION_BRACKET = re.compile(r"[（(]")
+DECISION_WORDS = "decision words (runtime.po, msgctxt decision)"
 
 
 def _code_free(text: str) -> str:
@@ -49,13 +51,15 @@ def _yaml_strings(value):
 def chinese_files() -> dict:
     """``{relative path: prose text}`` of every Chinese file a reader sees."""
     files = {}
-    for name in ("words.zh.yaml", "labels.zh.yaml"):
-        path = TEMPLATES / name
-        files[path] = "\n".join(_yaml_strings(yaml.safe_load(path.read_text(encoding="utf-8"))))
+    path = TEMPLATES / "labels.zh.yaml"
+    files[path] = "\n".join(_yaml_strings(yaml.safe_load(path.read_text(encoding="utf-8"))))
+    decisions = []
     for path in sorted((REPO / "helpers" / "locale" / "zh").rglob("*.po")):
         with open(path, "rb") as handle:
-            # a placeholder's name (%(kernels)s) is an identifier, not a term
-            files[path] = "\n".join(re.sub(r"%\(\w+\)s", " ", m.string) for m in pofile.read_po(handle) if m.id)
+            entries = [m for m in pofile.read_po(handle) if m.id]
+        # a placeholder's name (%(kernels)s) is an identifier, not a term
+        files[path] = "\n".join(re.sub(r"%\(\w+\)s", " ", m.string) for m in entries)
+        decisions += [m.string for m in entries if m.context == "decision"]
     for folder in ("notebooks/zh", "solutions/zh"):
         for path in sorted((REPO / folder).glob("*.ipynb")):
             cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
@@ -69,12 +73,14 @@ def chinese_files() -> dict:
     for path in [REPO / "README.zh.md", *sorted((REPO / "docs" / "zh").glob("*.md"))]:
         if path.exists():
             files[path] = path.read_text(encoding="utf-8")
-    return {str(p.relative_to(REPO)): _code_free(text) for p, text in files.items()}
+    assert decisions, "the runtime catalog holds no decision words (msgctxt decision)"
+    return {**{str(p.relative_to(REPO)): _code_free(text) for p, text in files.items()},
+            DECISION_WORDS: "\n".join(decisions)}
 
 
 def found_rules(name: str, text: str) -> dict:
     hits = {rule: re.findall(pattern, text) for rule, (pattern, _) in RULES.items()}
-    if name.endswith("words.zh.yaml"):
+    if name == DECISION_WORDS:
         hits["bracket in a decision word"] = DECISION_BRACKET.findall(text)
     return {rule: h for rule, h in hits.items() if h}
 
@@ -99,4 +105,4 @@ def test_each_rule_finds_its_variant():
     for rule, sample in samples.items():
         assert rule in found_rules("x.ipynb", sample), rule
     assert not found_rules("x.ipynb", "算子内核 (kernel)、Jupyter kernel、tokens/s、p10–p90 区间、时延、`A 对 B`")
-    assert "bracket in a decision word" in found_rules("words.zh.yaml", "更快（超出噪声）")
+    assert "bracket in a decision word" in found_rules(DECISION_WORDS, "更快（超出噪声）")

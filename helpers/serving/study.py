@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .. import backend, params, plots, progress
-from ..prose import Message, N_, message, tell, tr, words
+from ..prose import PHRASES, Message, N_, message, tell, tr
 from ..results import device_class, load_results
 from .client import (GOOD_SHARE, BenchNotRun, PromptSource, as_dict, bench_plan, bench_row,
                      bench_serve_command, is_good, poisson_arrivals, run_bench_serve, run_level,
@@ -532,7 +532,7 @@ def search_users(meets, known: dict, limit: int) -> dict:
             "resolution": 1 if closed else None, "levels": sorted(set(known) | {c for c, _ in probes})}
 
 
-# Why there is no users-served ratio: decision keys, phrased in templates/words.<lang>.yaml.
+# Why there is no users-served ratio: decision keys, phrased in prose.PHRASES.
 NO_USERS_RATIO_BASELINE = "users ratio: baseline serves none"
 NO_USERS_RATIO_BOUND = "users ratio: lower bound"
 NO_USERS_RATIO_MISSING = "users ratio: not both measured"
@@ -959,6 +959,6 @@ def record_users(ch, users) -> tuple[Optional[float], str]:
                             "bisected to one user) over our path (p90 at chapter 04's batch sizes)")
     else:
         # the decision's English sentence, which the claims audit quotes
-        ch.results.not_recorded("users_served_ratio", words("en").get(why, why))
+        ch.results.not_recorded("users_served_ratio", PHRASES.get(why, why))
         ch.record("users_served_no_ratio", why, code_path="serving.users_ratio")
     return ratio, why
