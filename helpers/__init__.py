@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 # lowest module whose imports it needs; a function that names one chapter's table, figure or claim
 # goes in that chapter's study module. CONTRIBUTING.md draws the same table.
 LAYERS = (
-    ("foundations", ("params", "results", "decide", "pages", "prose", "plots", "roofline", "versions",
-                     "guide_api", "progress")),
+    ("foundations", ("params", "results", "decide", "catalogs", "pages", "prose", "plots", "roofline",
+                     "versions", "guide_api", "progress")),
     ("the guides' claims", ("claims",)),
     ("the device", ("backend",)),
     ("measurement", ("profiling", "bench", "quality")),

@@ -5,11 +5,12 @@ The runner's ``index.html`` (``helpers.run``), the report chapter's ``claims_rep
 (``helpers.report``, taught in ``08_report.ipynb``) and the compare page (``helpers.compare``) are
 ``templates/<kind>.html.j2``, each extending ``base.html.j2`` with ``workbook.css`` inlined, so a page
 stays a single file that can be mailed or archived; figures are PNG data URIs (``png_data_uri``).
-Every visible word comes from ``templates/labels.<lang>.yaml``, one table per page kind: a second
-language is a second label file, not a second page builder. The verdicts and verdict classes of
-``helpers.claims`` are English keys; their names and meanings in each language are in the label
-file's ``common`` table, so a Chinese page (``lang="zh"``, ``<html lang="zh-CN">``) names them in
-Chinese while the data keeps one vocabulary.
+Every visible word comes from ``templates/labels.en.yaml``, one table per page kind, in English; another
+language reads each label through the runtime catalog (``helpers.catalogs``, context ``page``; a
+counted word's forms under ``counted word``), so a page in Chinese is the same table translated the
+way every other sentence is. The verdicts and verdict classes of ``helpers.claims`` are English keys;
+their names and meanings are in the label file's ``common`` table, so a Chinese page
+(``lang="zh"``, ``<html lang="zh-CN">``) names them in Chinese while the data keeps one vocabulary.
 """
 from __future__ import annotations
 
@@ -22,40 +23,69 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from .catalogs import LANGUAGES, SOURCE_LANGUAGE, runtime_translations
 from .results import load_warning as _load_sentences
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 KINDS = ("index", "claims", "compare")
 
 
+PAGE, COUNTED = "page", "counted word"  # the catalog contexts of the labels (a unit word's forms apart)
+
+
 def languages() -> list[str]:
-    return sorted(p.name.split(".")[1] for p in TEMPLATES.glob("labels.*.yaml"))
+    return list(LANGUAGES)
+
+
+def label_strings(table=None, counted: bool = False):
+    """``(context, English label)`` of every label of ``labels.en.yaml`` (what the runtime catalog
+    translates; ``scripts/update_catalogs.py`` extracts them). A label without a letter (a sign, a
+    "?") is the same in every language and not a message."""
+    table = _english() if table is None else table
+    if isinstance(table, dict):
+        for key, value in table.items():
+            yield from label_strings(value, counted or key == "units")
+    elif isinstance(table, str) and any(c.isalpha() for c in table):
+        yield (COUNTED if counted else PAGE), table
 
 
 @functools.lru_cache(maxsize=None)
-def _label_file(lang: str) -> dict:
+def _english() -> dict:
     import yaml
 
-    if lang not in languages():
-        raise ValueError(f"lang={lang!r}: the pages have labels in {', '.join(languages())} "
-                         f"(add templates/labels.{lang}.yaml to offer another language)")
-    return yaml.safe_load((TEMPLATES / f"labels.{lang}.yaml").read_text(encoding="utf-8"))
+    return yaml.safe_load((TEMPLATES / "labels.en.yaml").read_text(encoding="utf-8"))
+
+
+def _translated(table, catalog, counted: bool = False):
+    if isinstance(table, dict):
+        return {key: _translated(value, catalog, counted or key == "units") for key, value in table.items()}
+    if isinstance(table, str) and any(c.isalpha() for c in table):
+        return catalog.pgettext(COUNTED if counted else PAGE, table)
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def label_table(lang: str) -> dict:
+    if lang not in LANGUAGES:
+        raise ValueError(f"lang={lang!r}: the pages have labels in {', '.join(LANGUAGES)} "
+                         "(add the language's runtime catalog to offer another)")
+    return _english() if lang == SOURCE_LANGUAGE else _translated(_english(), runtime_translations(lang))
 
 
 def labels(kind: str, lang: str = "en") -> dict:
     """The label table of one page kind (``index``, ``claims``, ``compare``) in ``lang``."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: choose one of {', '.join(KINDS)}")
-    return _label_file(lang)[kind]
+    return label_table(lang)[kind]
 
 
 def say(path: str, key, lang: str = "en") -> str:
     """The shown word for a key of the label table at a dotted path (``common.verdict_classes``,
     ``claims.evidence_kinds``); an unknown key as it is, an unknown table a KeyError."""
-    table = _label_file(lang)
+    table = label_table(lang)
     for part in path.split("."):
         if not isinstance(table, dict) or part not in table:
-            raise KeyError(f"labels.{lang}.yaml has no table {path!r}")
+            raise KeyError(f"labels.en.yaml has no table {path!r}")
         table = table[part]
     return str(table.get(str(key), key))
 
@@ -65,8 +95,8 @@ def load_warning(load: Optional[dict], lang: str = "en") -> str:
     none was): one sentence per reading of ``results.json``'s ``load`` above
     ``results.LOAD_PER_CORE_WARNING`` per core (``results.load_warning``), in ``lang``."""
     return _load_sentences(load, say("common", "load_warning", lang),
-                     {w: say("common.load_when", w, lang) for w in ("start", "end")},
-                     say("common", "list_separator", lang))
+                           {w: say("common.load_when", w, lang) for w in ("start", "end")},
+                           runtime_translations(lang).pgettext("between items", ", "))
 
 
 HTML_LANG = {"zh": "zh-CN"}  # the simplified-Chinese glyphs of a CJK font, not the Japanese ones
@@ -131,7 +161,7 @@ def render(kind: str, lang: str = "en", **context) -> str:
     """The page ``templates/<kind>.html.j2`` with its labels (``L``), the common ones (``C``) and ``context``."""
     table = labels(kind, lang)
     return environment(lang).get_template(f"{kind}.html.j2").render(
-        kind=kind, lang=lang, html_lang=HTML_LANG.get(lang, lang), L=table, C=_label_file(lang)["common"],
+        kind=kind, lang=lang, html_lang=HTML_LANG.get(lang, lang), L=table, C=label_table(lang)["common"],
         css=stylesheet(), generated=time.strftime("%Y-%m-%d %H:%M:%S"), **context)
 
 

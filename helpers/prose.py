@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gettext
-import io
 import math
 import operator
 import re
@@ -35,13 +34,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import decide, pages
+from .catalogs import (LANGUAGES, LOCALE, RUNTIME_DOMAIN, SOURCE_LANGUAGE, catalog_path, read_catalog,
+                       runtime_translations)
 
 TEMPLATES = pages.TEMPLATES  # one folder for the pages' templates and the chapters'
-LANGUAGES = ("en", "zh")
-SOURCE_LANGUAGE = "en"  # a one-file template is written in English; the catalogs translate it
-# gettext catalogs of the one-file templates: locale/<lang>/LC_MESSAGES/<chapter>.po, one domain per
-# chapter, so that a chapter's messages are extracted and translated on their own
-LOCALE = Path(__file__).resolve().parent / "locale"
 AUDIT_OPEN, AUDIT_CLOSE = "\u27e6", "\u27e7"  # ⟦source=text⟧ around each figure in audit mode
 
 
@@ -385,26 +381,6 @@ def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = 
             "decision": f"{kind}, {'clear' if found.clear else 'tied'}"}
 
 
-def catalog_path(chapter: str, lang: str) -> Path:
-    """The gettext catalog (``.po``) that translates a one-file chapter template into ``lang``."""
-    return LOCALE / lang / "LC_MESSAGES" / f"{chapter}.po"
-
-
-@functools.lru_cache(maxsize=None)
-def _catalog(path: Path, stamp: float) -> gettext.GNUTranslations:
-    # The .po is read as it is committed (no compiled .mo to keep in step): Babel parses it and writes
-    # the .mo in memory, without fuzzy entries, exactly as `pybabel compile` would. Only the
-    # translated editions need Babel, so it is imported here.
-    from babel.messages import mofile, pofile
-
-    with open(path, "rb") as handle:
-        catalog = pofile.read_po(handle, domain=path.stem)
-    compiled = io.BytesIO()
-    mofile.write_mo(compiled, catalog)
-    compiled.seek(0)
-    return gettext.GNUTranslations(compiled)
-
-
 def translations(chapter: Optional[str], lang: str = "en") -> gettext.NullTranslations:
     """What ``{% trans %}`` says in ``lang`` for ``chapter``'s template: the English source itself for
     English, else the chapter's catalog (a missing catalog is an error: a Chinese page never falls
@@ -415,7 +391,7 @@ def translations(chapter: Optional[str], lang: str = "en") -> gettext.NullTransl
     if not path.exists():
         raise FileNotFoundError(f"{chapter}.md.j2 has no {lang} catalog: write {path.relative_to(LOCALE.parent)} "
                                 "(see CONTRIBUTING.md, 'One template, two languages')")
-    return _catalog(path, path.stat().st_mtime)
+    return read_catalog(path, path.stat().st_mtime)
 
 
 def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = None):
@@ -545,7 +521,6 @@ def join_wide_lines(text: str) -> str:
 # worked answer; scripts/update_catalogs.py extracts the calls to ``message`` / ``tell`` / ``N_``).
 # ``results.json`` keeps a message as its English text under its key and, beside it, the key and
 # arguments under ``<key>_msg`` (``Message.record``), so old records and tools that read text still work.
-RUNTIME_DOMAIN = "runtime"
 DECISION = "decision"  # the context of a message that is a helpers.decide decision (``decision``)
 MESSAGE_SUFFIX = "_msg"  # results.MESSAGE_SUFFIX: results.json's field beside a recorded message
 
@@ -626,20 +601,6 @@ def N_(msgid: str) -> str:
 def tell(lang: str, msgid: str, **args) -> str:
     """``tr(message(msgid, **args), lang)``: a worked answer's sentence in its edition's language."""
     return tr(Message(msgid, args), lang)
-
-
-def runtime_translations(lang: str) -> gettext.NullTranslations:
-    """The ``runtime`` catalog of ``lang`` (English is the msgids themselves). A language without
-    one is an error, never a silent English page."""
-    if lang == SOURCE_LANGUAGE:
-        return gettext.NullTranslations()
-    if lang not in LANGUAGES:
-        raise ValueError(f"lang={lang!r} is not valid; choose one of {', '.join(LANGUAGES)}")
-    path = catalog_path(RUNTIME_DOMAIN, lang)
-    if not path.exists():
-        raise FileNotFoundError(f"no {lang} catalog of the helpers' run-time messages: write "
-                                f"{path.relative_to(LOCALE.parent)} (scripts/update_catalogs.py {RUNTIME_DOMAIN})")
-    return _catalog(path, path.stat().st_mtime)
 
 
 def list_separator(lang: str) -> str:

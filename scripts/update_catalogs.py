@@ -15,8 +15,9 @@ The ``runtime`` domain holds what the helpers say to a reader at run time (reaso
 table's words, the worked answers' paragraphs): the calls to ``prose.message`` / ``pmessage`` /
 ``tell`` / ``N_`` / ``NC_`` / ``pgettext`` with a literal msgid in ``helpers/**.py`` and in the code cells of
 the English notebooks and worked answers (the Chinese ones have the same code), read with Babel's
-Python extractor, the text columns of the shipped data the tables show (``RUNTIME_DATA``) and the
-sentences among the claims' rule arguments (``helpers.claims.SAID_ARGS``), in
+Python extractor, the text columns of the shipped data the tables show (``RUNTIME_DATA``), the
+sentences among the claims' rule arguments (``helpers.claims.SAID_ARGS``) and the pages' labels
+(``templates/labels.en.yaml``, ``helpers.pages.label_strings``), in
 ``runtime_messages``; tests/test_messages.py extracts the same way.
 """
 from __future__ import annotations
@@ -100,6 +101,10 @@ def runtime_messages() -> Catalog:
             for key, value in parse_args(row.get("args") or "").items():
                 if key in SAID_ARGS and value.strip():
                     catalog.add(value, None, [("data/guide_claims.csv", lineno)])
+    from helpers.pages import label_strings
+
+    for context, text in label_strings():  # the pages' labels, in the English label table
+        catalog.add(text, None, [("helpers/templates/labels.en.yaml", 0)], context=context)
     for name, columns in RUNTIME_DATA.items():
         with open(REPO / name, newline="", encoding="utf-8") as handle:
             for lineno, row in enumerate(csv.DictReader(handle), start=2):

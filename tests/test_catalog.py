@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from babel.messages import extract, pofile
 
-from helpers import prose
+from helpers import catalogs, prose
 
 REPO = Path(__file__).resolve().parent.parent
 SINGLE = sorted(p.name[:-len(".md.j2")] for p in prose.TEMPLATES.glob("[0-9][0-9]_*.md.j2")
@@ -96,7 +96,8 @@ def test_a_chinese_render_uses_the_catalog_and_a_missing_catalog_is_an_error(tmp
         "{% block summary %}{% trans x=m.x | fig %}A ratio of {{ x }}, 10 % above.{% endtrans %}\n"
         "second line{% endblock %}\n", encoding="utf-8")
     monkeypatch.setattr(prose, "TEMPLATES", tmp_path)
-    monkeypatch.setattr(prose, "LOCALE", tmp_path / "locale")
+    for module in (prose, catalogs):  # prose reads its templates' catalogs from catalogs.LOCALE
+        monkeypatch.setattr(module, "LOCALE", tmp_path / "locale")
     assert prose.render("98_demo", "summary", results) == "A ratio of 1.50x, 10 % above.second line"
     with pytest.raises(FileNotFoundError, match="no zh catalog"):
         prose.render("98_demo", "summary", results, lang="zh")

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from helpers import prose
 
@@ -116,18 +115,6 @@ def test_the_check_mode_of_the_generator_passes_on_the_repository():
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "make_zh_notebooks.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-
-
-def _keys(data, prefix=""):
-    if isinstance(data, dict):
-        return {k for key, value in data.items() for k in _keys(value, f"{prefix}{key}.")} | {prefix}
-    return {prefix}
-
-
-def test_both_languages_have_every_label():
-    en = yaml.safe_load((prose.TEMPLATES / "labels.en.yaml").read_text(encoding="utf-8"))
-    zh = yaml.safe_load((prose.TEMPLATES / "labels.zh.yaml").read_text(encoding="utf-8"))
-    assert _keys(en) == _keys(zh), sorted(_keys(en) ^ _keys(zh))
 
 
 PARAMETER_ROW = re.compile(r"^\| `(\w+)` \| (.+) \|$", re.M)

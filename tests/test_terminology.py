@@ -8,11 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 from babel.messages import pofile
 
 REPO = Path(__file__).resolve().parent.parent
-TEMPLATES = REPO / "helpers" / "templates"
 
 # rule -> (pattern of the rejected variant, what TERMINOLOGY.md says to write instead)
 RULES = {
@@ -37,22 +35,9 @@ def _code_free(text: str) -> str:
     return re.sub(r"`[^`\n]*`", " ", text)
 
 
-def _yaml_strings(value):
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from _yaml_strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _yaml_strings(item)
-    elif isinstance(value, str):
-        yield value
-
-
 def chinese_files() -> dict:
     """``{relative path: prose text}`` of every Chinese file a reader sees."""
     files = {}
-    path = TEMPLATES / "labels.zh.yaml"
-    files[path] = "\n".join(_yaml_strings(yaml.safe_load(path.read_text(encoding="utf-8"))))
     decisions = []
     for path in sorted((REPO / "helpers" / "locale" / "zh").rglob("*.po")):
         with open(path, "rb") as handle:
