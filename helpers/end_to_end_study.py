@@ -468,9 +468,11 @@ def answer_request_lengths(runs: dict, lang: str = "en") -> str:
 
 def answer_dtype_ratio(by_dtype: dict, lang: str = "en") -> str:
     """Exercise 2: ``by_dtype`` maps two dtype names to ``{decode_ms_per_token, decode_p10_ms,
-    decode_p90_ms, bytes_per_step}``. The time ratio (with its spread) against the bytes ratio, and
-    what the data says: a fixed cost per step pulls the time ratio below the bytes ratio, towards 1;
-    a time ratio above the bytes ratio means the larger step moves its bytes at a lower rate."""
+    decode_p90_ms, decode_samples, bytes_per_step}``. The time ratio (with its spread) against the
+    bytes ratio, and what the data says: a fixed cost per step pulls the time ratio below the bytes
+    ratio, towards 1; a time ratio above the bytes ratio means the larger step moves its bytes at a
+    lower rate. Decided as every page decides a spread against a mark (``decide.direction``): from
+    fewer decode samples than ``decide.MIN_SAMPLES`` on either side it says no direction."""
     if len(by_dtype) != 2:
         return prose.tell(lang, "The chapter's dtype has no second dtype to compare with here, so this run has no "
                           "ratio to read.")
@@ -490,17 +492,22 @@ def answer_dtype_ratio(by_dtype: dict, lang: str = "en") -> str:
                       "{small_gbps:.1f} GB/s in {small} and {large_gbps:.1f} GB/s in {large}. ", bytes=bytes_ratio,
                       small=small, large=large, ratio=ratio, low=low, high=high, small_gbps=gbps[small],
                       large_gbps=gbps[large])
-    if decide.spreads_overlap((low, high), (bytes_ratio, bytes_ratio)):
+    counts = [r.get("decode_samples") for r in (a, b)]
+    samples = None if None in counts else min(counts)  # a side without its count: no direction
+    side = decide.direction(low, high, bytes_ratio, samples=samples)
+    if decide.is_too_few(side):
+        return text + prose.tell(lang, "Against the bytes ratio: {decision}.", decision=prose.decision(side))
+    if side == decide.SAME:
         return text + prose.tell(lang, "Within the spread the time follows the bytes: both dtypes stream their bytes "
                                  "at about the same rate, as a step bound by reading its weights and KV cache would.")
-    if low > bytes_ratio:
+    if side == decide.FASTER:  # the whole spread above the bytes ratio
         return text + prose.tell(lang, "The whole spread lies above the bytes ratio: the {large} step costs more than "
                                  "its extra bytes. That is not overhead: a fixed cost per step (launches, Python) "
                                  "would pull the time ratio below the bytes ratio, towards 1. The {large} step moves "
                                  "its bytes at a lower rate than the {small} one, so here the {large} kernels are the "
                                  "slower per byte; which kernels, the chapter's decode-gap decomposition in each "
                                  "dtype shows.", large=large, small=small)
-    if low <= 1 <= high:
+    if decide.direction(low, high, samples=samples) == decide.SAME:  # below the bytes, and 1 within the spread
         return text + prose.tell(lang, "The whole spread lies below the bytes ratio: part of each step does not grow "
                                  "with the bytes read (a fixed cost per step: launches, Python, small kernels), and "
                                  "that part pulls the time ratio towards 1, here all the way: within the spread the "

@@ -176,8 +176,8 @@ def test_the_users_answer_says_so_when_the_chapter_figure_is_none():
 
 def test_a_time_ratio_above_the_bytes_ratio_is_not_read_as_overhead():
     """The run that prompted this: float32 2.52x the time of the 16-bit step for 2.00x the bytes."""
-    above = {"float16": {**_run(10.0, 9.8, 10.2), "bytes_per_step": 1e8},
-             "float32": {**_run(25.2, 25.0, 25.5), "bytes_per_step": 2e8}}
+    above = {"float16": {**_run(10.0, 9.8, 10.2), "bytes_per_step": 1e8, "decode_samples": 45},
+             "float32": {**_run(25.2, 25.0, 25.5), "bytes_per_step": 2e8, "decode_samples": 45}}
     text = end_to_end_study.answer_dtype_ratio(above)
     assert "2.00x" in text and "2.52x" in text and "above the bytes ratio" in text
     assert "That is not overhead" in text and "lower rate" in text
@@ -190,6 +190,13 @@ def test_a_time_ratio_above_the_bytes_ratio_is_not_read_as_overhead():
     unresolved = copy.deepcopy(above)
     unresolved["float32"].update(_run(float("nan"), float("nan"), float("nan")))
     assert "did not resolve" in end_to_end_study.answer_dtype_ratio(unresolved)
+    # the same spreads from 3 decode samples on one side, or an unrecorded count: no direction
+    few = copy.deepcopy(above)
+    few["float16"]["decode_samples"] = 3
+    said = end_to_end_study.answer_dtype_ratio(few)
+    assert "too few samples" in said and "3 of the 5" in said and "above the bytes ratio" not in said
+    del few["float16"]["decode_samples"]
+    assert "not recorded" in end_to_end_study.answer_dtype_ratio(few)
 
 
 def test_the_request_length_answer_handles_an_unresolved_cross_check():
