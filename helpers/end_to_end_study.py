@@ -496,7 +496,7 @@ def answer_dtype_ratio(by_dtype: dict, lang: str = "en") -> str:
     samples = None if None in counts else min(counts)  # a side without its count: no direction
     side = decide.direction(low, high, bytes_ratio, samples=samples)
     if decide.is_too_few(side):
-        return text + prose.tell(lang, "Against the bytes ratio: {decision}.", decision=prose.decision(side))
+        return text + prose.tell(lang, "Against the bytes ratio: {decision}.", decision=prose.say(side, lang))
     if side == decide.SAME:
         return text + prose.tell(lang, "Within the spread the time follows the bytes: both dtypes stream their bytes "
                                  "at about the same rate, as a step bound by reading its weights and KV cache would.")
