@@ -425,18 +425,22 @@ def _resolved(value) -> bool:
 
 def answer_request_lengths(runs: dict, lang: str = "en") -> str:
     """Exercise 1: ``runs`` maps new tokens to ``measure_generation`` results (two lengths). TTFT
-    against decode per token (stamped per token), and the two-generate cross-check at each length."""
+    against decode per token (stamped per token; its change decided on both spreads and the stamped
+    samples, ``decide.time_ratio_direction``), and the two-generate cross-check at each length."""
     (short, s), (long_, l) = sorted(runs.items())[0], sorted(runs.items())[-1]
     parts = [prose.tell(lang, "The whole request grows {growth:.1f}x from {short} to {long} new tokens; TTFT "
                         "changes by {ttft:+.0f} %", growth=l["total_ms"] / s["total_ms"], short=short, long=long_,
                         ttft=100 * (l["ttft_ms"] / s["ttft_ms"] - 1))]
     if _resolved(s["decode_ms_per_token"]) and _resolved(l["decode_ms_per_token"]):
-        overlap = decide.spreads_overlap((s["decode_p10_ms"], s["decode_p90_ms"]),
-                                         (l["decode_p10_ms"], l["decode_p90_ms"]))
+        # the longer request's step over the shorter's, decided as the pages decide a time ratio: the
+        # spread from both p10-p90, no direction from fewer than decide.MIN_SAMPLES stamped steps a side
+        side = decide.time_ratio_direction(l["decode_p10_ms"] / s["decode_p90_ms"],
+                                           l["decode_p90_ms"] / s["decode_p10_ms"],
+                                           samples=min(len(r.get("decode_samples_ms") or ()) for r in (s, l)))
         change = 100 * (l["decode_ms_per_token"] / s["decode_ms_per_token"] - 1)
-        if overlap:
-            parts.append(prose.tell(lang, " and decode per token by {change:+.0f} % (their p10-p90 spreads overlap: "
-                                    "no change beyond the noise).", change=change))
+        if decide.is_too_few(side) or side == decide.SAME:
+            parts.append(prose.tell(lang, " and decode per token by {change:+.0f} %: {decision}.", change=change,
+                                    decision=prose.say(side, lang)))
         else:
             parts.append(prose.tell(lang, " and decode per token by {change:+.0f} % (their p10-p90 spreads are "
                                     "apart: something besides the request length, or the longer KV cache, moved "

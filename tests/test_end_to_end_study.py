@@ -155,9 +155,9 @@ def test_the_sweep_plot_marks_the_lengths_it_cannot_draw():
     plt.close(fig)
 
 
-def _run(decode_ms, p10, p90, two=None, ttft=100.0, total=500.0):
+def _run(decode_ms, p10, p90, two=None, ttft=100.0, total=500.0, samples=45):
     return {"decode_ms_per_token": decode_ms, "decode_p10_ms": p10, "decode_p90_ms": p90, "ttft_ms": ttft,
-            "total_ms": total, "decode_two_generates_ms": two}
+            "total_ms": total, "decode_two_generates_ms": two, "decode_samples_ms": [decode_ms] * samples}
 
 
 def test_the_users_answer_says_so_when_the_chapter_figure_is_none():
@@ -203,7 +203,12 @@ def test_the_request_length_answer_handles_an_unresolved_cross_check():
     runs = {8: _run(30.0, 29.0, 31.0, two=None, total=300.0), 32: _run(31.0, 30.0, 32.0, two=30.5, total=1000.0)}
     text = end_to_end_study.answer_request_lengths(runs)
     assert "8 tokens: no figure" in text and "32 tokens: 30.50 ms against 31.00 ms" in text
-    assert "no change beyond the noise" in text
+    assert "no difference beyond the noise" in text
+    apart = {8: _run(30.0, 29.0, 31.0, total=300.0), 32: _run(40.0, 39.0, 41.0, total=1000.0)}
+    assert "spreads are apart" in end_to_end_study.answer_request_lengths(apart)
+    apart[8]["decode_samples_ms"] = [30.0] * 3  # the same spreads from 3 stamped steps: no direction
+    said = end_to_end_study.answer_request_lengths(apart)
+    assert "too few samples" in said and "spreads are apart" not in said
     runs[8]["decode_ms_per_token"] = float("nan")
     assert "did not resolve at 8 new tokens" in end_to_end_study.answer_request_lengths(runs)
 
