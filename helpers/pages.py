@@ -90,13 +90,18 @@ def say(path: str, key, lang: str = "en") -> str:
     return str(table.get(str(key), key))
 
 
+def list_separator(lang: str = "en") -> str:
+    """What joins the items of a list in ``lang`` (the catalog's "between items": ", " or "、")."""
+    return runtime_translations(lang).pgettext("between items", ", ")
+
+
 def load_warning(load: Optional[dict], lang: str = "en") -> str:
     """The warning a chapter's header and the index show beside figures taken under load ('' when
     none was): one sentence per reading of ``results.json``'s ``load`` above
     ``results.LOAD_PER_CORE_WARNING`` per core (``results.load_warning``), in ``lang``."""
     return _load_sentences(load, say("common", "load_warning", lang),
                            {w: say("common.load_when", w, lang) for w in ("start", "end")},
-                           runtime_translations(lang).pgettext("between items", ", "))
+                           list_separator(lang))
 
 
 HTML_LANG = {"zh": "zh-CN"}  # the simplified-Chinese glyphs of a CJK font, not the Japanese ones
@@ -158,11 +163,12 @@ def environment(lang: str = "en"):
 
 
 def render(kind: str, lang: str = "en", **context) -> str:
-    """The page ``templates/<kind>.html.j2`` with its labels (``L``), the common ones (``C``) and ``context``."""
+    """The page ``templates/<kind>.html.j2`` with its labels (``L``), the common ones (``C``), the list
+    separator of ``lang`` (``sep``) and ``context``."""
     table = labels(kind, lang)
     return environment(lang).get_template(f"{kind}.html.j2").render(
         kind=kind, lang=lang, html_lang=HTML_LANG.get(lang, lang), L=table, C=label_table(lang)["common"],
-        css=stylesheet(), generated=time.strftime("%Y-%m-%d %H:%M:%S"), **context)
+        sep=list_separator(lang), css=stylesheet(), generated=time.strftime("%Y-%m-%d %H:%M:%S"), **context)
 
 
 def write(path: "str | Path", kind: str, lang: str = "en", **context) -> Path:

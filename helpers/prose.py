@@ -603,10 +603,6 @@ def tell(lang: str, msgid: str, **args) -> str:
     return tr(Message(msgid, args), lang)
 
 
-def list_separator(lang: str) -> str:
-    return runtime_translations(lang).pgettext("between items", ", ")
-
-
 def _format(pattern: str, args: dict, lang: str) -> str:
     return pattern.format(**{k: _arg_text(v, lang) for k, v in args.items()})
 
@@ -615,7 +611,7 @@ def _arg_text(value: Any, lang: str) -> Any:
     if isinstance(value, Message):
         return tr(value, lang)
     if isinstance(value, (list, tuple)):
-        return list_separator(lang).join(str(_arg_text(v, lang)) for v in value)
+        return pages.list_separator(lang).join(str(_arg_text(v, lang)) for v in value)
     return value
 
 
@@ -634,7 +630,7 @@ def tr(value: Any, lang: str = SOURCE_LANGUAGE) -> Any:
         pattern = catalog.pgettext(value.context, value.msgid) if value.context else catalog.gettext(value.msgid)
         return _format(pattern, value.args, lang) if value.args else pattern
     if isinstance(value, (list, tuple)) and any(isinstance(v, Message) for v in value):
-        return list_separator(lang).join(str(tr(v, lang)) for v in value)
+        return pages.list_separator(lang).join(str(tr(v, lang)) for v in value)
     return value
 
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 from . import decide, ladder, pages, plots
 from .claims import CLASS_COLOURS, GUIDES, VERDICT_CLASSES, number, parse_args, verdict_counts
-from .prose import N_, format_number, message, tell, translate_cell
+from .prose import N_, format_number, message, recorded, tell, tr, translate_cell
 from .results import REPORT_CHAPTER, RunFolder, metric
 
 def key_figures(results: dict):
@@ -305,8 +305,9 @@ def describe_key_figure(key: str, entry: dict, lang: str = "en", samples: Option
     shown_unit = counted(labels["units"].get(unit, unit), raw)
     shown = f"{value}{unit}" if unit in ("×", "%") else f"{value} {shown_unit}".strip()
     # the context says where the figure was taken; a word the value already shows is not repeated
-    context = ", ".join(str(entry[k]) for k in ("device", "dtype", "shape")
-                        if entry.get(k) and str(entry[k]) != str(raw))
+    # a recorded message (a shape "run's shape ... (the guide's is ...)") in the page's language
+    context = pages.list_separator(lang).join(str(tr(recorded(entry, k), lang)) for k in ("device", "dtype", "shape")
+                                              if entry.get(k) and str(entry[k]) != str(raw))
     spread = ""
     low, high = entry.get("low"), entry.get("high")
     if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not isinstance(low, bool):

@@ -155,6 +155,14 @@ def test_the_index_warns_beside_the_figures_of_a_chapter_measured_under_load(tmp
     assert "measured under load (load average per core above 1): 02_ffn_fusion" in page
     data["lang"] = "zh"
     assert "CPU 平均负载 4.8" in run.write_index(tmp_path, data).read_text()
+    # two chapters under load: listed with the page's own separator
+    two = {**data, "notebooks": [*data["notebooks"], {"notebook": "03_end_to_end", "status": "ok", "duration_s": 1.0}]}
+    Results("03_end_to_end", tmp_path, environment={"device": "cpu"}).finish()
+    other = tmp_path / "03_end_to_end" / "results.json"
+    write_json_atomic(other, {**json.loads(other.read_text()), "load": recorded["load"]})
+    assert "02_ffn_fusion、03_end_to_end" in run.write_index(tmp_path, two).read_text()
+    assert "02_ffn_fusion, 03_end_to_end" in run.write_index(tmp_path, {**two, "lang": "en"}).read_text()
+    write_json_atomic(other, {k: v for k, v in json.loads(other.read_text()).items() if k != "load"})
     recorded["load"]["start"]["under_load"] = False
     write_json_atomic(path, recorded)
     assert "under load" not in run.write_index(tmp_path, {**data, "lang": "en"}).read_text()

@@ -73,6 +73,15 @@ def test_key_figures_in_chinese():
     assert shown["value"] == "是"
     assert report.describe_key_figure("batched_outputs_match", {"value": False}, "en")["value"] == "no"
     assert report.describe_key_figure("ttft_ms", {"value": 1.0, "unit": "ms"}, "zh")["direction"] == "越低越好"
+    # a recorded message among the context (the run's shape against the guide's) in the page's language
+    entry = {"value": 1.39, "unit": "x", "device": "cpu", "dtype": "float32",
+             "shape": "run's shape 1x32x1024 (the guide's is 1x4096x4096)",
+             "shape_msg": {"msgid": "run's shape {size} (the guide's is {theirs})",
+                           "args": {"size": "1x32x1024", "theirs": "1x4096x4096"}}}
+    zh = report.describe_key_figure("add_rmsnorm_fusion_speedup", entry, "zh")["context"]
+    assert zh.startswith("cpu、float32、") and "run's shape" not in zh and "1x4096x4096" in zh
+    assert report.describe_key_figure("add_rmsnorm_fusion_speedup", entry, "en")["context"] == (
+        "cpu, float32, run's shape 1x32x1024 (the guide's is 1x4096x4096)")
 
 
 def test_a_template_names_recorded_keys_in_its_language():
