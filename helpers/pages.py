@@ -37,16 +37,12 @@ def languages() -> list[str]:
     return list(LANGUAGES)
 
 
-def label_strings(table=None, counted: bool = False):
+def label_strings() -> list:
     """``(context, English label)`` of every label of ``labels.en.yaml`` (what the runtime catalog
-    translates; ``scripts/update_catalogs.py`` extracts them). A label without a letter (a sign, a
-    "?") is the same in every language and not a message."""
-    table = _english() if table is None else table
-    if isinstance(table, dict):
-        for key, value in table.items():
-            yield from label_strings(value, counted or key == "units")
-    elif isinstance(table, str) and any(c.isalpha() for c in table):
-        yield (COUNTED if counted else PAGE), table
+    translates; ``scripts/update_catalogs.py`` extracts them)."""
+    found = []
+    _each_label(_english(), lambda context, text: found.append((context, text)) or text)
+    return found
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,11 +52,13 @@ def _english() -> dict:
     return yaml.safe_load((TEMPLATES / "labels.en.yaml").read_text(encoding="utf-8"))
 
 
-def _translated(table, catalog, counted: bool = False):
+def _each_label(table, say, counted: bool = False):
+    """``table`` with ``say(context, text)`` in place of every label that is a message. A label
+    without a letter (a sign, a "?") is the same in every language and not a message."""
     if isinstance(table, dict):
-        return {key: _translated(value, catalog, counted or key == "units") for key, value in table.items()}
+        return {key: _each_label(value, say, counted or key == "units") for key, value in table.items()}
     if isinstance(table, str) and any(c.isalpha() for c in table):
-        return catalog.pgettext(COUNTED if counted else PAGE, table)
+        return say(COUNTED if counted else PAGE, table)
     return table
 
 
@@ -69,7 +67,7 @@ def label_table(lang: str) -> dict:
     if lang not in LANGUAGES:
         raise ValueError(f"lang={lang!r}: the pages have labels in {', '.join(LANGUAGES)} "
                          "(add the language's runtime catalog to offer another)")
-    return _english() if lang == SOURCE_LANGUAGE else _translated(_english(), runtime_translations(lang))
+    return _english() if lang == SOURCE_LANGUAGE else _each_label(_english(), runtime_translations(lang).pgettext)
 
 
 def labels(kind: str, lang: str = "en") -> dict:
