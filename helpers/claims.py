@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from . import decide, roofline
 from .guide_api import api_check
-from .prose import Message, N_, decision, message
+from .prose import Message, N_, decision, message, recorded
 from .results import device_class, read_run
 from .roofline import LLAMA2_7B_CONFIG, llama2_weight_bytes, llama_parameter_count
 from .versions import KNOWN_GOOD
@@ -358,8 +358,11 @@ class Verdict:
             raise ValueError(f"unknown verdict {self.verdict!r}")
 
 
-def _context(entry: dict) -> str:
-    return ", ".join(f"{entry[k]}" for k in ("device", "dtype", "shape", "code_path") if entry.get(k))
+def _context(entry: dict) -> Any:
+    """Where a figure was measured: its device, dtype, shape and code path, each a recorded message
+    where one made it (so a page says them in its language), joined as a list; '' without any."""
+    parts = [recorded(entry, k) for k in ("device", "dtype", "shape", "code_path") if entry.get(k)]
+    return message("{parts}", parts=parts) if parts else ""
 
 
 def _spread(entry: Optional[dict]) -> tuple[Optional[float], Optional[float]]:

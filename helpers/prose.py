@@ -24,7 +24,6 @@ over recorded runs of a float32 CPU, a bf16 CPU, an NPU and a CUDA GPU:
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import gettext
 import math
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import decide, pages
-from .catalogs import (LANGUAGES, LOCALE, RUNTIME_DOMAIN, SOURCE_LANGUAGE, catalog_path, read_catalog,
+from .catalogs import (LANGUAGES, LOCALE, SOURCE_LANGUAGE, catalog_path, read_catalog,
                        runtime_translations)
 
 TEMPLATES = pages.TEMPLATES  # one folder for the pages' templates and the chapters'
@@ -118,8 +117,8 @@ def context_of(results: dict, run: Optional[dict] = None) -> dict:
     count = decide.chapter_samples(results.get("parameters"))
     metrics = {key: Record(entry, f"{chapter}.{key}", entry.get("unit", ""), count)
                for key, entry in (results.get("metrics") or {}).items()}
-    tables = {name: _wrap(rows, f"{chapter}.{name}", "", count)
-              for name, rows in (results.get("tables") or {}).items()}
+    tables = {name: _wrap(recorded_rows(results, name), f"{chapter}.{name}", "", count)
+              for name in (results.get("tables") or {})}
     return {"m": metrics, "t": tables, "p": Record(results.get("parameters") or {}, f"{chapter}.parameters"),
             "env": Record(results.get("environment") or {}, f"{chapter}.environment"),
             "chapter": chapter, "run": _Run({name: data for name, data in (run or {}).items() if name != chapter})}
@@ -428,8 +427,9 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
     env.globals["other_dtype"] = lambda dtype, device: renderer.mark(
         Fig(other_dtype(dtype, device), "other_dtype"), other_dtype(dtype, device))
     env.filters["say"] = lambda decision: say(decision, lang, mark=renderer.mark)
-    # a recorded word or sentence as recorded; a recorded message (a reason, a label, a word of the
-    # runtime catalog, read back from its English in a table) in the page's language
+    # a recorded word or sentence as recorded; a recorded message (a reason, a label, a table cell
+    # a message made: context_of reads their records back) or a word of the runtime catalog in the
+    # page's language
     env.filters["text"] = lambda value: renderer.mark(value, str(translate_cell(_plain(value), lang)))
 
     def plural(value: Any, one: str, other: str) -> str:
@@ -523,6 +523,7 @@ def join_wide_lines(text: str) -> str:
 # arguments under ``<key>_msg`` (``Message.record``), so old records and tools that read text still work.
 DECISION = "decision"  # the context of a message that is a helpers.decide decision (``decision``)
 MESSAGE_SUFFIX = "_msg"  # results.MESSAGE_SUFFIX: results.json's field beside a recorded message
+TABLE_MESSAGES = "table_messages"  # results.TABLE_MESSAGES: the messages behind a record's table cells
 
 
 class Message(str):
@@ -642,47 +643,26 @@ def recorded(entry: Any, key: str, default: Any = "") -> Any:
     return Message.from_record(entry.get(key + MESSAGE_SUFFIX), entry.get(key, default))
 
 
-@functools.lru_cache(maxsize=None)
-def _cell_patterns(path: Path, stamp: float) -> list:
-    """``(regex, msgid)`` for every message of a ``runtime`` catalog with placeholders: a table cell
-    read back from ``results.json`` is English text, and one that a message made is matched here."""
-    from babel.messages import pofile
-
-    with open(path, "rb") as handle:
-        catalog = pofile.read_po(handle)
-    patterns = []
-    for m in catalog:
-        if not m.id or not isinstance(m.id, str) or "{" not in m.id or m.context or not m.string:
-            continue
-        parts = re.split(r"\{(\w+)(?:[:!][^}]*)?\}", m.id)
-        if not re.search(r"[A-Za-z]{2}", "".join(parts[::2])):
-            continue  # only placeholders and punctuation ("{a}; {b}"): it would match any text
-        body = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)" for i, p in enumerate(parts))
-        with contextlib.suppress(re.error):  # a placeholder used twice cannot be a group twice
-            patterns.append((re.compile(body + r"\Z", re.S), m.id))
-    return patterns
+def recorded_rows(results: dict, name: str) -> Any:
+    """The recorded table ``name`` of a chapter's ``results``, each cell that a message made read back
+    as that ``Message`` (``results.table_messages``), so ``show`` and the ``text`` filter say it in the
+    reader's language; a cell of an older record stays the English it holds."""
+    rows = (results.get("tables") or {}).get(name)
+    said = (results.get(TABLE_MESSAGES) or {}).get(name)
+    if not said or not isinstance(rows, list):
+        return rows
+    return [{col: Message.from_record(said.get(str(i), {}).get(col), value) for col, value in row.items()}
+            if isinstance(row, dict) else row for i, row in enumerate(rows)]
 
 
 def translate_cell(value: Any, lang: str) -> Any:
-    """One table cell for a reader of ``lang``: a ``Message`` rendered; a text that is a word of the
-    catalog (``N_``) or the English rendering of one of its messages, translated; anything else
-    (numbers, names, identifiers) as it is."""
+    """One table cell for a reader of ``lang``: a ``Message`` rendered, a word of the catalog (``N_``)
+    translated; anything else (numbers, names, identifiers, an older record's English) as it is."""
     if lang == SOURCE_LANGUAGE or not isinstance(value, str) or not value.strip():
         return value  # (gettext("") is the catalog's header)
     if isinstance(value, Message):
         return tr(value, lang)
-    catalog = runtime_translations(lang)
-    said = catalog.gettext(value)
-    if said != value:
-        return said
-    path = catalog_path(RUNTIME_DOMAIN, lang)
-    for pattern, msgid in _cell_patterns(path, path.stat().st_mtime):
-        found = pattern.match(value)
-        if found:  # the arguments are text now: a number's format spec ({ratio:.2f}) no longer applies
-            said = catalog.gettext(msgid)
-            args = {k: translate_cell(v, lang) for k, v in found.groupdict().items()}  # shorter: it ends
-            return re.sub(r"\{(\w+)[:!][^}]*\}", r"{\1}", said).format(**args)
-    return value
+    return runtime_translations(lang).gettext(value)
 
 
 def show(frame: Any, lang: str = SOURCE_LANGUAGE) -> Any:

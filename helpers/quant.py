@@ -425,7 +425,9 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
             "impl": ",".join(sorted({m.impl for m in made})),
             "impl_reason": "; ".join(sorted({m.impl_reason for m in made})), "scheme": scheme,
-            "activations": ", ".join(sorted(acts)), "kept_dense": kept_dense, **timed}
+            # one label is kept as it is (a message stays one: a page says it in its language)
+            "activations": message("{parts}", parts=sorted(acts)) if len(acts) > 1 else next(iter(acts), ""),
+            "kept_dense": kept_dense, **timed}
 
 
 # --- INT4 weights in groups (CPU): the grid of the embedded GGUF's Q4_1 --------------------------

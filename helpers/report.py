@@ -14,7 +14,7 @@ from typing import Optional
 
 from . import decide, ladder, pages, plots
 from .claims import CLASS_COLOURS, GUIDES, VERDICT_CLASSES, number, parse_args, verdict_counts
-from .prose import N_, format_number, message, recorded, tell, tr, translate_cell
+from .prose import N_, format_number, message, recorded, recorded_rows, tell, tr, translate_cell
 from .results import REPORT_CHAPTER, RunFolder, metric
 
 def key_figures(results: dict):
@@ -31,7 +31,7 @@ def key_figures(results: dict):
             if entry is None:
                 continue
             rows.append({"chapter": chapter, "key": key, "value": entry.get("value"), "unit": entry.get("unit", ""),
-                         **{k: entry.get(k, "") for k in ("device", "dtype", "shape", "code_path")}})
+                         **{k: recorded(entry, k) for k in ("device", "dtype", "shape", "code_path")}})
     return pd.DataFrame(rows, columns=["chapter", "key", "value", "unit", "device", "dtype", "shape", "code_path"])
 
 
@@ -170,7 +170,7 @@ def plot_ladder(results: dict, lang: str = "en"):
     """Chapter 06's ladder beside the guide's, as ratios to each one's own baseline."""
     import pandas as pd
 
-    rows = (results.get("06_optimization_ladder") or {}).get("tables", {}).get("ladder")
+    rows = recorded_rows(results.get("06_optimization_ladder") or {}, "ladder")
     if not rows:
         return None
     table = pd.DataFrame(rows)

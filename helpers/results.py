@@ -28,6 +28,7 @@ SCHEMA = 1
 # under its key and, beside it, as its catalog key and arguments under ``<key>_msg``: a page renders
 # it in its reader's language (``prose.recorded``), a tool reads the text as before.
 MESSAGE_SUFFIX = "_msg"
+TABLE_MESSAGES = "table_messages"  # results.json: the messages behind table cells (``table_messages``)
 
 
 def default_run_dir() -> Path:
@@ -85,6 +86,28 @@ def with_messages(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [with_messages(v) for v in value]
     return value
+
+
+def table_messages(tables: dict) -> dict:
+    """``{table: {row: {column: record}}}`` for every table cell a message made (its catalog key and
+    arguments, as ``with_messages`` keeps a field's), so a page in another language says the cell in
+    its own words. The rows themselves stay as the chapter wrote them (English text)."""
+    out = {}
+    for name, rows in tables.items():
+        if hasattr(rows, "to_dict") and callable(rows.to_dict):  # pandas
+            with contextlib.suppress(TypeError):
+                rows = rows.to_dict(orient="records")
+        if not isinstance(rows, (list, tuple)):
+            continue
+        cells = {}
+        for i, row in enumerate(rows):
+            said = {str(col): value.message_record() for col, value in row.items()
+                    if callable(getattr(value, "message_record", None))} if isinstance(row, dict) else {}
+            if said:
+                cells[str(i)] = said
+        if cells:
+            out[name] = cells
+    return out
 
 
 def current_umask() -> int:
@@ -312,7 +335,8 @@ class Results:
         self.save()
 
     def save(self) -> None:
-        write_json_atomic(self.path, self.data)
+        cells = table_messages(self.data["tables"])
+        write_json_atomic(self.path, {**self.data, TABLE_MESSAGES: cells} if cells else self.data)
 
     @property
     def folder(self) -> Path:

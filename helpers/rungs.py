@@ -204,7 +204,7 @@ def rungs(climb: Climb, order=RUNGS) -> list[Rung]:
     function's name (``native_eager``, ``graph_mode``, ``int8_weights`` ...)."""
     words = {"dtype": dtype_name(climb.dtype), "batch": climb.batch_size,
              "graph": message("forward compiled, dynamic=False, static cache") if climb.graph_mode else "eager"}
-    return [Rung(name.format(**words), Message(text, words), partial(fn, climb), id=fn.__name__)
+    return [Rung(Message(name, words), Message(text, words), partial(fn, climb), id=fn.__name__)
             for name, text, fn in order]
 
 

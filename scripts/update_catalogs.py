@@ -35,9 +35,9 @@ from babel.messages.pofile import write_po
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from helpers import prose  # noqa: E402
+from helpers import catalogs, prose  # noqa: E402
 
-TRANSLATED = [lang for lang in prose.LANGUAGES if lang != prose.SOURCE_LANGUAGE]
+TRANSLATED = [lang for lang in catalogs.LANGUAGES if lang != catalogs.SOURCE_LANGUAGE]
 
 
 def pybabel(*args: str) -> None:
@@ -54,10 +54,10 @@ def update(chapter: str) -> None:
         pybabel("extract", "-F", str(REPO / "babel.cfg"), "--no-location", "--sort-output",
                 "--project", "ascend-llama-workbook", "-o", str(pot), str(template.relative_to(REPO)))
         for lang in TRANSLATED:
-            action = "update" if prose.catalog_path(chapter, lang).exists() else "init"
-            pybabel(action, "-i", str(pot), "-d", str(prose.LOCALE), "-l", lang, "-D", chapter,
+            action = "update" if catalogs.catalog_path(chapter, lang).exists() else "init"
+            pybabel(action, "-i", str(pot), "-d", str(catalogs.LOCALE), "-l", lang, "-D", chapter,
                     "--no-wrap", *(["--ignore-pot-creation-date"] if action == "update" else []))
-            print(f"{action}: {prose.catalog_path(chapter, lang).relative_to(REPO)}")
+            print(f"{action}: {catalogs.catalog_path(chapter, lang).relative_to(REPO)}")
 
 
 # the calls whose literal msgid is a run-time message (Babel keyword specs: "1c" is the context)
@@ -116,14 +116,14 @@ def runtime_messages() -> Catalog:
 
 def update_runtime() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        pot = Path(tmp) / f"{prose.RUNTIME_DOMAIN}.pot"
+        pot = Path(tmp) / f"{catalogs.RUNTIME_DOMAIN}.pot"
         with open(pot, "wb") as handle:
             write_po(handle, runtime_messages(), no_location=True, sort_output=True, width=0)
         for lang in TRANSLATED:
-            path = prose.catalog_path(prose.RUNTIME_DOMAIN, lang)
+            path = catalogs.catalog_path(catalogs.RUNTIME_DOMAIN, lang)
             action = "update" if path.exists() else "init"
             # a message no longer in the code is dropped (not kept as obsolete): tests/test_messages.py
-            pybabel(action, "-i", str(pot), "-d", str(prose.LOCALE), "-l", lang, "-D", prose.RUNTIME_DOMAIN,
+            pybabel(action, "-i", str(pot), "-d", str(catalogs.LOCALE), "-l", lang, "-D", catalogs.RUNTIME_DOMAIN,
                     "--no-wrap", *(["--ignore-pot-creation-date", "--ignore-obsolete"] if action == "update" else []))
             print(f"{action}: {path.relative_to(REPO)}")
 
@@ -137,5 +137,5 @@ if __name__ == "__main__":
     import os
 
     os.chdir(REPO)  # babel.cfg's patterns are relative to the repository root
-    for name in sys.argv[1:] or [*single_chapters(), prose.RUNTIME_DOMAIN]:
-        update_runtime() if name == prose.RUNTIME_DOMAIN else update(name)
+    for name in sys.argv[1:] or [*single_chapters(), catalogs.RUNTIME_DOMAIN]:
+        update_runtime() if name == catalogs.RUNTIME_DOMAIN else update(name)

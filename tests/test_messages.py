@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from babel.messages import pofile
 
-from helpers import plots, prose, results
+from helpers import catalogs, plots, prose, results
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -26,7 +26,7 @@ HAN = re.compile(r"[\u4e00-\u9fff]")
 
 
 def _catalog(lang):
-    with open(prose.catalog_path(prose.RUNTIME_DOMAIN, lang), "rb") as handle:
+    with open(catalogs.catalog_path(catalogs.RUNTIME_DOMAIN, lang), "rb") as handle:
         return pofile.read_po(handle)
 
 
@@ -121,27 +121,41 @@ def test_a_template_says_a_recorded_message_in_its_language(tmp_path):
 
 
 def test_show_translates_the_page_s_copy_of_a_table():
+    shape = prose.message("run's shape {size} (the guide's is {theirs})", size="1x256x2048", theirs="1x4096x4096")
     frame = pd.DataFrame({"impl": ["torch", "torch"], "layout": ["contiguous", "non-contiguous"],
-                          "median_ms": [1.5, 2.5],
-                          "case": ["run's shape 1x256x2048 (the guide's is 1x4096x4096)", "an unknown label"]})
+                          "median_ms": [1.5, 2.5], "case": [shape, "an unknown label"]})
     shown = prose.show(frame, "zh")
     assert list(shown.columns) == ["实现", "内存布局", "中位数 ms", "场景"]
     assert list(shown["内存布局"]) == ["连续", "非连续"]
     assert list(shown["实现"]) == ["torch", "torch"]  # an identifier is no word of the catalog
-    assert shown["场景"][0] == "本次运行的 shape 1x256x2048（指南的是 1x4096x4096）"  # an English rendering, read back
+    assert shown["场景"][0] == "本次运行的 shape 1x256x2048（指南的是 1x4096x4096）"
     assert shown["场景"][1] == "an unknown label" and list(shown["中位数 ms"]) == [1.5, 2.5]
     assert list(frame.columns) == ["impl", "layout", "median_ms", "case"]  # the recorded frame is untouched
     assert prose.show(frame, "en") is frame
     assert prose.show("not a table", "zh") == "not a table"
     numbers = prose.show(pd.DataFrame({"x": [""], "y": [None]}), "zh")  # an empty cell is no catalog lookup
     assert numbers["x"][0] == ""
+    # English text is never read back into a message: only a word of the catalog is translated
+    assert prose.translate_cell(str(shape), "zh") == str(shape)
 
 
-def test_a_cell_s_arguments_are_translated_too_and_format_specs_do_not_break_text_arguments():
-    cell = "int4 g32 weights, bfloat16 (cast from float32 at each quantized linear, output cast back) activations"
-    said = prose.translate_cell(cell, "zh")
+def test_a_table_cell_made_by_a_message_is_recorded_with_it_and_read_back_in_any_language(tmp_path):
+    cast = prose.message("{dtype} (cast from {model_dtype} at each quantized linear, output cast back)",
+                         dtype="bfloat16", model_dtype="float32")
+    cell = prose.message("int4 g32 weights, {activations} activations", activations=cast)
+    needs = prose.message("{budget:g} ms needs utilisation (%)", budget=1.5)
+    r = results.Results("99_demo", run_dir=tmp_path)
+    r.table("kernels", pd.DataFrame({"kernel": [cell, "plain"], "column": [needs, "x"]}))
+    data = json.loads(r.path.read_text(encoding="utf-8"))
+    assert data["tables"]["kernels"][0]["kernel"] == str(cell)  # the table itself keeps its English text
+    assert set(data[results.TABLE_MESSAGES]["kernels"]) == {"0"}  # only the cells a message made
+    rows = prose.recorded_rows(data, "kernels")
+    said = prose.translate_cell(rows[0]["kernel"], "zh")
     assert said.startswith("int4 g32 权重") and "由 float32 转换" in said
-    assert prose.translate_cell("1.5 ms needs utilisation (%)", "zh") == "1.5 ms 所需利用率 (%)"
+    assert prose.translate_cell(rows[0]["column"], "zh") == "1.5 ms 所需利用率 (%)"
+    assert rows[1] == {"kernel": "plain", "column": "x"}
+    page = prose.context_of(data)["t"]["kernels"][0]["kernel"].value  # what a template's ``text`` filter gets
+    assert prose.translate_cell(page, "zh") == said
 
 
 def test_a_decision_inside_a_message_is_said_with_the_phrase_table():

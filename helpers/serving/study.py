@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .. import backend, params, plots, progress
-from ..prose import PHRASES, Message, N_, message, tell, tr
+from ..prose import PHRASES, Message, N_, message, recorded, recorded_rows, tell, tr
 from ..results import device_class, load_results
 from .client import (GOOD_SHARE, BenchNotRun, PromptSource, as_dict, bench_plan, bench_row,
                      bench_serve_command, is_good, poisson_arrivals, run_bench_serve, run_level,
@@ -354,6 +354,11 @@ def contention(results: dict) -> str:
     return next((n for n in results.get("notes", []) if str(n).startswith("CPU load average")), "")
 
 
+def _word(value: Any) -> Any:
+    """A recorded rung name as a message: the one its record kept, else (an older record) the word."""
+    return value if isinstance(value, Message) else Message(str(value))
+
+
 def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
     """Chapter 03's batch-1 figures, chapter 04's batch sweep and chapter 06's best batch-1 rung and
     batch rung, read from the run's results (never re-measured), one row per concurrency point.
@@ -382,17 +387,17 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
             prompt, new = lengths_from_shape(dec.get("shape"))
             rows.append({"source": message("03 batch-1 eager generate"), "chapter": "03_end_to_end", "concurrency": 1,
                          "prompt_tokens": prompt, "new_tokens": new, "caveat": contention(ch03),
-                         "model": ch03["parameters"].get("model"), "dtype": dec.get("dtype"),
+                         "model": ch03["parameters"].get("model"), "dtype": recorded(dec, "dtype"),
                          "device": dec.get("device"), "ttft_ms": _num(ttft["value"]),
                          "ttft_p10_ms": _num(ttft.get("low")), "ttft_p90_ms": _num(ttft.get("high")), "tpot_ms": _num(dec.get("decode_ms_per_token")),
                          "tpot_p10_ms": _num(dec.get("decode_p10_ms")), "tpot_p90_ms": _num(dec.get("decode_p90_ms")),
                          "decode_tok_s_per_user": _num(dec["value"]),
-                         "decode_tok_s_aggregate": _num(dec["value"]), "code_path": dec.get("code_path")})
+                         "decode_tok_s_aggregate": _num(dec["value"]), "code_path": recorded(dec, "code_path")})
         else:
             missing.append("03_end_to_end recorded no ttft_ms / decode_tok_s_batch1")
     ch04 = state("04_batching")
     if ch04:
-        for r in ch04.get("tables", {}).get("batch_sweep") or []:
+        for r in recorded_rows(ch04, "batch_sweep") or []:
             if r.get("status") != "ok" or not r.get("decode_resolved", True):
                 continue
             rows.append({"source": message("04 batch sweep, batch {batch}", batch=r["point"]), "chapter": "04_batching",
@@ -407,7 +412,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                          "code_path": r.get("code_path")})
     ch06 = state("06_optimization_ladder")
     if ch06:
-        ladder = {r.get("rung"): r for r in ch06.get("tables", {}).get("ladder") or [] if r.get("status") == "ok"}
+        ladder = {r.get("rung"): r for r in recorded_rows(ch06, "ladder") or [] if r.get("status") == "ok"}
         m = ch06.get("metrics", {})
         for key, label in (("ladder_best_batch1_speedup", N_("best batch-1 rung")),
                            ("ladder_batch_throughput_ratio", N_("batch rung"))):
@@ -418,7 +423,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
                 continue
             batch = int(r.get("batch_size") or 1)
             per_user = 1e3 / r["decode_ms_per_token"] if _num(r.get("decode_ms_per_token")) else None
-            rows.append({"source": message("06 {label}: {rung}", label=Message(label), rung=Message(rung)), "chapter": "06_optimization_ladder",
+            rows.append({"source": message("06 {label}: {rung}", label=Message(label), rung=_word(r["rung"])), "chapter": "06_optimization_ladder",
                          "concurrency": batch, "prompt_tokens": _int(r.get("prompt_tokens")),
                          "new_tokens": _int(r.get("new_tokens") or ch06["parameters"].get("max_new_tokens")),
                          "caveat": contention(ch06),
