@@ -571,7 +571,7 @@ def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8
         "dequant": lambda: [dequant_matmul(x_act[s], q, sc) for s, q, sc, _ in quantized],
         "torchao": lambda: [m(x_act[s]) for s, m in mods],
     }
-    candidates = [(f"dense {dense_name}", lambda: [F.linear(x_model[s], w) for s, w in sampled],
+    candidates = [(message("dense {dtype}", dtype=dense_name), lambda: [F.linear(x_model[s], w) for s, w in sampled],
                    torch.tensor([], dtype=model_dtype).element_size(), None, dense_name)]
     candidates += [(k, steps[k], 1, problems[k], label) for k in kernels]
     rows = []
@@ -624,7 +624,7 @@ def time_int4_activations(model: nn.Module, skip: Iterable[str] = (), group_size
         return lambda: [torch._weight_int4pack_mm_for_cpu(x[s].to(act), q, group_size, sc).to(model_dtype)
                         for (s, _, q, _), sc in zip(packed, scales)]
 
-    candidates = [(f"dense {backend.dtype_name(model_dtype)}", lambda: [F.linear(x[s], w) for s, w, _, _ in packed], None)]
+    candidates = [(message("dense {dtype}", dtype=backend.dtype_name(model_dtype)), lambda: [F.linear(x[s], w) for s, w, _, _ in packed], None)]
     # float16 only for a float16 model: a bfloat16 or float32 activation may exceed float16's 65504
     acts = [a for a in INT4_ACT_DTYPES if a != torch.float16 or model_dtype == torch.float16]
     candidates += [(f"int4 g{group_size}, {backend.dtype_name(act)} activations", int4_step(act), act)
