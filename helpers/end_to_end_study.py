@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import backend, bench, decide, plots, profiling, prose, roofline
+from . import backend, bench, plots, profiling, prose, roofline
 from .backend import as_device, dtype_name
 from .claims import claimed_range, load_claims
 from .generation import decode_step, generate_tokens, measure_generation, run_sweep, sweep_table
@@ -415,131 +415,64 @@ def quiet_recompile_warnings():
         logger.setLevel(level)
 
 
-# --- chapter 03's worked answers (solutions/03): the sentences of each answer, from the data -------
-# Each answer's sentences are run-time messages (``prose.tell``), said in the answer's edition; each
-# one says so where a figure it needs did not resolve, instead of dividing by it.
+# --- chapter 03's worked answers (solutions/03): the facts each answer's paragraph is said from ----
+# The paragraphs are blocks of templates/03_end_to_end.answers.md.j2 (``prose.answer``), under the
+# rules of the chapter's own page; here are only the figures they need, derived where a ratio or a
+# share is needed. A figure that did not resolve is named (None, or listed), never divided by.
 
 def _resolved(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def answer_request_lengths(runs: dict, lang: str = "en") -> str:
-    """Exercise 1: ``runs`` maps new tokens to ``measure_generation`` results (two lengths). TTFT
-    against decode per token (stamped per token; its change decided on both spreads and the stamped
-    samples, ``decide.time_ratio_direction``), and the two-generate cross-check at each length."""
+def request_length_facts(runs: dict) -> dict:
+    """Exercise 1: ``runs`` maps new tokens to ``measure_generation`` results (two lengths). The
+    request's growth and TTFT's change; the longer request's decode step over the shorter's as a
+    ratio with the spread of both p10-p90 and the stamped steps it stands on (``decode``, only when
+    both resolved; else ``unresolved`` names the lengths); the two-generate cross-check per length."""
     (short, s), (long_, l) = sorted(runs.items())[0], sorted(runs.items())[-1]
-    parts = [prose.tell(lang, "The whole request grows {growth:.1f}x from {short} to {long} new tokens; TTFT "
-                        "changes by {ttft:+.0f} %", growth=l["total_ms"] / s["total_ms"], short=short, long=long_,
-                        ttft=100 * (l["ttft_ms"] / s["ttft_ms"] - 1))]
-    if _resolved(s["decode_ms_per_token"]) and _resolved(l["decode_ms_per_token"]):
-        # the longer request's step over the shorter's, decided as the pages decide a time ratio: the
-        # spread from both p10-p90, no direction from fewer than decide.MIN_SAMPLES stamped steps a side
-        side = decide.time_ratio_direction(l["decode_p10_ms"] / s["decode_p90_ms"],
-                                           l["decode_p90_ms"] / s["decode_p10_ms"],
-                                           samples=min(len(r.get("decode_samples_ms") or ()) for r in (s, l)))
-        change = 100 * (l["decode_ms_per_token"] / s["decode_ms_per_token"] - 1)
-        if decide.is_too_few(side) or side == decide.SAME:
-            parts.append(prose.tell(lang, " and decode per token by {change:+.0f} %: {decision}.", change=change,
-                                    decision=prose.say(side, lang)))
-        else:
-            parts.append(prose.tell(lang, " and decode per token by {change:+.0f} % (their p10-p90 spreads are "
-                                    "apart: something besides the request length, or the longer KV cache, moved "
-                                    "the step).", change=change))
-    else:
-        unresolved = [str(n) for n, r in sorted(runs.items()) if not _resolved(r["decode_ms_per_token"])]
-        parts.append(prose.tell(lang, "; the decode per token did not resolve at {lengths} new tokens, so this run "
-                                "cannot compare it.", lengths=unresolved))
-    parts.append(prose.tell(lang, " TTFT is one prefill of the same prompt, so the number of new tokens does not "
-                            "enter it. Decode is timed per token inside each generate, so each sample is one step "
-                            "whatever N is; the longer request attends over {more} more positions on average, which "
-                            "adds to each step's attention but not to the weights it reads.",
-                            more=(long_ - short) // 2))
-    checks = []
-    for n, r in sorted(runs.items()):
-        two = r.get("decode_two_generates_ms")
-        if _resolved(two):
-            checks.append(prose.tell(lang, "{n} tokens: {two:.2f} ms against {stamped:.2f} ms stamped", n=n, two=two,
-                                     stamped=r["decode_ms_per_token"]))
-        else:
-            checks.append(prose.tell(lang, "{n} tokens: no figure (the one-token generates took as long as the full "
-                                     "ones)", n=n))
-    parts.append(prose.tell(lang, " The cross-check (t(N) − t(1)) / (N − 1) divides a small difference of two noisy "
-                            "totals by N − 1: {checks}. The longer the request, the more decode time the difference "
-                            "holds above the noise of the totals, so it needs the longer request to resolve; the "
-                            "stamped steps do not.", checks="; ".join(checks)))
-    return "".join(parts)
+    facts = {"short": short, "long": long_, "growth": l["total_ms"] / s["total_ms"],
+             "ttft_change_pct": 100 * (l["ttft_ms"] / s["ttft_ms"] - 1), "more_positions": (long_ - short) // 2,
+             "unresolved": [n for n, r in sorted(runs.items()) if not _resolved(r["decode_ms_per_token"])],
+             "checks": [{"tokens": n, "stamped_ms": r["decode_ms_per_token"],
+                         "two_ms": r.get("decode_two_generates_ms") if _resolved(r.get("decode_two_generates_ms"))
+                         else None} for n, r in sorted(runs.items())]}
+    if not facts["unresolved"]:
+        facts["decode"] = {"change_pct": 100 * (l["decode_ms_per_token"] / s["decode_ms_per_token"] - 1),
+                           "low": l["decode_p10_ms"] / s["decode_p90_ms"], "high": l["decode_p90_ms"] / s["decode_p10_ms"],
+                           "n_samples": min(len(r.get("decode_samples_ms") or ()) for r in (s, l))}
+    return facts
 
 
-def answer_dtype_ratio(by_dtype: dict, lang: str = "en") -> str:
+def dtype_ratio_facts(by_dtype: dict) -> dict:
     """Exercise 2: ``by_dtype`` maps two dtype names to ``{decode_ms_per_token, decode_p10_ms,
-    decode_p90_ms, decode_samples, bytes_per_step}``. The time ratio (with its spread) against the
-    bytes ratio, and what the data says: a fixed cost per step pulls the time ratio below the bytes
-    ratio, towards 1; a time ratio above the bytes ratio means the larger step moves its bytes at a
-    lower rate. Decided as every page decides a spread against a mark (``decide.direction``): from
-    fewer decode samples than ``decide.MIN_SAMPLES`` on either side it says no direction."""
+    decode_p90_ms, decode_samples, bytes_per_step}``. The bytes ratio, the time ratio with the spread
+    of both p10-p90 and its sample count (the fewer of the two sides; a side without its count
+    leaves the count unknown, so no direction is said), and each step's GB/s."""
     if len(by_dtype) != 2:
-        return prose.tell(lang, "The chapter's dtype has no second dtype to compare with here, so this run has no "
-                          "ratio to read.")
+        return {"compared": False}
     small, large = sorted(by_dtype, key=lambda n: by_dtype[n]["bytes_per_step"])
     a, b = by_dtype[small], by_dtype[large]
-    unresolved = [n for n, r in ((small, a), (large, b)) if not _resolved(r.get("decode_ms_per_token"))]
-    bytes_ratio = b["bytes_per_step"] / a["bytes_per_step"]
-    if unresolved:
-        return prose.tell(lang, "Bytes per step change {bytes:.2f}x ({small} to {large}), but the decode per token "
-                          "of {which} did not resolve in this run, so there is no time ratio to set beside it.",
-                          bytes=bytes_ratio, small=small, large=large, which=" and ".join(unresolved))
-    ratio = b["decode_ms_per_token"] / a["decode_ms_per_token"]
-    low, high = b["decode_p10_ms"] / a["decode_p90_ms"], b["decode_p90_ms"] / a["decode_p10_ms"]
-    gbps = {n: r["bytes_per_step"] / r["decode_ms_per_token"] / 1e6 for n, r in ((small, a), (large, b))}
-    text = prose.tell(lang, "Bytes per step change {bytes:.2f}x ({small} to {large}); decode time per token changes "
-                      "{ratio:.2f}x (spread {low:.2f}-{high:.2f}x from the p10-p90 of each). The steps move "
-                      "{small_gbps:.1f} GB/s in {small} and {large_gbps:.1f} GB/s in {large}. ", bytes=bytes_ratio,
-                      small=small, large=large, ratio=ratio, low=low, high=high, small_gbps=gbps[small],
-                      large_gbps=gbps[large])
-    counts = [r.get("decode_samples") for r in (a, b)]
-    samples = None if None in counts else min(counts)  # a side without its count: no direction
-    side = decide.direction(low, high, bytes_ratio, samples=samples)
-    if decide.is_too_few(side):
-        return text + prose.tell(lang, "Against the bytes ratio: {decision}.", decision=prose.say(side, lang))
-    if side == decide.SAME:
-        return text + prose.tell(lang, "Within the spread the time follows the bytes: both dtypes stream their bytes "
-                                 "at about the same rate, as a step bound by reading its weights and KV cache would.")
-    if side == decide.FASTER:  # the whole spread above the bytes ratio
-        return text + prose.tell(lang, "The whole spread lies above the bytes ratio: the {large} step costs more than "
-                                 "its extra bytes. That is not overhead: a fixed cost per step (launches, Python) "
-                                 "would pull the time ratio below the bytes ratio, towards 1. The {large} step moves "
-                                 "its bytes at a lower rate than the {small} one, so here the {large} kernels are the "
-                                 "slower per byte; which kernels, the chapter's decode-gap decomposition in each "
-                                 "dtype shows.", large=large, small=small)
-    if decide.direction(low, high, samples=samples) == decide.SAME:  # below the bytes, and 1 within the spread
-        return text + prose.tell(lang, "The whole spread lies below the bytes ratio: part of each step does not grow "
-                                 "with the bytes read (a fixed cost per step: launches, Python, small kernels), and "
-                                 "that part pulls the time ratio towards 1, here all the way: within the spread the "
-                                 "time did not change.")
-    return text + prose.tell(lang, "The whole spread lies below the bytes ratio: part of each step does not grow with "
-                             "the bytes read (a fixed cost per step: launches, Python, small kernels), and that part "
-                             "pulls the time ratio towards 1; the rest of the step follows the bytes.")
+    facts = {"compared": True, "small": small, "large": large,
+             "bytes_ratio": b["bytes_per_step"] / a["bytes_per_step"],
+             "unresolved": [n for n, r in ((small, a), (large, b)) if not _resolved(r.get("decode_ms_per_token"))]}
+    if not facts["unresolved"]:
+        counts = [r.get("decode_samples") for r in (a, b)]
+        facts["time"] = {"ratio": b["decode_ms_per_token"] / a["decode_ms_per_token"],
+                         "low": b["decode_p10_ms"] / a["decode_p90_ms"], "high": b["decode_p90_ms"] / a["decode_p10_ms"],
+                         "n_samples": None if None in counts else min(counts)}
+        facts.update(small_gbps=a["bytes_per_step"] / a["decode_ms_per_token"] / 1e6,
+                     large_gbps=b["bytes_per_step"] / b["decode_ms_per_token"] / 1e6)
+    return facts
 
 
-def answer_aggregate_users(claim_tok_s: float, per_user_tok_s, weight_bytes: float, device_row,
-                           dtype: str, model: str, lang: str = "en") -> str:
+def aggregate_users_facts(claim_tok_s: float, per_user_tok_s, weight_bytes: float, device_row,
+                          dtype: str, model: str) -> dict:
     """Exercise 3: the bandwidth ``claim_tok_s`` needs with ``weight_bytes`` against ``device_row``
     (a row of the specs table), and the users at ``per_user_tok_s`` (this run's batch-1 decode; None
-    or NaN when it did not resolve) that the claim's aggregate needs."""
+    or NaN when it did not resolve: ``users`` is then None) that the claim's aggregate needs."""
     need = required_bandwidth_gbps(claim_tok_s, weight_bytes)
-    text = prose.tell(lang, "Llama-2-7B in INT8 reads {gb:.2f} GB of weights per step, so {claim:g} tok/s at batch 1 "
-                      "needs {tbps:.1f} TB/s, {times:.1f}x the {variant} figure of the specs table ({gbps:.0f} GB/s, "
-                      "{status}). ", gb=weight_bytes / 1e9, claim=claim_tok_s, tbps=need / 1e3,
-                      times=need / device_row.bandwidth_gbps, variant=device_row.variant,
-                      gbps=device_row.bandwidth_gbps, status=prose.translate_cell(device_row.status, lang))
-    if not _resolved(per_user_tok_s):
-        return text + prose.tell(lang, "This run's batch-1 decode ({dtype}, {model}) did not resolve, so it gives no "
-                                 "per-user speed to divide the aggregate by: rerun chapter 03 for the number of "
-                                 "users.", dtype=dtype, model=model)
-    return text + prose.tell(lang, "At this run's measured {per_user:.1f} tok/s per user ({dtype}, {model}), "
-                                   "{claim:g} "
-                             "tok/s of aggregate throughput needs about {users:.0f} concurrent users, if per-user "
-                             "speed "
-                             "did not drop with the batch; chapter 04 measures how much it does drop.",
-                             per_user=per_user_tok_s, dtype=dtype, model=model, claim=claim_tok_s,
-                             users=claim_tok_s / per_user_tok_s)
+    per_user = per_user_tok_s if _resolved(per_user_tok_s) else None
+    return {"weight_gb": weight_bytes / 1e9, "claim_tok_s": claim_tok_s, "need_tbps": need / 1e3,
+            "times": need / device_row.bandwidth_gbps, "variant": device_row.variant,
+            "gbps": device_row.bandwidth_gbps, "status": device_row.status, "per_user": per_user,
+            "users": claim_tok_s / per_user if per_user else None, "dtype": dtype, "model": model}

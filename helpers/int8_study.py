@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
-from . import backend, bench, claims, generation, models, plots, progress, prose, quality, quant
+from . import backend, bench, claims, decide, generation, models, plots, progress, prose, quality, quant
 from .models import load_model, weight_bytes
 from .prose import N_, message
 from .params import check_positive_int
@@ -454,3 +454,42 @@ def check_variants(names, parameter: str = "variants") -> list[str]:
         raise ValueError(f"{parameter} contains {', '.join(map(repr, unknown))}; choose from "
                          f"{', '.join(quant.VARIANTS)}")
     return list(names)
+
+
+# --- chapter 05's worked answers (solutions/05): the facts each answer's paragraph is said from ----
+# The paragraphs are blocks of templates/05_int8_quantization.answers.md.j2 (``prose.answer``).
+
+def other_baseline_facts(speedup, chapter: dict, *, kernel: str, activations, dtype: str,
+                         bytes_per_weight: int) -> dict:
+    """Exercise 1: W8A16 over dense with a ``dtype`` baseline (``speedup``, a ``bench.Speedup``)
+    beside the chapter's recorded ``int8_decode_speedup_batch1`` (``chapter``: its results.json) in
+    the chapter's dtype, each with its spread and the samples it stands on; the dense step's bytes
+    per weight in ``dtype``."""
+    figure = chapter["metrics"]["int8_decode_speedup_batch1"]
+    return {"here": {"ratio": speedup.ratio, "low": speedup.low, "high": speedup.high, "n_samples": speedup.samples},
+            "chapter": {"ratio": figure["value"], "low": figure["low"], "high": figure["high"],
+                        "n_samples": decide.samples_of(figure, decide.chapter_samples(chapter.get("parameters")))},
+            "kernel": kernel, "activations": activations, "dtype": dtype,
+            "chapter_dtype": chapter["device_choice"]["dtype"], "bytes_per_weight": bytes_per_weight}
+
+
+def lm_head_facts(groups: dict, largest: tuple, full: dict, head_dense: dict, dtype: str) -> dict:
+    """Exercise 2: the model's parameters by part (``parameter_groups``), its ``largest`` tensor
+    (name, count), and the INT8 model with every linear (``full``) against the one that keeps
+    ``lm_head`` dense (``head_dense``): rows with weight_MB, perplexity and speedup_vs_dense."""
+    total = sum(groups.values())
+    parts = [{"name": k, "pct": 100 * v / total} for k, v in sorted(groups.items(), key=lambda kv: -kv[1])]
+    return {"parts": parts, "biggest": parts[0]["name"], "biggest_pct": parts[0]["pct"], "tensor": largest[0],
+            "tensor_pct": 100 * largest[1] / total, "dtype": dtype,
+            **{f"{k}{suffix}": float(row[k]) for suffix, row in (("", full), ("_head", head_dense))
+               for k in ("weight_MB", "perplexity", "speedup_vs_dense")}}
+
+
+def calibration_facts(perplexity: dict, samples: int) -> dict:
+    """Exercise 3: perplexity with per-layer, per-channel and dynamic per-token activation scales
+    (``perplexity`` by mode) from ``samples`` calibration sentences; the share of the per-layer gap to
+    per-token that per-channel scales close (None when per layer is no worse than per token)."""
+    gap_layer = perplexity["per layer"] - perplexity["per token"]
+    gap_channel = perplexity["per channel"] - perplexity["per token"]
+    return {"samples": samples, "layer": perplexity["per layer"], "channel": perplexity["per channel"],
+            "token": perplexity["per token"], "closed_pct": 100 * (1 - gap_channel / gap_layer) if gap_layer > 0 else None}

@@ -490,12 +490,35 @@ def render(chapter: str, block: str, results: dict, run: Optional[dict] = None, 
     for key, value in extra.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise TypeError(f"{key}={value!r}: numbers reach a template only as recorded figures")
-    name = template_name(chapter, lang)  # checks lang first
+    return _render_block(chapter, template_name(chapter, lang), block, {**context_of(results, run), **extra},
+                         lang, audit)
+
+
+def answer_template_name(chapter: str, lang: str = "en") -> str:
+    """The file that holds the paragraphs of ``chapter``'s worked answers; the chapter's catalog
+    translates them (``lang`` is checked)."""
+    template_name(chapter, lang)
+    return f"{chapter}.answers.md.j2"
+
+
+def answer(chapter: str, block: str, facts: dict, *, lang: str = "en", audit: bool = False) -> str:
+    """One paragraph (``block``) of a chapter's worked answers, from ``facts``: what the answer
+    measured or read (numbers, words, records of a figure with its spread), the template's ``a``.
+
+    The rules of a chapter's paragraphs hold: numbers are ``facts``' figures, directions come from
+    ``helpers.decide`` (a record's spread stands on its ``n_samples``; a record with a spread and no
+    count says no direction, a plain number is exact), words from the facts."""
+    context = {"chapter": chapter, "a": {
+        key: _wrap(value, f"{chapter}.answer.{key}", "", None if isinstance(value, (dict, list)) else decide.EXACT)
+        for key, value in facts.items()}}
+    return _render_block(chapter, answer_template_name(chapter, lang), block, context, lang, audit)
+
+
+def _render_block(chapter: str, name: str, block: str, context: dict, lang: str, audit: bool) -> str:
     template = chapter_environment(chapter, lang, audit).get_template(name)
     if block not in template.blocks:
-        raise KeyError(f"{template_name(chapter, lang)} has no block {block!r}; it has {list(template.blocks)}")
-    context = template.new_context({**context_of(results, run), **extra})
-    text = "".join(template.blocks[block](context)).strip()
+        raise KeyError(f"{name} has no block {block!r}; it has {list(template.blocks)}")
+    text = "".join(template.blocks[block](template.new_context(context))).strip()
     return join_wide_lines(text) if lang != SOURCE_LANGUAGE else text
 
 

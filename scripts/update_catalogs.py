@@ -51,8 +51,11 @@ def update(chapter: str) -> None:
                          f"choose one of {', '.join(single_chapters())}")
     with tempfile.TemporaryDirectory() as tmp:
         pot = Path(tmp) / f"{chapter}.pot"
+        # the chapter's worked answers, where they have a template, share its catalog
+        answers = [p for p in [prose.TEMPLATES / prose.answer_template_name(chapter)] if p.exists()]
         pybabel("extract", "-F", str(REPO / "babel.cfg"), "--no-location", "--sort-output",
-                "--project", "ascend-llama-workbook", "-o", str(pot), str(template.relative_to(REPO)))
+                "--project", "ascend-llama-workbook", "-o", str(pot),
+                *(str(p.relative_to(REPO)) for p in [template, *answers]))
         for lang in TRANSLATED:
             action = "update" if catalogs.catalog_path(chapter, lang).exists() else "init"
             pybabel(action, "-i", str(pot), "-d", str(catalogs.LOCALE), "-l", lang, "-D", chapter,

@@ -160,6 +160,10 @@ def _run(decode_ms, p10, p90, two=None, ttft=100.0, total=500.0, samples=45):
             "total_ms": total, "decode_two_generates_ms": two, "decode_samples_ms": [decode_ms] * samples}
 
 
+def _answer(block, facts, lang="en"):
+    return prose.answer("03_end_to_end", block, facts, lang=lang)
+
+
 def test_the_users_answer_says_so_when_the_chapter_figure_is_none():
     """Chapter 03's worked answer divided the claim by None: TypeError in the quick zh run."""
     specs = roofline.load_specs()
@@ -167,50 +171,61 @@ def test_the_users_answer_says_so_when_the_chapter_figure_is_none():
     results = _fixture_03()
     results["metrics"]["decode_tok_s_batch1"]["value"] = None
     per_user = results["metrics"]["decode_tok_s_batch1"]["value"]
-    text = end_to_end_study.answer_aggregate_users(2500, per_user, roofline.llama2_weight_bytes("int8"), b910,
+    facts = end_to_end_study.aggregate_users_facts(2500, per_user, roofline.llama2_weight_bytes("int8"), b910,
                                                    "float32", "smollm2-135m")
-    assert "did not resolve" in text and "TB/s" in text
-    assert "concurrent users" in end_to_end_study.answer_aggregate_users(
-        2500, 20.0, roofline.llama2_weight_bytes("int8"), b910, "float32", "smollm2-135m")
+    assert facts["users"] is None and facts["need_tbps"] > 0
+    assert "did not resolve" in _answer("aggregate_users", facts)
+    facts = end_to_end_study.aggregate_users_facts(2500, 20.0, roofline.llama2_weight_bytes("int8"), b910,
+                                                   "float32", "smollm2-135m")
+    assert facts["users"] == 125.0 and "125 concurrent users" in _answer("aggregate_users", facts)
 
 
 def test_a_time_ratio_above_the_bytes_ratio_is_not_read_as_overhead():
     """The run that prompted this: float32 2.52x the time of the 16-bit step for 2.00x the bytes."""
     above = {"float16": {**_run(10.0, 9.8, 10.2), "bytes_per_step": 1e8, "decode_samples": 45},
              "float32": {**_run(25.2, 25.0, 25.5), "bytes_per_step": 2e8, "decode_samples": 45}}
-    text = end_to_end_study.answer_dtype_ratio(above)
-    assert "2.00x" in text and "2.52x" in text and "above the bytes ratio" in text
-    assert "That is not overhead" in text and "lower rate" in text
+    facts = end_to_end_study.dtype_ratio_facts(above)
+    assert (facts["small"], facts["large"], facts["bytes_ratio"]) == ("float16", "float32", 2.0)
+    assert facts["time"]["ratio"] == pytest.approx(2.52) and facts["time"]["n_samples"] == 45
+    text = _answer("dtype_ratio", facts)
+    assert "2.00x" in text and "2.52x" in text and "above the bytes ratio" in text and "not overhead" in text
     below = copy.deepcopy(above)
     below["float32"].update(_run(12.0, 11.8, 12.2))
-    assert "pulls the time ratio" in end_to_end_study.answer_dtype_ratio(below)
+    assert "the rest of the step follows the bytes" in _answer("dtype_ratio", end_to_end_study.dtype_ratio_facts(below))
     within = copy.deepcopy(above)
     within["float32"].update(_run(20.0, 18.0, 22.0))
-    assert "follows the bytes" in end_to_end_study.answer_dtype_ratio(within)
+    assert "follows the bytes:" in _answer("dtype_ratio", end_to_end_study.dtype_ratio_facts(within))
     unresolved = copy.deepcopy(above)
     unresolved["float32"].update(_run(float("nan"), float("nan"), float("nan")))
-    assert "did not resolve" in end_to_end_study.answer_dtype_ratio(unresolved)
+    facts = end_to_end_study.dtype_ratio_facts(unresolved)
+    assert facts["unresolved"] == ["float32"] and "time" not in facts
     # the same spreads from 3 decode samples on one side, or an unrecorded count: no direction
     few = copy.deepcopy(above)
     few["float16"]["decode_samples"] = 3
-    said = end_to_end_study.answer_dtype_ratio(few)
-    assert "too few samples" in said and "3 of the 5" in said and "above the bytes ratio" not in said
+    said = _answer("dtype_ratio", end_to_end_study.dtype_ratio_facts(few))
+    assert prose.say("too few samples: 3 of 5") in said and "above the bytes ratio" not in said
     del few["float16"]["decode_samples"]
-    assert "not recorded" in end_to_end_study.answer_dtype_ratio(few)
+    assert end_to_end_study.dtype_ratio_facts(few)["time"]["n_samples"] is None
+    assert "not recorded" in _answer("dtype_ratio", end_to_end_study.dtype_ratio_facts(few))
+    assert "no second dtype" in _answer("dtype_ratio", end_to_end_study.dtype_ratio_facts({"float32": above["float32"]}))
 
 
 def test_the_request_length_answer_handles_an_unresolved_cross_check():
     runs = {8: _run(30.0, 29.0, 31.0, two=None, total=300.0), 32: _run(31.0, 30.0, 32.0, two=30.5, total=1000.0)}
-    text = end_to_end_study.answer_request_lengths(runs)
-    assert "8 tokens: no figure" in text and "32 tokens: 30.50 ms against 31.00 ms" in text
-    assert "no difference beyond the noise" in text
+    facts = end_to_end_study.request_length_facts(runs)
+    assert [c["two_ms"] for c in facts["checks"]] == [None, 30.5] and facts["decode"]["n_samples"] == 45
+    text = _answer("request_lengths", facts)
+    assert "8 tokens: no figure" in text and "32 tokens: 30.5 ms against 31.0 ms" in text
+    assert prose.say("no difference beyond the noise") in text
     apart = {8: _run(30.0, 29.0, 31.0, total=300.0), 32: _run(40.0, 39.0, 41.0, total=1000.0)}
-    assert "spreads are apart" in end_to_end_study.answer_request_lengths(apart)
+    assert "spreads are apart" in _answer("request_lengths", end_to_end_study.request_length_facts(apart))
     apart[8]["decode_samples_ms"] = [30.0] * 3  # the same spreads from 3 stamped steps: no direction
-    said = end_to_end_study.answer_request_lengths(apart)
-    assert "too few samples" in said and "spreads are apart" not in said
+    said = _answer("request_lengths", end_to_end_study.request_length_facts(apart))
+    assert prose.say("too few samples: 3 of 5") in said and "spreads are apart" not in said
     runs[8]["decode_ms_per_token"] = float("nan")
-    assert "did not resolve at 8 new tokens" in end_to_end_study.answer_request_lengths(runs)
+    facts = end_to_end_study.request_length_facts(runs)
+    assert facts["unresolved"] == [8] and "decode" not in facts
+    assert "did not resolve at 8 new tokens" in _answer("request_lengths", facts)
 
 
 @pytest.mark.parametrize("edition", ["solutions", "solutions/zh"])
@@ -227,7 +242,7 @@ def test_the_worked_answer_cell_runs_on_a_chapter_whose_decode_is_none(edition):
     chapter["metrics"]["decode_tok_s_batch1"]["value"] = None
     shown = []
     lang = "zh" if edition.endswith("zh") else "en"  # the edition's LANG (its setup cell sets it)
-    exec(cell, {"end_to_end_study": end_to_end_study, "roofline": roofline, "metric": metric, "chapter": chapter,
+    exec(cell, {"end_to_end_study": end_to_end_study, "prose": prose, "roofline": roofline, "metric": metric, "chapter": chapter,
                 "model": "smollm2-135m", "Markdown": Markdown, "display": lambda x: shown.append(x.data),
                 "LANG": lang})
     assert len(shown) == 1 and {"en": "did not resolve", "zh": "无法分辨"}[lang] in shown[0], shown

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from babel.messages import pofile
 
-from helpers import decide, dtype_choice, prose
+from helpers import decide, dtype_choice, prose, roofline
 from page_variants import KEPT_DENSE, VARIANTS, quick
 
 RESULTS = {"chapter": "99_demo", "parameters": {"repeats": 5},
@@ -179,9 +179,10 @@ def _recorded(results: dict, source: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _literal_numbers(chapter: str) -> frozenset:
-    """The numbers a chapter's template and catalogs write themselves (the exercises' own, "batch-1")."""
-    source = _source_without_comments(prose.TEMPLATES / prose.template_name(chapter))
+def _literal_numbers(chapter: str, name: str = "") -> frozenset:
+    """The numbers a chapter's template (or its file ``name``) and catalogs write themselves (the
+    exercises' own, "batch-1")."""
+    source = _source_without_comments(prose.TEMPLATES / (name or prose.template_name(chapter)))
     return frozenset(re.findall(r"\d+(?:\.\d+)?", re.sub(r"\{\{.*?\}\}|\{%.*?%\}", " ", source, flags=re.S)))
 
 
@@ -237,6 +238,88 @@ def test_every_page_states_recorded_numbers_decided_directions_and_the_runs_dtyp
                 f"{chapter}:{block} ({case}) says {word!r} without a decision")
         for word in ZH_DIRECTION_WORDS:
             assert word not in outside, f"{chapter}:{block} ({case}) says {word!r} without a decision"
+
+
+def _answer_cases():
+    """``(chapter, block, case, facts)``: every branch of every worked answer's paragraph."""
+    from helpers import end_to_end_study as e
+
+    def run(ms, p10, p90, two=None, total=500.0, samples=45):
+        return {"decode_ms_per_token": ms, "decode_p10_ms": p10, "decode_p90_ms": p90, "ttft_ms": 100.0,
+                "total_ms": total, "decode_two_generates_ms": two, "decode_samples_ms": [ms] * samples}
+
+    def dtypes(ms, p10, p90, samples=45):
+        return {"float16": {**run(10.0, 9.8, 10.2), "bytes_per_step": 1e8, "decode_samples": 45},
+                "float32": {**run(ms, p10, p90), "bytes_per_step": 2e8, "decode_samples": samples}}
+
+    specs = roofline.load_specs()
+    row = specs[specs["variant"].str.startswith("910B1")].iloc[0]
+    users = lambda per_user: e.aggregate_users_facts(2500, per_user, 6.7e9, row, "float32", "m")  # noqa: E731
+    return [("03_end_to_end", "request_lengths", case, e.request_length_facts(runs)) for case, runs in (
+                ("same", {8: run(30.0, 29.0, 31.0), 32: run(31.0, 30.0, 32.0, two=30.5, total=900.0)}),
+                ("apart", {8: run(30.0, 29.0, 31.0), 32: run(40.0, 39.0, 41.0, total=1200.0)}),
+                ("few", {8: run(30.0, 29.0, 31.0, samples=3), 32: run(40.0, 39.0, 41.0)}),
+                ("unresolved", {8: run(float("nan"), float("nan"), float("nan")), 32: run(31.0, 30.0, 32.0)}))] + [
+            ("03_end_to_end", "dtype_ratio", case, e.dtype_ratio_facts(by_dtype)) for case, by_dtype in (
+                ("above", dtypes(25.2, 25.0, 25.5)), ("below", dtypes(12.0, 11.8, 12.2)),
+                ("below, 1 within", dtypes(12.0, 8.0, 16.0)), ("follows", dtypes(20.0, 18.0, 22.0)),
+                ("few", dtypes(25.2, 25.0, 25.5, samples=3)), ("no count", dtypes(25.2, 25.0, 25.5, samples=None)),
+                ("unresolved", dtypes(float("nan"), float("nan"), float("nan"))), ("one dtype", {"float32": {}}))] + [
+            ("03_end_to_end", "aggregate_users", "measured", users(29.3)),
+            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _int8_answer_cases()
+
+
+def _int8_answer_cases():
+    from helpers import bench, int8_study
+
+    chapter = quick("05_int8_quantization")
+
+    def baseline(ratio, low, high, samples=12):
+        return int8_study.other_baseline_facts(bench.Speedup("dense", "w8a16", ratio, low, high, samples), chapter,
+                                               kernel="int8pack", activations="float32", dtype="float32",
+                                               bytes_per_weight=4)
+
+    groups = {"embed_tokens (tied lm_head)": 28_311_552, "mlp": 79_626_240, "attention": 26_542_080, "norms": 34_560}
+    rows = ({"weight_MB": 180.0, "perplexity": 20.5, "speedup_vs_dense": 1.41},
+            {"weight_MB": 230.0, "perplexity": 20.4, "speedup_vs_dense": 1.22})
+    return [("05_int8_quantization", "other_baseline", case, baseline(*args)) for case, args in (
+                ("apart", (2.6, 2.5, 2.7)), ("within", (1.0, 0.5, 3.0)), ("few", (2.6, 2.5, 2.7, 3)))] + [
+            ("05_int8_quantization", "lm_head", "tied", int8_study.lm_head_facts(
+                groups, ("model.embed_tokens.weight", 28_311_552), *rows, dtype="float32"))] + [
+            ("05_int8_quantization", "calibration", case, int8_study.calibration_facts(ppl, 16)) for case, ppl in (
+                ("closes", {"per layer": 24.0, "per channel": 21.0, "per token": 20.0}),
+                ("no gap", {"per layer": 20.0, "per channel": 20.5, "per token": 20.2}))]
+
+
+@pytest.mark.parametrize("lang", prose.LANGUAGES)
+@pytest.mark.parametrize("chapter, block, case, facts", _answer_cases(), ids=lambda v: str(v)[:24])
+def test_every_worked_answer_states_its_facts_numbers_and_decided_directions(chapter, block, case, facts, lang):
+    """The answers' paragraphs pass the checks of the chapters' pages (above): every number outside
+    the template's own is one of the answer's facts, marked; directions only from decisions; no
+    dtype but the facts'."""
+    text = prose.answer(chapter, block, facts, lang=lang, audit=True)
+    assert text.strip(), f"{chapter}:{block} ({case}) rendered nothing"
+    for source_name, _ in MARK.findall(text):
+        key = source_name.split(".")[2].split("[")[0] if source_name.startswith(f"{chapter}.answer.") else ""
+        assert key in facts or source_name.startswith("count"), f"{block} ({case}) marks {source_name}"
+    outside = MARK.sub("", text)
+    for phrase in _phrases():
+        outside = outside.replace(phrase, " ")
+    literal = _literal_numbers(chapter, prose.answer_template_name(chapter))
+    stray = [n for n in re.findall(r"\d+(?:\.\d+)?", outside) if n not in literal]
+    assert not stray, f"{chapter}:{block} ({case}, {lang}) states numbers that are no fact: {stray}"
+    for word in DTYPE_WORDS + DIRECTION_WORDS:
+        assert not re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", outside, re.I), (
+            f"{chapter}:{block} ({case}) says {word!r} outside its facts and decisions")
+    for word in ZH_DIRECTION_WORDS:
+        assert word not in outside, f"{chapter}:{block} ({case}) says {word!r} without a decision"
+
+
+def test_the_answers_number_check_can_fail():
+    chapter, block, _, facts = _answer_cases()[0]
+    text = prose.answer(chapter, block, facts)  # figures unmarked
+    literal = _literal_numbers(chapter, prose.answer_template_name(chapter))
+    assert [n for n in re.findall(r"\d+(?:\.\d+)?", text) if n not in literal]
 
 
 def test_the_number_check_can_fail():
