@@ -568,3 +568,29 @@ def plot_ffn_variants(table, title: str, figsize=(12, 3.2), lang: str = "en"):
     fig.suptitle(prose.tr(title, lang), fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# --- chapter 02's worked answers (solutions/02): the facts each answer's paragraph is said from ----
+# The paragraphs are blocks of templates/02_ffn_fusion.answers.md.j2 (``prose.answer``).
+
+def width_facts(wide: bench.Timing, narrow: bench.Timing, *, wide_bytes: float, narrow_bytes: float,
+                wide_width: int, narrow_width: int, bandwidth_gbps: float, bandwidth_source) -> dict:
+    """Exercise 1: the unfused FFN at two intermediate widths. The time ratio (wide over narrow) with
+    its spread and samples, the same spread over the ratio of weight bytes (above 1: the time rose by
+    more than the bytes), and whether the narrow width's weights were read above the reference
+    bandwidth (from the caches)."""
+    s = bench.speedup(wide, narrow)  # t(wide) / t(narrow)
+    bytes_ratio = wide_bytes / narrow_bytes
+    return {"ratio": {"value": s.ratio, "low": s.low, "high": s.high, "n_samples": s.samples},
+            "over_bytes": {"low": s.low / bytes_ratio, "high": s.high / bytes_ratio, "n_samples": s.samples},
+            "bytes_ratio": bytes_ratio, "wide": wide_width, "narrow": narrow_width, "gbps": bandwidth_gbps,
+            "source": bandwidth_source, "cached": narrow_bytes / narrow.median / 1e9 > bandwidth_gbps}
+
+
+def share_facts(rows) -> dict:
+    """Exercise 3: the elementwise share of the unfused FFN in two dtypes (rows with dtype,
+    share_pct, low_pct, high_pct, n_samples), each with its spread and samples."""
+    first, second = (dict(r) for r in rows)
+    return {"dtype": first["dtype"], "other": second["dtype"],
+            **{key: {"value": r["share_pct"], "low": r["low_pct"], "high": r["high_pct"], "n_samples": int(r["n_samples"])}
+               for key, r in (("first", first), ("second", second))}}

@@ -266,7 +266,33 @@ def _answer_cases():
                 ("few", dtypes(25.2, 25.0, 25.5, samples=3)), ("no count", dtypes(25.2, 25.0, 25.5, samples=None)),
                 ("unresolved", dtypes(float("nan"), float("nan"), float("nan"))), ("one dtype", {"float32": {}}))] + [
             ("03_end_to_end", "aggregate_users", "measured", users(29.3)),
-            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _int8_answer_cases()
+            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _ffn_answer_cases() + _int8_answer_cases()
+
+
+def _ffn_answer_cases():
+    from helpers import bench, operator_study
+
+    def timing(ms, n=8):  # n samples spread +-5 % around ms
+        return bench.Timing("t", [ms * 1e-3 * (0.95 + 0.1 * i / (n - 1)) for i in range(n)])
+
+    def widths(wide_ms, narrow_ms, n=8, gbps=50.0):
+        return operator_study.width_facts(timing(wide_ms, n), timing(narrow_ms, n), wide_bytes=2.6e8, narrow_bytes=2e8,
+                                          wide_width=14336, narrow_width=11008, bandwidth_gbps=gbps,
+                                          bandwidth_source=prose.message("measured now ({size} MiB torch.sum on {device})",
+                                                                         size=256, device="cpu"))
+
+    def shares(first, second, n=8):
+        return operator_study.share_facts([{"dtype": "bfloat16", "share_pct": first, "low_pct": first - 1,
+                                            "high_pct": first + 1, "n_samples": n},
+                                           {"dtype": "float32", "share_pct": second, "low_pct": second - 1,
+                                            "high_pct": second + 1, "n_samples": n}])
+
+    return [("02_ffn_fusion", "widths", case, facts) for case, facts in (
+                ("more than the bytes", widths(20.0, 10.0)), ("less", widths(10.5, 10.0)),
+                ("same", widths(13.0, 10.0)), ("few", widths(20.0, 10.0, n=3)), ("cached", widths(5.0, 1.0)))] + [
+            ("02_ffn_fusion", "no_graph", "", {})] + [
+            ("02_ffn_fusion", "shares", case, facts) for case, facts in (
+                ("apart", shares(5.0, 12.0)), ("overlap", shares(5.0, 5.5)), ("few", shares(5.0, 12.0, n=2)))]
 
 
 def _int8_answer_cases():
