@@ -288,3 +288,55 @@ def kv_memory_growth_pct(config, batch_size: int, context_len: int, weight_bytes
     weight_bytes = roofline.check_positive("weight_bytes", weight_bytes)
     base = weight_bytes + roofline.kv_cache_bytes(config, 1, context_len, dtype)
     return 100.0 * (weight_bytes + roofline.kv_cache_bytes(config, batch_size, context_len, dtype)) / base - 100.0
+
+
+# --- chapter 04's worked answers (solutions/04): the facts each answer's paragraph is said from ----
+# The paragraphs are blocks of templates/04_batching.answers.md.j2 (``prose.answer``).
+
+def padding_facts(rows) -> dict:
+    """Exercise 1: which prompts' greedy outputs change in a right- and a left-padded batch (rows
+    with padding, prompt_tokens, match); ``follows_length``: only prompts shorter than the longest
+    changed, and the longest did not."""
+    right = [r for r in rows if r["padding"] == "right"]
+    left = [r for r in rows if r["padding"] == "left"]
+    longest = max(r["prompt_tokens"] for r in rows)
+    changed = sorted(int(r["prompt_tokens"]) for r in right if not r["match"])
+    kept = sorted(int(r["prompt_tokens"]) for r in right if r["match"])
+    return {"changed": changed, "kept": kept, "prompts": len(right), "longest": int(longest),
+            "left_matches": sum(bool(r["match"]) for r in left), "left_prompts": len(left),
+            "follows_length": bool(changed) and max(changed) < longest and longest in kept}
+
+
+def aggregate_facts(rows, bandwidth: dict, bandwidth_source) -> dict:
+    """Exercise 2: the batch sizes with a resolved decode (rows of the chapter's batch sweep, in batch
+    order, with their aggregate tokens/s spread), and the first size whose aggregate does not grow
+    beyond the noise over the size before (``decide.changed``, on the samples each row stands on):
+    ``stop`` (its row and ``decision``), or ``too_few`` (the pair and its decision) when the samples
+    cannot say, or neither when every size grew."""
+    steps = []
+    for r in rows:
+        fastest = r["decode_p10_ms"] if r["decode_p10_ms"] > 0 else None  # a sample <= 0 has no bound
+        steps.append({"batch": int(r["point"]), "tok_s": r["tokens_per_s_aggregate"],
+                      "low": 1e3 * r["point"] / r["decode_p90_ms"],
+                      "high": 1e3 * r["point"] / fastest if fastest else math.inf, "gbps": r["achieved_gbps"],
+                      "pct": 100 * r["achieved_gbps"] / bandwidth["value"], "n_samples": decide.samples_of(r)})
+    facts = {"steps": steps, "gbps": bandwidth["value"], "source": bandwidth_source}
+    for before, after in zip(steps, steps[1:]):
+        decision = decide.changed([before["tok_s"], after["tok_s"]],
+                                  [(before["low"], before["high"]), (after["low"], after["high"])],
+                                  samples=min(before["n_samples"] or 0, after["n_samples"] or 0) or None)
+        if decide.is_too_few(decision):
+            return {**facts, "too_few": {"from": before["batch"], "to": after["batch"], "decision": decision}}
+        if decision != "grows":
+            return {**facts, "stop": {**after, "decision": decision, "from": before["batch"]}}
+    return facts
+
+
+def gqa_facts(rows) -> dict:
+    """Exercise 3: Llama-2-7B's and Llama-2-70B's KV cache per token and its growth at batch 8 x 2048
+    tokens (rows with model, weights GB, KV per token KiB, growth batch 8 vs 1 %), as ratios."""
+    r7, r70 = rows
+    return {"kv7": r7["KV per token KiB"], "kv70": r70["KV per token KiB"],
+            "kv_ratio": r70["KV per token KiB"] / r7["KV per token KiB"],
+            "weights_ratio": r70["weights GB"] / r7["weights GB"],
+            "growth7": r7["growth batch 8 vs 1 %"], "growth70": r70["growth batch 8 vs 1 %"]}

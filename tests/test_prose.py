@@ -266,7 +266,33 @@ def _answer_cases():
                 ("few", dtypes(25.2, 25.0, 25.5, samples=3)), ("no count", dtypes(25.2, 25.0, 25.5, samples=None)),
                 ("unresolved", dtypes(float("nan"), float("nan"), float("nan"))), ("one dtype", {"float32": {}}))] + [
             ("03_end_to_end", "aggregate_users", "measured", users(29.3)),
-            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _ffn_answer_cases() + _int8_answer_cases()
+            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases()
+
+
+def _batching_answer_cases():
+    from helpers import batching_study
+
+    def padding(changed):
+        return batching_study.padding_facts(
+            [{"padding": side, "prompt_tokens": n, "match": side == "left" or n not in changed}
+             for side in ("left", "right") for n in (3, 5, 9)])
+
+    def sweep(tok_s, repeats=6):
+        rows = [{"point": b, "tokens_per_s_aggregate": t, "decode_p10_ms": 1e3 * b / (t * 1.05),
+                 "decode_p90_ms": 1e3 * b / (t * 0.95), "achieved_gbps": 10.0 * t / tok_s[0], "repeats": repeats}
+                for b, t in zip((1, 2, 4, 8), tok_s)]
+        return batching_study.aggregate_facts(rows, {"value": 40.0}, prose.message(
+            "measured now ({size} MiB torch.sum on {device})", size=256, device="cpu"))
+
+    gqa = batching_study.gqa_facts([
+        {"model": "Llama-2-7B", "weights GB": 13.5, "KV per token KiB": 512.0, "growth batch 8 vs 1 %": 63.6},
+        {"model": "Llama-2-70B", "weights GB": 138.0, "KV per token KiB": 320.0, "growth batch 8 vs 1 %": 3.9}])
+    return [("04_batching", "padding", case, padding(changed)) for case, changed in (
+                ("shorter ones", (3, 5)), ("mixed", (3, 9)), ("none", ()))] + [
+            ("04_batching", "aggregate", case, sweep(*args)) for case, args in (
+                ("stops", ([30.0, 58.0, 60.0, 61.0],)), ("every size", ([30.0, 58.0, 110.0, 200.0],)),
+                ("few", ([30.0, 58.0, 60.0, 61.0], 3)), ("one size", ([30.0],)))] + [
+            ("04_batching", "gqa", "", gqa)]
 
 
 def _ffn_answer_cases():
