@@ -266,7 +266,16 @@ def _answer_cases():
                 ("few", dtypes(25.2, 25.0, 25.5, samples=3)), ("no count", dtypes(25.2, 25.0, 25.5, samples=None)),
                 ("unresolved", dtypes(float("nan"), float("nan"), float("nan"))), ("one dtype", {"float32": {}}))] + [
             ("03_end_to_end", "aggregate_users", "measured", users(29.3)),
-            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases()
+            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases() + [
+        ("08_report", "judged", "", {"run": "r1", "claims": 87}), ("08_report", "no_change", "", {}),
+        ("08_report", "class_changes", "", {"changed": 12, "claims": 87, "evidence": ["bound", "documentation"],
+                                            "steady": 0, "measured": 12}),
+        ("08_report", "bandwidth", "changed", {"old_gbps": 1600.0, "new_gbps": 800, "ids": ["C3", "C17"],
+                                              "impossible_before": 9, "impossible_after": 11, "measured": 0}),
+        ("08_report", "bandwidth", "none", {"old_gbps": 1600.0, "new_gbps": 800, "ids": [],
+                                           "impossible_before": 9, "impossible_after": 9, "measured": 0}),
+        ("08_report", "prompt_length", "", {"tokens": "5", "before": "plausible", "long_tokens": 2048, "ratio": 3.2,
+                                            "claimed_ms": 50.0, "after": "physically impossible"})]
 
 
 def _batching_answer_cases():
