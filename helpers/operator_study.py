@@ -570,6 +570,41 @@ def plot_ffn_variants(table, title: str, figsize=(12, 3.2), lang: str = "en"):
     return fig
 
 
+# --- chapter 01's worked answers (solutions/01): the facts each answer's paragraph is said from ----
+# The paragraphs are blocks of templates/01_operator_verification.answers.md.j2 (``prose.answer``).
+
+def dtype_time_facts(timings: dict, small, large) -> dict:
+    """Exercise 1: per implementation, the ``large`` dtype's RMSNorm time over the ``small`` one's
+    (``timings[impl, dtype]``: ``bench.Timing``) with its spread and samples, and the same spread over
+    the ratio of their element sizes (1 inside it: the time follows the bytes)."""
+    nbytes = torch.tensor([], dtype=large).element_size() / torch.tensor([], dtype=small).element_size()
+    rows = []
+    for impl in dict.fromkeys(impl for impl, _ in timings):
+        s = bench.speedup(timings[impl, large], timings[impl, small])  # t(large) / t(small)
+        rows.append({"impl": impl, "ratio": s.ratio, "low": s.low, "high": s.high, "n_samples": s.samples,
+                     "over_bytes": {"low": s.low / nbytes, "high": s.high / nbytes, "n_samples": s.samples}})
+    return {"small": backend.dtype_name(small), "large": backend.dtype_name(large), "bytes_ratio": nbytes,
+            "impls": rows}
+
+
+def layout_facts(rows, guide_ratio: float = 3.0) -> dict:
+    """Exercise 2: the implementation whose non-contiguous / contiguous ratio is the largest (rows with
+    impl, slowdown, low, high, n_samples) and the implementations whose whole spread is at or above
+    the guide's ``guide_ratio`` (``decide.met``, on each row's samples)."""
+    rows = [dict(r) for r in rows]
+    worst = max(rows, key=lambda r: r["slowdown"])
+    reaching = [r["impl"] for r in rows
+                if decide.met(r["low"], r["high"], guide_ratio, samples=r.get("n_samples")) == "met"]
+    return {"worst": worst, "guide_ratio": guide_ratio, "reaching": reaching}
+
+
+def cast_facts(counts: dict, half: str = "float16", full: str = "float32") -> dict:
+    """Exercise 3: the ops the reference add + RMSNorm launches in a 16-bit dtype (``half``) and in
+    ``full`` (``profiling.count_ops`` results by dtype name), and how many more the first launches."""
+    return {"half": half, "full": full, "extra": counts[half]["ops"] - counts[full]["ops"],
+            "dtypes": [{"dtype": name, "ops": c["ops"], "listed": op_list(c)} for name, c in counts.items()]}
+
+
 # --- chapter 02's worked answers (solutions/02): the facts each answer's paragraph is said from ----
 # The paragraphs are blocks of templates/02_ffn_fusion.answers.md.j2 (``prose.answer``).
 

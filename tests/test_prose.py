@@ -266,7 +266,7 @@ def _answer_cases():
                 ("few", dtypes(25.2, 25.0, 25.5, samples=3)), ("no count", dtypes(25.2, 25.0, 25.5, samples=None)),
                 ("unresolved", dtypes(float("nan"), float("nan"), float("nan"))), ("one dtype", {"float32": {}}))] + [
             ("03_end_to_end", "aggregate_users", "measured", users(29.3)),
-            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases() + [
+            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _operator_answer_cases() + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases() + [
         ("08_report", "judged", "", {"run": "r1", "claims": 87}), ("08_report", "no_change", "", {}),
         ("08_report", "class_changes", "", {"changed": 12, "claims": 87, "evidence": ["bound", "documentation"],
                                             "steady": 0, "measured": 12}),
@@ -302,6 +302,38 @@ def _batching_answer_cases():
                 ("stops", ([30.0, 58.0, 60.0, 61.0],)), ("every size", ([30.0, 58.0, 110.0, 200.0],)),
                 ("few", ([30.0, 58.0, 60.0, 61.0], 3)), ("one size", ([30.0],)))] + [
             ("04_batching", "gqa", "", gqa)]
+
+
+def _operator_answer_cases():
+    import torch
+
+    from helpers import bench, operator_study
+
+    def timing(ms, n=8):  # n samples spread +-5 % around ms
+        return bench.Timing("t", [ms * 1e-3 * (0.95 + 0.1 * i / (n - 1)) for i in range(n)])
+
+    def dtype_times(large_ms, n=8):
+        timings = {(impl, dt): timing(1.0 if dt == torch.bfloat16 else large_ms, n)
+                   for impl in ("reference", "torch") for dt in (torch.bfloat16, torch.float32)}
+        return operator_study.dtype_time_facts(timings, torch.bfloat16, torch.float32)
+
+    def layout(low, n=10):
+        return operator_study.layout_facts([{"impl": "torch", "slowdown": low + 0.2, "low": low, "high": low + 0.4,
+                                             "n_samples": n},
+                                            {"impl": "reference", "slowdown": 1.1, "low": 0.9, "high": 1.3,
+                                             "n_samples": n}])
+
+    def casts(extra):
+        return operator_study.cast_facts({"float32": {"ops": 6, "by_op": {"aten::mul": 3, "aten::add": 3}},
+                                          "float16": {"ops": 6 + extra, "by_op": {"aten::mul": 3, "aten::to": extra}}})
+
+    setup = {"device": "cpu", "shape": "1x4096x4096", "here": "cpu", "dtype": "bfloat16"}
+    return [("01_operator_verification", "setup", "", setup)] + [
+            ("01_operator_verification", "dtype_times", case, facts) for case, facts in (
+                ("follows", dtype_times(2.0)), ("does not", dtype_times(4.0)), ("few", dtype_times(4.0, n=3)))] + [
+            ("01_operator_verification", "layout", case, facts) for case, facts in (
+                ("reaches 3x", layout(3.1)), ("none", layout(1.5)), ("few", layout(3.1, n=2)))] + [
+            ("01_operator_verification", "casts", case, casts(extra)) for case, extra in (("copies", 2), ("none", 0))]
 
 
 def _ffn_answer_cases():
