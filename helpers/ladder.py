@@ -881,3 +881,56 @@ def best_gain(options: Iterable[tuple[str, float, float, float]],
     else:
         decision = "best, clear" if not others else "best, tied"
     return Gain(found.best, decision, others)
+
+
+# --- chapter 06's worked answers (solutions/06): the facts each answer's paragraph is said from ----
+# The paragraphs are blocks of templates/06_optimization_ladder.answers.md.j2 (``prose.answer``).
+
+def compile_payoff_facts(table, new_tokens: int) -> dict:
+    """Exercise 1: what compiling the graph rung cost (seconds, graphs, requests' worth at its
+    latency) and what each request saves against the rung before it, with that rung's decode step
+    ratio (``ladder_steps``: its spread and samples decide whether the graph rung decodes faster);
+    ``ran`` False (with the rung's recorded error) when the graph rung did not run after another."""
+    ok = table[table["status"] == "ok"].reset_index(drop=True)
+    found = ok.index[ok["rung_id"] == "graph_mode"]
+    if not len(found) or found[0] == 0:
+        error = table.loc[table["rung_id"] == "graph_mode", "error"] if "error" in table else []
+        return {"ran": False, "reason": error.iloc[0] if len(error) and error.iloc[0] else ""}
+    graph, before = ok.loc[found[0]], ok.loc[found[0] - 1]
+    step = next((s for s in ladder_steps(table) if s["rung_id"] == "graph_mode"), None)
+    saved = before["latency_ms"] - graph["latency_ms"]
+    return {"ran": True, "compile_s": graph["compile_s"], "graphs": graph["compiled_graphs"],
+            "latency_ms": graph["latency_ms"], "new_tokens": new_tokens,
+            "requests_worth": 1e3 * graph["compile_s"] / graph["latency_ms"], "before": before["rung"],
+            "saved_ms": saved, "payoff_requests": 1e3 * graph["compile_s"] / saved if saved > 0 else None,
+            "step": {key: step[key] for key in ("ratio", "low", "high", "n_samples")} if step else None}
+
+
+def fusion_order_facts(rows, chapter_step: Optional[dict], dtype: str) -> dict:
+    """Exercise 2: fusion's decode step ratio on the 16-bit model and after INT8, and both changes
+    together in each order (rows with order, rung, step_ratio, low, high, n_samples), beside the
+    chapter's own fused-operators step (``ladder_steps``' row, or None)."""
+    def pick(order, rung):
+        r = next(r for r in rows if r["order"] == order and r["rung"] == rung)
+        return {"ratio": r["step_ratio"], "low": r["low"], "high": r["high"], "n_samples": r["n_samples"]}
+
+    return {"dtype": dtype, "first": pick("fused then int8", "+ fused"), "after": pick("int8 then fused", "+ fused"),
+            "total_a": pick("fused then int8", "both"), "total_b": pick("int8 then fused", "both"),
+            "chapter": {key: chapter_step[key] for key in ("ratio", "low", "high", "previous", "n_samples")
+                        if key in chapter_step} if chapter_step else None}
+
+
+def roofline_rank_facts(table) -> dict:
+    """Exercise 3: each ok batch-1 rung's share of its roofline with the spread of its decode step
+    (the share is the step's inverse) and the samples pooled over its rounds; ``top`` the highest
+    median and how much faster its bytes would allow it to decode."""
+    ok = _batch1(table)
+    rows = [{"rung": r["rung"], "pct": r["roofline_pct"],
+             "low": r["roofline_pct"] * r["decode_ms_per_token"] / r["decode_p90_ms"],
+             "high": r["roofline_pct"] * r["decode_ms_per_token"] / r["decode_p10_ms"],
+             "tok_s": r["tokens_per_s"], "n_samples": decode_sample_count(r)}
+            for _, r in ok.iterrows() if _known(r.get("roofline_pct"))]
+    if not rows:
+        return {"rungs": []}
+    top = max(rows, key=lambda r: r["pct"])
+    return {"rungs": rows, "top": {**top, "times": 100 / top["pct"]}}

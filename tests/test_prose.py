@@ -266,7 +266,7 @@ def _answer_cases():
                 ("few", dtypes(25.2, 25.0, 25.5, samples=3)), ("no count", dtypes(25.2, 25.0, 25.5, samples=None)),
                 ("unresolved", dtypes(float("nan"), float("nan"), float("nan"))), ("one dtype", {"float32": {}}))] + [
             ("03_end_to_end", "aggregate_users", "measured", users(29.3)),
-            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _operator_answer_cases() + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases() + [
+            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _operator_answer_cases() + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases() + _ladder_answer_cases() + [
         ("08_report", "judged", "", {"run": "r1", "claims": 87}), ("08_report", "no_change", "", {}),
         ("08_report", "class_changes", "", {"changed": 12, "claims": 87, "evidence": ["bound", "documentation"],
                                             "steady": 0, "measured": 12}),
@@ -334,6 +334,45 @@ def _operator_answer_cases():
             ("01_operator_verification", "layout", case, facts) for case, facts in (
                 ("reaches 3x", layout(3.1)), ("none", layout(1.5)), ("few", layout(3.1, n=2)))] + [
             ("01_operator_verification", "casts", case, casts(extra)) for case, extra in (("copies", 2), ("none", 0))]
+
+
+def _ladder_answer_cases():
+    import pandas as pd
+
+    from helpers import ladder
+
+    chapter = quick("06_optimization_ladder")
+    table = pd.DataFrame(prose.recorded_rows(chapter, "ladder"))
+    no_graph = table.assign(status=table["status"].where(table["rung_id"] != "graph_mode", "failed"),
+                            error=table["error"].where(table["rung_id"] != "graph_mode", "RuntimeError: no compiler"))
+
+    def fusion(first, n=12):
+        rows = [{"order": order, "rung": rung, "step_ratio": r, "low": r - 0.05, "high": r + 0.05, "n_samples": n}
+                for order, rung, r in (("fused then int8", "+ fused", first), ("fused then int8", "both", 2.0),
+                                       ("int8 then fused", "+ fused", 1.0), ("int8 then fused", "both", 2.1))]
+        step = {"ratio": 1.02, "low": 0.97, "high": 1.08, "previous": "+ greedy loop", "n_samples": 48}
+        return ladder.fusion_order_facts(rows, step if n > 5 else None, "float32")
+
+    graph = table["rung_id"] == "graph_mode"  # the quick fixture skipped it: the fused rung's figures, 2x faster
+    fused = table[table["rung_id"] == "fused_operators"].iloc[0]
+    compiled = table.copy()
+    for column in ("latency_ms", "decode_ms_per_token", "decode_p10_ms", "decode_p90_ms"):
+        compiled.loc[graph, column] = fused[column] / 2
+    compiled.loc[graph, ["status", "compile_s", "compiled_graphs", "batch_size"]] = ["ok", 30.0, 2, 1]
+    compiled.loc[graph, "tokens_per_s"] = fused["tokens_per_s"] * 2
+    compiled["decode_samples"] = 48.0  # the fixture predates the pooled count
+    for column in ("rounds", "repeats", "n_samples"):  # whatever count the fused row states
+        if column in table:
+            compiled.loc[graph, column] = fused[column]
+    return [("06_optimization_ladder", "compile_payoff", "ran", ladder.compile_payoff_facts(compiled, 16)),
+            ("06_optimization_ladder", "compile_payoff", "skipped", ladder.compile_payoff_facts(table, 16)),
+            ("06_optimization_ladder", "compile_payoff", "failed", ladder.compile_payoff_facts(no_graph, 16)),
+            ("06_optimization_ladder", "fusion_order", "faster", fusion(1.2)),
+            ("06_optimization_ladder", "fusion_order", "slower", fusion(0.8)),
+            ("06_optimization_ladder", "fusion_order", "few", fusion(1.2, n=3)),
+            ("06_optimization_ladder", "roofline_rank", "ranked", ladder.roofline_rank_facts(table)),
+            ("06_optimization_ladder", "roofline_rank", "no roofline", ladder.roofline_rank_facts(
+                table.assign(roofline_pct=None)))]
 
 
 def _ffn_answer_cases():
