@@ -266,7 +266,7 @@ def _answer_cases():
                 ("few", dtypes(25.2, 25.0, 25.5, samples=3)), ("no count", dtypes(25.2, 25.0, 25.5, samples=None)),
                 ("unresolved", dtypes(float("nan"), float("nan"), float("nan"))), ("one dtype", {"float32": {}}))] + [
             ("03_end_to_end", "aggregate_users", "measured", users(29.3)),
-            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _operator_answer_cases() + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases() + _ladder_answer_cases() + [
+            ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _operator_answer_cases() + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases() + _ladder_answer_cases() + _environment_answer_cases() + [
         ("08_report", "judged", "", {"run": "r1", "claims": 87}), ("08_report", "no_change", "", {}),
         ("08_report", "class_changes", "", {"changed": 12, "claims": 87, "evidence": ["bound", "documentation"],
                                             "steady": 0, "measured": 12}),
@@ -334,6 +334,27 @@ def _operator_answer_cases():
             ("01_operator_verification", "layout", case, facts) for case, facts in (
                 ("reaches 3x", layout(3.1)), ("none", layout(1.5)), ("few", layout(3.1, n=2)))] + [
             ("01_operator_verification", "casts", case, casts(extra)) for case, extra in (("copies", 2), ("none", 0))]
+
+
+def _environment_answer_cases():
+    reason = prose.message("auto: {why}; running on the CPU", why="no NPU or CUDA device found")
+
+    def buffer(low, high, n=20, noisy=False):
+        return {"small_mib": 4, "gbps": 80.0, "p10": 76.0, "p90": 84.0, "large_mib": 256, "large_gbps": 40.0,
+                "device": "cpu", "dtype": "float32", "ratio": {"value": (low + high) / 2, "low": low, "high": high,
+                                                             "n_samples": n},
+                "noisy": noisy, "stdev_pct": 12.0, "passes": n, "ms": 0.05}
+
+    ceiling = {"dtype": "float16", "weights_gb": 13.5, "gbps": 40.0, "device": "cpu", "shape": "256 MiB",
+               "here": 2.96, "npu_gbps": 1600, "npu": "910B1", "status": "unofficial", "npu_tok_s": 118.5, "times": 40.0}
+    return [("00_environment_check", "setup", "", {"folder": "reports/r1", "device": "cpu", "model": "smollm2-135m"}),
+            ("00_environment_check", "npu", "none", {"device": "cpu", "reason": reason, "npu": None,
+                                                    "error": "device='npu' was requested, but torch_npu is not installed"}),
+            ("00_environment_check", "npu", "found", {"device": "cpu", "reason": reason, "npu": "npu:0",
+                                                     "npu_reason": "requested"})] + [
+            ("00_environment_check", "small_buffer", case, facts) for case, facts in (
+                ("cached", buffer(1.8, 2.2)), ("few", buffer(1.8, 2.2, n=3)), ("noisy", buffer(0.8, 1.3, noisy=True)),
+                ("same", buffer(0.9, 1.1)))] + [("00_environment_check", "ceiling", "", ceiling)]
 
 
 def _ladder_answer_cases():
