@@ -267,6 +267,17 @@ def _answer_cases():
                 ("unresolved", dtypes(float("nan"), float("nan"), float("nan"))), ("one dtype", {"float32": {}}))] + [
             ("03_end_to_end", "aggregate_users", "measured", users(29.3)),
             ("03_end_to_end", "aggregate_users", "unresolved", users(None))] + _operator_answer_cases() + _ffn_answer_cases() + _batching_answer_cases() + _int8_answer_cases() + _ladder_answer_cases() + _environment_answer_cases() + [
+        ("07_serving", "saturation", "", {"start": 4, "end": 8, "gain": 1.1, "which": "ttft_p95_ms", "ttft_gain": 2.3,
+                                           "good_pct": 60.0, "most": 8}),
+        ("07_serving", "saturation_unmeasured", "", {"why": "vLLM is not installed"}),
+        ("07_serving", "users_unmeasured", "", {"status": "skipped", "why": "vLLM is not installed"}),
+        ("07_serving", "users", "tpot next", {"target_ms": 50.0, "served": 4, "served_tpot_ms": 41.0,
+                                              "next": {"level": 8, "limited_by": "TPOT", "ms": 63.0, "needed": 19}}),
+        ("07_serving", "users", "ttft next", {"target_ms": 50.0, "served": 4, "served_tpot_ms": None,
+                                              "next": {"level": 8, "limited_by": "TTFT", "ms": None, "needed": 19}}),
+        ("07_serving", "users", "last level", {"target_ms": 50.0, "served": 8, "served_tpot_ms": None, "next": None}),
+        ("07_serving", "bench", "", {"ours_ms": 31.0, "bench_ms": 33.5, "ratio": 1.08}),
+        ("07_serving", "bench_unmeasured", "", {"reason": "bench_serve is off in this profile"})] + [
         ("08_report", "judged", "", {"run": "r1", "claims": 87}), ("08_report", "no_change", "", {}),
         ("08_report", "class_changes", "", {"changed": 12, "claims": 87, "evidence": ["bound", "documentation"],
                                             "steady": 0, "measured": 12}),
