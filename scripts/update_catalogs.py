@@ -52,10 +52,10 @@ def update(chapter: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pot = Path(tmp) / f"{chapter}.pot"
         # the chapter's worked answers, where they have a template, share its catalog
-        answers = [p for p in [prose.TEMPLATES / prose.answer_template_name(chapter)] if p.exists()]
+        answers = prose.TEMPLATES / prose.answer_template_name(chapter)
+        sources = [template, answers] if answers.exists() else [template]
         pybabel("extract", "-F", str(REPO / "babel.cfg"), "--no-location", "--sort-output",
-                "--project", "ascend-llama-workbook", "-o", str(pot),
-                *(str(p.relative_to(REPO)) for p in [template, *answers]))
+                "--project", "ascend-llama-workbook", "-o", str(pot), *(str(p.relative_to(REPO)) for p in sources))
         for lang in TRANSLATED:
             action = "update" if catalogs.catalog_path(chapter, lang).exists() else "init"
             pybabel(action, "-i", str(pot), "-d", str(catalogs.LOCALE), "-l", lang, "-D", chapter,

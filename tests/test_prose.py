@@ -315,16 +315,20 @@ def _batching_answer_cases():
             ("04_batching", "gqa", "", gqa)]
 
 
+def _timing(ms, n=8):
+    """A ``bench.Timing`` of ``n`` samples spread +-5 % around ``ms`` (test data for the answers)."""
+    from helpers import bench
+
+    return bench.Timing("t", [ms * 1e-3 * (0.95 + 0.1 * i / (n - 1)) for i in range(n)])
+
+
 def _operator_answer_cases():
     import torch
 
-    from helpers import bench, operator_study
-
-    def timing(ms, n=8):  # n samples spread +-5 % around ms
-        return bench.Timing("t", [ms * 1e-3 * (0.95 + 0.1 * i / (n - 1)) for i in range(n)])
+    from helpers import operator_study
 
     def dtype_times(large_ms, n=8):
-        timings = {(impl, dt): timing(1.0 if dt == torch.bfloat16 else large_ms, n)
+        timings = {(impl, dt): _timing(1.0 if dt == torch.bfloat16 else large_ms, n)
                    for impl in ("reference", "torch") for dt in (torch.bfloat16, torch.float32)}
         return operator_study.dtype_time_facts(timings, torch.bfloat16, torch.float32)
 
@@ -408,13 +412,10 @@ def _ladder_answer_cases():
 
 
 def _ffn_answer_cases():
-    from helpers import bench, operator_study
-
-    def timing(ms, n=8):  # n samples spread +-5 % around ms
-        return bench.Timing("t", [ms * 1e-3 * (0.95 + 0.1 * i / (n - 1)) for i in range(n)])
+    from helpers import operator_study
 
     def widths(wide_ms, narrow_ms, n=8, gbps=50.0):
-        return operator_study.width_facts(timing(wide_ms, n), timing(narrow_ms, n), wide_bytes=2.6e8, narrow_bytes=2e8,
+        return operator_study.width_facts(_timing(wide_ms, n), _timing(narrow_ms, n), wide_bytes=2.6e8, narrow_bytes=2e8,
                                           wide_width=14336, narrow_width=11008, bandwidth_gbps=gbps,
                                           bandwidth_source=prose.message("measured now ({size} MiB torch.sum on {device})",
                                                                          size=256, device="cpu"))
