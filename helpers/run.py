@@ -35,7 +35,7 @@ from typing import Optional
 
 import yaml
 
-from . import REPO, pages
+from . import REPO, editions, pages
 from .claims import CLASS_COLOURS
 from .decide import chapter_samples
 from .results import (FINISHED, LOAD_PER_CORE_WARNING, REPORT_CHAPTER, RESULTS_NAME, load_results, read_run,
@@ -457,8 +457,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="the edition to run: en (notebooks/, solutions/) or zh (notebooks/zh/, "
                         "solutions/zh/, Chinese prose and pages; the same code, so the same figures)")
     args = parser.parse_args(argv)
-    # An edition is a folder beside the English one (tests/test_editions.py).
+    # An edition is a folder beside the English one, generated from it and its catalogs (helpers.editions).
     edition = "" if args.lang == "en" else args.lang
+    if edition and not (args.notebooks_dir and args.solutions_dir):
+        notes = editions.generate()
+        for note in notes:
+            print(note if note.startswith("error") else f"warning: {note}", file=sys.stderr)
+        if any(note.startswith("error") for note in notes):
+            return 2
 
     profile = load_profile(args.profile)
     overrides = parse_overrides(args.param)

@@ -39,6 +39,17 @@ PHASE_TIMES = PHASE_TIMES_MODULE.PhaseTimes()
 RUNS_OF_SESSION = []
 
 
+def pytest_configure(config):
+    """The Chinese notebooks are generated, not committed (helpers.editions, as make setup does): the
+    tests that read them (tests/test_hygiene.py) find them in a fresh clone too. Once, before xdist's
+    workers collect."""
+    if not hasattr(config, "workerinput"):
+        from helpers import editions
+
+        for note in editions.generate():
+            print(f"conftest: {note}", file=sys.stderr)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     PHASE_TIMES.current = (item.nodeid, "setup")  # a session fixture started now is timed apart from this test
@@ -179,7 +190,6 @@ def tiny_model():
 # pick is measured on an otherwise idle machine) and then run beside the English one, one torch thread
 # each: on a model this small they are mostly Python, and two cores are shared instead of waiting in turn.
 # Their figures are checks that the code runs, not figures to quote (each page records the load).
-ZH_EDITION = REPO / "notebooks" / "zh"
 DTYPE_CHAPTERS = ("01_operator_verification", "02_ffn_fusion", "03_end_to_end", "05_int8_quantization",
                   "06_optimization_ladder")
 ALL_DTYPES = ("float32", "bfloat16", "float16")
@@ -300,7 +310,7 @@ def notebook_runs(tmp_path_factory):
             runs[key] = {"proc": proc, "run_dir": run_dir, "run": run, "timed_out": timed_out,
                          "dtype": plan["dtype"] or (auto_dtype_of(run_dir) if key == "en" else None),
                          "lang": plan["lang"],
-                         "chapters": plan["only"] or sorted(p.stem for p in ZH_EDITION.glob("*.ipynb"))}
+                         "chapters": plan["only"] or sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb"))}
             RUNS_OF_SESSION.append({"lang": plan["lang"], "dtype": runs[key]["dtype"],
                                     "model": "smollm2-135m" if key == "en" else "small random Llama",
                                     "profile": "smoke", "run": run})

@@ -1,8 +1,9 @@
 """The Chinese edition is the English one in another language: same code, same order, own words.
 
-The Chinese notebooks are generated (scripts/make_zh_notebooks.py): each is its English notebook with
-the markdown cells translated from the catalog beside it (``<folder>/zh/<name>.po``). The tests
-check that what is committed is what the generator writes, and what the translations say."""
+The Chinese notebooks are generated (helpers.editions, by make setup and the runner): each is its
+English notebook with the markdown cells translated from the catalog beside it (``<folder>/zh/
+<name>.po``); only the catalogs are committed. The tests check that every notebook can be generated,
+that a reader's edits are never overwritten, and what the translations say."""
 from __future__ import annotations
 
 import json
@@ -13,13 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import prose
+from helpers import editions, prose
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-import make_zh_notebooks  # noqa: E402
-
-PAIRS = [(english, chinese) for english, _, chinese in make_zh_notebooks.pairs()]
+PAIRS = [(english, chinese) for english, _, chinese in editions.pairs()]
 CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 
 
@@ -27,9 +25,8 @@ def _ids(pair):
     return pair[0].parent.name + "/" + pair[0].stem
 
 
-def _markdown(path: Path) -> list[str]:
-    return ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
-            if c["cell_type"] == "markdown"]
+def _markdown(notebook: dict) -> list[str]:
+    return ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown"]
 
 
 def _prose_only(text: str) -> str:
@@ -41,30 +38,32 @@ def _prose_only(text: str) -> str:
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=_ids)
-def test_every_chinese_notebook_is_the_generated_one(pair):
+def test_every_chinese_notebook_can_be_generated_from_its_catalog(pair):
     english, chinese = pair
-    found = make_zh_notebooks.problems(english, chinese.with_suffix(".po"), chinese)
+    found = editions.problems(english, chinese.with_suffix(".po"))
     assert not found, found
+
+
+def _generated(chinese: Path) -> dict:
+    english = REPO / chinese.parent.parent.name / chinese.name
+    return editions.translate(english, editions.read_catalog(chinese.with_suffix(".po")))
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=_ids)
 def test_headings_line_up(pair):
     english, chinese = pair
-    if not chinese.exists():
-        pytest.fail(f"{chinese.relative_to(REPO)} does not exist")
 
-    def levels(path):
-        return [len(m.group(1)) for cell in _markdown(path) for m in re.finditer(r"^(#+) ", cell, re.M)]
+    def levels(notebook):
+        return [len(m.group(1)) for cell in _markdown(notebook) for m in re.finditer(r"^(#+) ", cell, re.M)]
 
-    assert levels(english) == levels(chinese), f"{chinese.name}: headings differ from {english.name}"
+    assert levels(editions._load(english)) == levels(_generated(chinese)), (
+        f"{chinese.name}: headings differ from {english.name}")
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=_ids)
 def test_the_chinese_markdown_is_chinese(pair):
     english, chinese = pair
-    if not chinese.exists():
-        pytest.fail(f"{chinese.relative_to(REPO)} does not exist")
-    for i, cell in enumerate(_markdown(chinese)):
+    for i, cell in enumerate(_markdown(_generated(chinese))):
         text = _prose_only(cell)
         words = re.findall(r"[A-Za-z]{3,}", text)
         # English left untranslated: a paragraph of English words with no Chinese beside it
@@ -85,34 +84,66 @@ def _code(text):
 
 
 def test_the_generator_translates_markdown_keeps_code_and_names_what_is_missing(tmp_path, monkeypatch):
-    monkeypatch.setattr(make_zh_notebooks, "REPO", tmp_path)
+    monkeypatch.setattr(editions, "REPO", tmp_path)
     english, catalog_path, chinese = (tmp_path / "notebooks" / "a.ipynb", tmp_path / "notebooks" / "zh" / "a.po",
                                       tmp_path / "notebooks" / "zh" / "a.ipynb")
     _notebook(english, _md("# A\n\nSome words."), _code("x = 1"))
-    assert make_zh_notebooks.update(english, catalog_path) == 1  # one message to translate
-    catalog = make_zh_notebooks.read_catalog(catalog_path)
-    with pytest.raises(make_zh_notebooks.Untranslated, match="cell 0 \\(untranslated\\)"):
-        make_zh_notebooks.translate(english, catalog)
+    assert editions.update(english, catalog_path) == 1  # one message to translate
+    assert any("cell 0 (untranslated)" in p for p in editions.problems(english, catalog_path))
+    assert editions.generate(tmp_path)[0].startswith("error: notebooks/a.ipynb: 1 markdown cell(s)")
+    assert not chinese.exists()
+    catalog = editions.read_catalog(catalog_path)
     catalog["# A\n\nSome words."].string = "# 甲\n\n一些话。"
-    make_zh_notebooks.write(catalog, catalog_path)
-    catalog = make_zh_notebooks.read_catalog(catalog_path)
-    chinese.write_text(make_zh_notebooks.dumps(make_zh_notebooks.translate(english, catalog)))
-    assert make_zh_notebooks.problems(english, catalog_path, chinese) == []
+    editions.write(catalog, catalog_path)
+    assert editions.problems(english, catalog_path) == [] and editions.generate(tmp_path) == []
     cells = json.loads(chinese.read_text())["cells"]
     assert "".join(cells[0]["source"]) == "# 甲\n\n一些话。" and cells[1]["source"] == ["x = 1"]
-    # code changed in the Chinese notebook only: not what the generator writes
-    chinese.write_text(chinese.read_text().replace("x = 1", "x = 2"))
-    assert "is not what" in make_zh_notebooks.problems(english, catalog_path, chinese)[0]
     # the English markdown changed: its message is new (fuzzy, the old translation as a start)
     _notebook(english, _md("# A\n\nSome other words."), _code("x = 1"))
-    assert any("without a translation" in p for p in make_zh_notebooks.problems(english, catalog_path, chinese))
-    assert make_zh_notebooks.update(english, catalog_path) == 1
-    message = make_zh_notebooks.read_catalog(catalog_path).get("# A\n\nSome other words.")
+    assert any("without a translation" in p for p in editions.problems(english, catalog_path))
+    assert editions.update(english, catalog_path) == 1
+    message = editions.read_catalog(catalog_path).get("# A\n\nSome other words.")
     assert message.fuzzy and message.string == "# 甲\n\n一些话。"
+    # a message no cell has any more is named
+    catalog = editions.read_catalog(catalog_path)
+    catalog.add("# Gone", "# 无")
+    editions.write(catalog, catalog_path)
+    assert any("no markdown cell of a.ipynb has any more" in p for p in editions.problems(english, catalog_path))
+
+
+def test_a_notebook_its_reader_edited_is_kept_and_one_only_run_is_regenerated(tmp_path, monkeypatch):
+    monkeypatch.setattr(editions, "REPO", tmp_path)
+    english, catalog_path, chinese = (tmp_path / "notebooks" / "a.ipynb", tmp_path / "notebooks" / "zh" / "a.po",
+                                      tmp_path / "notebooks" / "zh" / "a.ipynb")
+    _notebook(english, _md("# A"), _code("x = 1"))
+    editions.update(english, catalog_path)
+    catalog = editions.read_catalog(catalog_path)
+    catalog["# A"].string = "# 甲"
+    editions.write(catalog, catalog_path)
+    assert editions.generate(tmp_path) == []
+    # run in JupyterLab: outputs and a kernel choice, no cell changed -> regenerated when the code changes
+    ran = json.loads(chinese.read_text())
+    ran["cells"][1].update(outputs=[{"output_type": "stream", "name": "stdout", "text": ["1\n"]}], execution_count=1)
+    ran["metadata"]["kernelspec"] = {"name": "workbook", "display_name": "workbook", "language": "python"}
+    chinese.write_text(json.dumps(ran))
+    assert editions.write_notebook(english, catalog_path, chinese) == "up to date"
+    _notebook(english, _md("# A"), _code("x = 2"))
+    assert editions.generate(tmp_path) == []
+    assert json.loads(chinese.read_text())["cells"][1]["source"] == ["x = 2"]
+    # the reader's own code in a cell: kept, and said so
+    edited = json.loads(chinese.read_text())
+    edited["cells"][1]["source"] = ["x = 42  # my answer"]
+    chinese.write_text(json.dumps(edited))
+    _notebook(english, _md("# A"), _code("x = 3"))
+    notes = editions.generate(tmp_path)
+    assert len(notes) == 1 and notes[0].startswith("kept: notebooks/zh/a.ipynb was edited")
+    assert json.loads(chinese.read_text())["cells"][1]["source"] == ["x = 42  # my answer"]
+    chinese.unlink()  # deleting it brings the generated one back
+    assert editions.generate(tmp_path) == [] and json.loads(chinese.read_text())["cells"][1]["source"] == ["x = 3"]
 
 
 def test_the_check_mode_of_the_generator_passes_on_the_repository():
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "make_zh_notebooks.py"), "--check"],
+    out = subprocess.run([sys.executable, "-m", "helpers.editions", "--check"], cwd=REPO,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
@@ -138,9 +169,9 @@ def unexplained_parameters(cells: list, declared: list) -> list[str]:
 def test_the_chinese_edition_explains_every_parameter_in_chinese(pair):
     from helpers.run import declared_parameters
 
-    _, chinese = pair
-    cells = json.loads(chinese.read_text(encoding="utf-8"))["cells"]
-    problems = unexplained_parameters(cells, list(declared_parameters(chinese)))
+    english, chinese = pair
+    cells = _generated(chinese)["cells"]
+    problems = unexplained_parameters(cells, list(declared_parameters(english)))
     assert not problems, f"{chinese.relative_to(REPO)}: " + "; ".join(problems)
 
 

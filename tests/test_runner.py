@@ -258,6 +258,25 @@ def test_list_shows_type_value_origin_and_comment(tmp_path, capsys):
     assert "  prompt: str = " in out
 
 
+def test_the_chinese_edition_is_generated_before_it_runs(tmp_path, monkeypatch, capsys):
+    """A fresh clone has only the catalogs of notebooks/zh/: --lang zh writes the notebooks first."""
+    from helpers import editions
+
+    for folder, name in (("notebooks", "03_end_to_end"), ("solutions", "03_end_to_end_solutions")):
+        (tmp_path / folder / "zh").mkdir(parents=True)
+        for suffix, source in ((".ipynb", REPO / folder / f"{name}.ipynb"), (".po", REPO / folder / "zh" / f"{name}.po")):
+            target = tmp_path / folder / (name + suffix if suffix == ".ipynb" else f"zh/{name}.po")
+            target.write_bytes(source.read_bytes())
+    monkeypatch.setattr(editions, "REPO", tmp_path)
+    monkeypatch.setattr(runner, "NOTEBOOKS", tmp_path / "notebooks")
+    monkeypatch.setattr(runner, "SOLUTIONS", tmp_path / "solutions")
+    code = runner.main(["--lang", "zh", "--solutions", "--reports-dir", str(tmp_path / "r"), "--list"])
+    assert code == 0 and "03_end_to_end" in capsys.readouterr().out
+    chinese = editions._load(tmp_path / "notebooks" / "zh" / "03_end_to_end.ipynb")
+    assert chinese["cells"][0]["source"][0].startswith("# 03")
+    assert (tmp_path / "solutions" / "zh" / "03_end_to_end_solutions.ipynb").exists()
+
+
 def test_a_solution_takes_its_chapters_profile_section(tmp_path):
     profile = {"name": "p", "all": {"value": 2}, "notebooks": {"01_ok": {"value": 3}}}
     chosen = runner.notebook_parameters(SOLUTION_FIXTURES / "01_ok_solutions.ipynb", profile, {},

@@ -3,7 +3,6 @@ found in no Chinese file a reader sees: the chapter templates' catalogs, the wor
 the markdown of the Chinese notebooks and worked answers, README.zh.md and the pages of docs/zh/."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -46,9 +45,10 @@ def chinese_files() -> dict:
         files[path] = "\n".join(re.sub(r"%\(\w+\)s", " ", m.string) for m in entries)
         decisions += [m.string for m in entries if m.context == "decision"]
     for folder in ("notebooks/zh", "solutions/zh"):
-        for path in sorted((REPO / folder).glob("*.ipynb")):
-            cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-            text = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        # the Chinese notebooks' markdown is their catalogs' translations (helpers.editions)
+        for path in sorted((REPO / folder).glob("*.po")):
+            with open(path, "rb") as handle:
+                text = "\n\n".join(m.string for m in pofile.read_po(handle) if m.id)
             if folder == "notebooks/zh":
                 # a chapter's block quotes are the guide's own words, quoted as written (TERMINOLOGY.md);
                 # the worked answers' quotes are the exercises, which follow the terms

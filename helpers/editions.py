@@ -1,0 +1,230 @@
+"""The Chinese edition of the notebooks, generated from the English ones (layer: entry points; every
+chapter, 00_environment_check to 08_report, and its worked answers).
+
+    python -m helpers.editions           # write notebooks/zh/*.ipynb and solutions/zh/*.ipynb
+    python -m helpers.editions --check   # only check that every one can be generated (exit 1 if not)
+    python -m helpers.editions --update  # after changing English markdown: put the new cells into the
+                                         # catalogs (untranslated; changed ones fuzzy)
+
+The code of a chapter is written once, in the English notebook. The Chinese notebook ``<folder>/zh/
+<name>.ipynb`` is that notebook with each markdown cell replaced by its translation from the gettext
+catalog ``<folder>/zh/<name>.po``, whose messages are the English markdown cells (msgid) and their
+Chinese text (msgstr). Code cells, their tags, the cell ids and the notebook's metadata are the
+English notebook's. Only the catalogs are committed: ``make setup`` and the runner (``--lang zh``)
+write the notebooks. A markdown cell without a translation (new, changed, or marked fuzzy) stops the
+generation and names the cell: translate it in the ``.po`` (any PO editor; terms and style in
+TERMINOLOGY.md) and run this again.
+
+A generated notebook records a hash of its cells; one whose cells no longer match it was edited by
+its reader (an exercise worked in JupyterLab) and is never overwritten: regenerating says so, and
+deleting the file brings the generated one back.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import REPO
+
+FOLDERS = ("notebooks", "solutions")
+LANG = "zh"
+STAMP = "workbook_generated"  # the notebook metadata key of the generated cells' hash
+
+
+def pairs(repo: "Path | None" = None):
+    """(English notebook, its catalog, the Chinese notebook) for every English notebook."""
+    repo = repo or REPO
+    for folder in FOLDERS:
+        for english in sorted((repo / folder).glob("*.ipynb")):
+            zh = repo / folder / LANG
+            yield english, zh / f"{english.stem}.po", zh / english.name
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _text(cell: dict) -> str:
+    source = cell["source"]
+    return source if isinstance(source, str) else "".join(source)
+
+
+def markdown_messages(notebook: dict) -> list[str]:
+    """The notebook's markdown cells, each once, in order: the messages of its catalog."""
+    return list(dict.fromkeys(_text(c) for c in notebook["cells"] if c["cell_type"] == "markdown"))
+
+
+def read_catalog(path: Path):
+    from babel.messages.pofile import read_po
+
+    with path.open("rb") as handle:
+        return read_po(handle, locale=LANG)
+
+
+def dumps(notebook: dict) -> str:
+    """A notebook as nbformat writes it (one-space indent, UTF-8 text)."""
+    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
+
+
+def cells_hash(notebook: dict) -> str:
+    """What a reader's edit changes: each cell's kind and text (not outputs, not metadata)."""
+    cells = [[c["cell_type"], _text(c)] for c in notebook["cells"]]
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
+class Untranslated(Exception):
+    pass
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def translate(english: Path, catalog) -> dict:
+    """The Chinese notebook: the English one with its markdown cells translated from ``catalog``."""
+    notebook = copy.deepcopy(_load(english))
+    missing = []
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        message = catalog.get(_text(cell))
+        if message is None or not message.string or message.fuzzy:
+            state = "missing" if message is None else "fuzzy" if message.fuzzy else "untranslated"
+            first = _text(cell).strip().splitlines()[0][:70] if _text(cell).strip() else ""
+            missing.append(f"cell {index} ({state}): {first!r}")
+            continue
+        cell["source"] = message.string.splitlines(keepends=True)
+    if missing:
+        raise Untranslated(f"{_name(english)}: {len(missing)} markdown cell(s) without a translation in the "
+                           f"catalog (run python -m helpers.editions --update, then translate them): "
+                           + "; ".join(missing))
+    notebook["metadata"][STAMP] = cells_hash(notebook)
+    return notebook
+
+
+def write_notebook(english: Path, catalog_path: Path, chinese: Path) -> str:
+    """Write the generated Chinese notebook unless its reader edited the one there; what was done
+    ("written", "up to date" or "kept: ..."). Raises Untranslated / FileNotFoundError."""
+    text = dumps(translate(english, read_catalog(catalog_path)))
+    if chinese.exists():
+        there = chinese.read_text(encoding="utf-8")
+        if there == text:
+            return "up to date"
+        try:
+            notebook = json.loads(there)
+            edited = notebook.get("metadata", {}).get(STAMP) != cells_hash(notebook)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            edited = True
+        if edited:
+            return (f"kept: {_name(chinese)} was edited since it was generated, or not generated here "
+                    f"(delete it to get the one {_name(english)} and its catalog make)")
+        if notebook["metadata"].get(STAMP) == json.loads(text)["metadata"][STAMP]:
+            return "up to date"  # the same cells; only its outputs or kernel choice differ
+    chinese.parent.mkdir(parents=True, exist_ok=True)
+    partial = chinese.with_name(f".{chinese.name}.{os.getpid()}")  # two writers never leave half a file
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, chinese)
+    return "written"
+
+
+def generate(repo: "Path | None" = None) -> list[str]:
+    """Write every Chinese notebook that is missing or out of date; the notes worth printing (a
+    notebook kept because it was edited, one that cannot be generated)."""
+    notes = []
+    for english, catalog_path, chinese in pairs(repo):
+        try:
+            done = write_notebook(english, catalog_path, chinese)
+        except (Untranslated, FileNotFoundError) as exc:
+            notes.append(f"error: {exc}")
+            continue
+        if done.startswith("kept"):
+            notes.append(done)
+    return notes
+
+
+def obsolete(english: Path, catalog) -> list[str]:
+    """Catalog messages that are no markdown cell of the English notebook any more."""
+    wanted = set(markdown_messages(_load(english)))
+    return [m.id for m in catalog if m.id and m.id not in wanted]
+
+
+def problems(english: Path, catalog_path: Path) -> list[str]:
+    """What keeps the Chinese notebook from being generated whole from its catalog ([] when none)."""
+    if not catalog_path.exists():
+        return [f"{_name(catalog_path)} does not exist"]
+    catalog = read_catalog(catalog_path)
+    found = [f"{catalog_path.name}: a message no markdown cell of {english.name} has any more "
+             f"(run with --update): {text.strip().splitlines()[0][:70]!r}" for text in obsolete(english, catalog)]
+    try:
+        translate(english, catalog)
+    except Untranslated as exc:
+        found.append(str(exc))
+    return found
+
+
+def update(english: Path, catalog_path: Path) -> int:
+    """Put the English notebook's markdown cells into its catalog: new ones untranslated, changed ones
+    fuzzy with the old translation as a start (Babel's update), gone ones dropped. Returns how many
+    messages need a translator."""
+    from babel.messages.catalog import Catalog
+
+    template = Catalog(locale=LANG, project="ascend-llama-workbook")
+    for text in markdown_messages(_load(english)):
+        template.add(text)
+    catalog = read_catalog(catalog_path) if catalog_path.exists() else new_catalog(
+        f"{english.parent.name}/{english.name}")
+    catalog.update(template, no_fuzzy_matching=False)
+    catalog.obsolete.clear()
+    write(catalog, catalog_path)
+    return sum(1 for m in catalog if m.id and (not m.string or m.fuzzy))
+
+
+def new_catalog(english_name: str):
+    from babel.messages.catalog import Catalog
+
+    catalog = Catalog(locale=LANG, project="ascend-llama-workbook", version="0.1.0", fuzzy=False,
+                      last_translator="ascend-llama-workbook contributors", language_team="Chinese (zh)")
+    catalog.header_comment = (f"# The Chinese edition of {english_name}: its markdown cells (msgid) and their\n"
+                              "# translations (msgstr). Terms and style: TERMINOLOGY.md. After changing the English\n"
+                              "# notebook: python -m helpers.editions --update, translate, then run it again.")
+    return catalog
+
+
+def write(catalog, path: Path) -> None:
+    from babel.messages.pofile import write_po
+
+    buffer = io.BytesIO()
+    write_po(buffer, catalog, width=0, omit_header=False, no_location=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buffer.getvalue())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers.editions", description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="check that every notebook can be generated; write nothing")
+    mode.add_argument("--update", action="store_true", help="put new or changed English markdown into the catalogs")
+    args = parser.parse_args(argv)
+    if args.update:
+        for english, catalog_path, _ in pairs():
+            todo = update(english, catalog_path)
+            if todo:
+                print(f"{_name(catalog_path)}: {todo} message(s) to translate")
+        return 0
+    if args.check:
+        found = [p for english, catalog_path, _ in pairs() for p in problems(english, catalog_path)]
+    else:
+        found = generate()
+    for line in found:
+        print(line, file=sys.stderr)
+    return 1 if any(not line.startswith("kept") for line in found) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
