@@ -5,7 +5,7 @@ One mechanism: ``locale/<lang>/LC_MESSAGES/<domain>.po``. A one-file chapter tem
 domain (``<chapter>.po``, its ``{% trans %}`` blocks); everything else a reader sees is in the
 ``runtime`` domain: what the helpers and the worked answers say at run time, each decision's
 phrase (context ``decision``) and the pages' labels (context ``page``, from
-``templates/labels.en.yaml``). ``scripts/update_catalogs.py`` extracts them; a .po is read as it is
+``pages.LABELS``). ``scripts/update_catalogs.py`` extracts them; a .po is read as it is
 committed.
 """
 from __future__ import annotations

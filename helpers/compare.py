@@ -12,7 +12,7 @@ runs' measured figures, labelled as the guide's claim, and the claims audit is m
 
 Missing, failed or unfinished chapters and unreadable files (another results.json schema among
 them) are shown with their status and reason on the page, never a crash. ``--lang zh`` writes the
-page with the Chinese labels (the runtime catalog's translation of ``templates/labels.en.yaml``): verdicts and classes by their Chinese
+page with the Chinese labels (the runtime catalog's translation of ``pages.LABELS``): verdicts and classes by their Chinese
 names, and each claim in the guide's own words instead of the English gloss.
 """
 from __future__ import annotations

@@ -250,7 +250,7 @@ def write_claims_report(path: "str | Path", runs_named: str, audit, runs=None, s
 
 # Which way is better for a key figure ("higher" or "lower"); absent means no better direction (a
 # device name, a count, a yes/no check). The labels are in the index's label table
-# (``templates/labels.en.yaml``, translated in the runtime catalog); keys ending in "_" match a batch size or rung name after them.
+# (``pages.LABELS``, translated in the runtime catalog); keys ending in "_" match a batch size or rung name after them.
 FIGURE_DIRECTIONS = {
     "memory_bandwidth_gbps": "higher", "decode_ceiling_tok_s": "higher", "rmsnorm_guide_shape_ms": "lower",
     "rmsnorm_noncontig_slowdown": "lower", "add_rmsnorm_fusion_speedup": "higher",

@@ -261,7 +261,7 @@ def keep_output(notebook: Path, failure: Optional[str], with_html: bool,
 
 
 def refresh_index(run_dir: Path, run: dict) -> Optional[Path]:
-    """``write_index`` during a run: a page that cannot be written (a missing label file, a bad
+    """``write_index`` during a run: a page that cannot be written (a missing label, a bad
     figure) is reported and the run goes on, so no chapter's result is lost to the index."""
     try:
         return write_index(run_dir, run)

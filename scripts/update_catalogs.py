@@ -17,7 +17,7 @@ table's words, the worked answers' paragraphs): the calls to ``prose.message`` /
 the English notebooks and worked answers (the Chinese ones have the same code), read with Babel's
 Python extractor, the text columns of the shipped data the tables show (``RUNTIME_DATA``), the
 sentences among the claims' rule arguments (``helpers.claims.SAID_ARGS``) and the pages' labels
-(``templates/labels.en.yaml``, ``helpers.pages.label_strings``), in
+(``helpers.pages.LABELS``, ``helpers.pages.label_strings``), in
 ``runtime_messages``; tests/test_messages.py extracts the same way.
 """
 from __future__ import annotations
@@ -107,7 +107,7 @@ def runtime_messages() -> Catalog:
     from helpers.pages import label_strings
 
     for context, text in label_strings():  # the pages' labels, in the English label table
-        catalog.add(text, None, [("helpers/templates/labels.en.yaml", 0)], context=context)
+        catalog.add(text, None, [("helpers/pages.py", 0)], context=context)
     for name, columns in RUNTIME_DATA.items():
         with open(REPO / name, newline="", encoding="utf-8") as handle:
             for lineno, row in enumerate(csv.DictReader(handle), start=2):
