@@ -108,11 +108,11 @@ _guard_torch_npu_autoload()
 
 
 def _runner_command_line() -> bool:
-    """True in ``python -m helpers.run``: that process only reads notebooks and parameters and
-    starts kernels (which import helpers again, with every check), so it skips the 1-2 s torch
-    import and a misspelt ``-p`` is reported at once. ``sys.orig_argv`` exists from Python 3.10."""
+    """True in ``python -m helpers.run`` (and ``helpers.editions``): that process only reads notebooks
+    and parameters and starts kernels (which import helpers again, with every check), so it skips the
+    1-3 s torch import and a misspelt ``-p`` is reported at once. ``sys.orig_argv`` exists from Python 3.10."""
     argv = list(getattr(sys, "orig_argv", None) or [])
-    return "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["helpers.run"]
+    return "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] in (["helpers.run"], ["helpers.editions"])
 
 
 def _import_torch_and_check_floors() -> None:

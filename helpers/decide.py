@@ -72,13 +72,6 @@ def enough(samples: Optional[float], need: int = MIN_SAMPLES) -> bool:
     return isinstance(samples, (int, float)) and not isinstance(samples, bool) and samples >= need
 
 
-def percentile_decision(q: float, samples: Optional[float]) -> Optional[str]:
-    """None when ``samples`` carry the percentile ``q``, else its ``too_few`` decision (a p95 of a
-    sweep level with 4 requests is not a p95)."""
-    need = percentile_samples(q)
-    return None if enough(samples, need) else too_few(samples, need)
-
-
 def samples_of(figure: Optional[dict], default: Optional[float] = None) -> Optional[float]:
     """How many samples a recorded figure or table row stands on: its own ``n_samples``,
     ``iterations``, ``repeats`` or ``rounds`` (or those of its ``timing`` summary), else ``default``

@@ -328,10 +328,10 @@ def test_a_level_with_half_its_requests_failed_is_not_served():
     assert found["users"] == 1 and found["first_failing"] == 2 and "10 failed" in found["limit"]
 
 
-def test_make_prompts_gives_exact_lengths_without_shared_prefixes():
+def test_prompts_have_exact_lengths_without_shared_prefixes():
     from helpers.model_files import byte_tokenizer
 
-    prompts = serving.make_prompts(byte_tokenizer(), 6, 24)
+    prompts = serving.PromptSource(byte_tokenizer()).take(6, 24)
     assert all(len(p) == 24 for p in prompts)
     assert len({tuple(p[:4]) for p in prompts}) == 6
 

@@ -23,7 +23,7 @@ from .server import (PYTHON_FILE, UNAVAILABLE_FILE, VLLM_VENV, ServerError, Serv
                      vllm_fits)
 from .client import (DONE, GOOD_SHARE, PERCENTILES, PromptSource, RequestResult, StreamError, as_dict,
                      bench_row, bench_serve_command, check_counts, completion_payload, is_good,
-                     make_prompts, min_samples, parse_event, percentile, poisson_arrivals,
+                     min_samples, parse_event, percentile, poisson_arrivals,
                      run_bench_serve, run_level, served_model_id, steady_state, stream_completion,
                      summarize)
 from .study import (BENCH_FILE, BENCH_LOG, COMPARISON_COLUMNS, COMPARISON_SHOWN, DEFINITIONS,

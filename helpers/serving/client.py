@@ -300,12 +300,6 @@ class PromptSource:
         return [self._one(int(input_len)) for _ in range(int(count))]
 
 
-def make_prompts(tokenizer, count: int, input_len: int, text: Optional[str] = None,
-                 seed: int = 0) -> list[list[int]]:
-    """``count`` different prompts of exactly ``input_len`` token ids (one ``PromptSource``'s)."""
-    return PromptSource(tokenizer, seed=seed, text=text).take(count, input_len)
-
-
 def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list[float]:
     """Send times (seconds after the level's start) of ``count`` requests arriving as a Poisson
     process of ``rate`` requests per second: exponential gaps of mean 1 / rate, the first at 0
