@@ -37,12 +37,11 @@ LANG = "zh"
 STAMP = "workbook_generated"  # the notebook metadata key of the generated cells' hash
 
 
-def pairs(repo: "Path | None" = None):
+def pairs():
     """(English notebook, its catalog, the Chinese notebook) for every English notebook."""
-    repo = repo or REPO
     for folder in FOLDERS:
-        for english in sorted((repo / folder).glob("*.ipynb")):
-            zh = repo / folder / LANG
+        for english in sorted((REPO / folder).glob("*.ipynb")):
+            zh = REPO / folder / LANG
             yield english, zh / f"{english.stem}.po", zh / english.name
 
 
@@ -111,33 +110,31 @@ def translate(english: Path, catalog) -> dict:
 def write_notebook(english: Path, catalog_path: Path, chinese: Path) -> str:
     """Write the generated Chinese notebook unless its reader edited the one there; what was done
     ("written", "up to date" or "kept: ..."). Raises Untranslated / FileNotFoundError."""
-    text = dumps(translate(english, read_catalog(catalog_path)))
+    generated = translate(english, read_catalog(catalog_path))
     if chinese.exists():
-        there = chinese.read_text(encoding="utf-8")
-        if there == text:
-            return "up to date"
         try:
-            notebook = json.loads(there)
-            edited = notebook.get("metadata", {}).get(STAMP) != cells_hash(notebook)
+            there = _load(chinese)
+            stamp = there["metadata"].get(STAMP)
+            edited = stamp != cells_hash(there)
         except (ValueError, KeyError, TypeError, AttributeError):
             edited = True
         if edited:
             return (f"kept: {_name(chinese)} was edited since it was generated, or not generated here "
                     f"(delete it to get the one {_name(english)} and its catalog make)")
-        if notebook["metadata"].get(STAMP) == json.loads(text)["metadata"][STAMP]:
-            return "up to date"  # the same cells; only its outputs or kernel choice differ
+        if stamp == generated["metadata"][STAMP]:
+            return "up to date"  # the same cells; only its outputs or kernel choice may differ
     chinese.parent.mkdir(parents=True, exist_ok=True)
     partial = chinese.with_name(f".{chinese.name}.{os.getpid()}")  # two writers never leave half a file
-    partial.write_text(text, encoding="utf-8")
+    partial.write_text(dumps(generated), encoding="utf-8")
     os.replace(partial, chinese)
     return "written"
 
 
-def generate(repo: "Path | None" = None) -> list[str]:
+def generate() -> list[str]:
     """Write every Chinese notebook that is missing or out of date; the notes worth printing (a
     notebook kept because it was edited, one that cannot be generated)."""
     notes = []
-    for english, catalog_path, chinese in pairs(repo):
+    for english, catalog_path, chinese in pairs():
         try:
             done = write_notebook(english, catalog_path, chinese)
         except (Untranslated, FileNotFoundError) as exc:
