@@ -84,12 +84,13 @@ test-unit: setup
 ## What CI runs (.ci/run): the unit tests (the CPU-class matrix among them); every chapter and answer
 ## of the English edition on the embedded model, of the Chinese edition and the dtype runs on the small
 ## random Llama (all with the smoke profile, tests/conftest.py); the simulated machines (an Ascend image
-## set up as docs/ascend.md says, a class of two attendees as other users: tests/test_machines.py);
+## set up as docs/ascend.md says, a class of two attendees as other users: tests/test_machines.py; the
+## two side by side, as the image's is mostly pip and the class's mostly its attendees' kernels);
 ## then the legacy pinned set (LEGACY=0 skips it).
 test: setup-for-test
 	@WORKBOOK_TIMES=$(TIMES) $(TIMED) unit 240 $(PY) -m pytest -n 2 -q -m "$(UNIT_MARKS)" $(ARGS)
 	@WORKBOOK_TIMES=$(TIMES) $(TIMED) notebooks 600 $(PY) -m pytest -m "notebooks and not slow" $(ARGS)
-	@WORKBOOK_TIMES=$(TIMES) $(TIMED) machines 480 $(PY) -m pytest -m "machines and not slow" $(ARGS)
+	@WORKBOOK_TIMES=$(TIMES) $(TIMED) machines 480 $(PY) -m pytest -n 2 -m "machines and not slow" $(ARGS)
 	@if [ "$(LEGACY)" = "1" ]; then WORKBOOK_TIMES=$(TIMES) $(TIMED) legacy 240 $(MAKE) --no-print-directory test-legacy ARGS=; fi
 	@$(TIMED) --summary $(TIMES)
 
