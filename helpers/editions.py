@@ -29,6 +29,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from . import REPO
 
@@ -108,8 +109,8 @@ def translate(english: Path, catalog) -> dict:
 
 
 def write_notebook(english: Path, catalog_path: Path, chinese: Path) -> str:
-    """Write the generated Chinese notebook unless its reader edited the one there; what was done
-    ("written", "up to date" or "kept: ..."). Raises Untranslated / FileNotFoundError."""
+    """Write the generated Chinese notebook unless its reader edited the one there; what was done:
+    "written", "up to date" or "kept" (edited). Raises Untranslated / FileNotFoundError."""
     generated = translate(english, read_catalog(catalog_path))
     if chinese.exists():
         try:
@@ -119,8 +120,7 @@ def write_notebook(english: Path, catalog_path: Path, chinese: Path) -> str:
         except (ValueError, KeyError, TypeError, AttributeError):
             edited = True
         if edited:
-            return (f"kept: {_name(chinese)} was edited since it was generated, or not generated here "
-                    f"(delete it to get the one {_name(english)} and its catalog make)")
+            return "kept"
         if stamp == generated["metadata"][STAMP]:
             return "up to date"  # the same cells; only its outputs or kernel choice may differ
     chinese.parent.mkdir(parents=True, exist_ok=True)
@@ -130,19 +130,22 @@ def write_notebook(english: Path, catalog_path: Path, chinese: Path) -> str:
     return "written"
 
 
-def generate() -> list[str]:
-    """Write every Chinese notebook that is missing or out of date; the notes worth printing (a
-    notebook kept because it was edited, one that cannot be generated)."""
-    notes = []
+class Generated(NamedTuple):
+    errors: list  # why a notebook could not be generated (an untranslated cell, a missing catalog)
+    kept: list  # a notebook its reader edited, left as it is, and how to get the generated one
+
+
+def generate() -> Generated:
+    """Write every Chinese notebook that is missing or out of date; what is worth printing."""
+    done = Generated([], [])
     for english, catalog_path, chinese in pairs():
         try:
-            done = write_notebook(english, catalog_path, chinese)
+            if write_notebook(english, catalog_path, chinese) == "kept":
+                done.kept.append(f"{_name(chinese)} was edited since it was generated, or not generated here "
+                                 f"(delete it to get the one {_name(english)} and its catalog make)")
         except (Untranslated, FileNotFoundError) as exc:
-            notes.append(f"error: {exc}")
-            continue
-        if done.startswith("kept"):
-            notes.append(done)
-    return notes
+            done.errors.append(str(exc))
+    return done
 
 
 def obsolete(english: Path, catalog) -> list[str]:
@@ -215,12 +218,14 @@ def main(argv=None) -> int:
                 print(f"{_name(catalog_path)}: {todo} message(s) to translate")
         return 0
     if args.check:
-        found = [p for english, catalog_path, _ in pairs() for p in problems(english, catalog_path)]
+        done = Generated([p for english, catalog_path, _ in pairs() for p in problems(english, catalog_path)], [])
     else:
-        found = generate()
-    for line in found:
-        print(line, file=sys.stderr)
-    return 1 if any(not line.startswith("kept") for line in found) else 0
+        done = generate()
+    for line in done.errors:
+        print(f"error: {line}", file=sys.stderr)
+    for line in done.kept:
+        print(f"kept: {line}", file=sys.stderr)
+    return 1 if done.errors else 0
 
 
 if __name__ == "__main__":

@@ -460,10 +460,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     # An edition is a folder beside the English one, generated from it and its catalogs (helpers.editions).
     edition = "" if args.lang == "en" else args.lang
     if edition and not (args.notebooks_dir and args.solutions_dir):
-        notes = editions.generate()
-        for note in notes:
-            print(note if note.startswith("error") else f"warning: {note}", file=sys.stderr)
-        if any(note.startswith("error") for note in notes):
+        done = editions.generate()
+        for note in done.kept:
+            print(f"warning: {note}", file=sys.stderr)
+        for note in done.errors:
+            print(f"error: {note}", file=sys.stderr)
+        if done.errors:
             return 2
 
     profile = load_profile(args.profile)

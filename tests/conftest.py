@@ -47,7 +47,8 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         from helpers import editions
 
-        for note in editions.generate():
+        done = editions.generate()
+        for note in done.errors + done.kept:
             print(f"conftest: {note}", file=sys.stderr)
 
 

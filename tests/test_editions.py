@@ -90,12 +90,13 @@ def test_the_generator_translates_markdown_keeps_code_and_names_what_is_missing(
     _notebook(english, _md("# A\n\nSome words."), _code("x = 1"))
     assert editions.update(english, catalog_path) == 1  # one message to translate
     assert any("cell 0 (untranslated)" in p for p in editions.problems(english, catalog_path))
-    assert editions.generate()[0].startswith("error: notebooks/a.ipynb: 1 markdown cell(s)")
+    done = editions.generate()
+    assert done.kept == [] and done.errors[0].startswith("notebooks/a.ipynb: 1 markdown cell(s)")
     assert not chinese.exists()
     catalog = editions.read_catalog(catalog_path)
     catalog["# A\n\nSome words."].string = "# 甲\n\n一些话。"
     editions.write(catalog, catalog_path)
-    assert editions.problems(english, catalog_path) == [] and editions.generate() == []
+    assert editions.problems(english, catalog_path) == [] and editions.generate() == ([], [])
     cells = json.loads(chinese.read_text())["cells"]
     assert "".join(cells[0]["source"]) == "# 甲\n\n一些话。" and cells[1]["source"] == ["x = 1"]
     # the English markdown changed: its message is new (fuzzy, the old translation as a start)
@@ -120,7 +121,7 @@ def test_a_notebook_its_reader_edited_is_kept_and_one_only_run_is_regenerated(tm
     catalog = editions.read_catalog(catalog_path)
     catalog["# A"].string = "# 甲"
     editions.write(catalog, catalog_path)
-    assert editions.generate() == []
+    assert editions.generate() == ([], [])
     # run in JupyterLab: outputs and a kernel choice, no cell changed -> regenerated when the code changes
     ran = json.loads(chinese.read_text())
     ran["cells"][1].update(outputs=[{"output_type": "stream", "name": "stdout", "text": ["1\n"]}], execution_count=1)
@@ -128,18 +129,18 @@ def test_a_notebook_its_reader_edited_is_kept_and_one_only_run_is_regenerated(tm
     chinese.write_text(json.dumps(ran))
     assert editions.write_notebook(english, catalog_path, chinese) == "up to date"
     _notebook(english, _md("# A"), _code("x = 2"))
-    assert editions.generate() == []
+    assert editions.generate() == ([], [])
     assert json.loads(chinese.read_text())["cells"][1]["source"] == ["x = 2"]
     # the reader's own code in a cell: kept, and said so
     edited = json.loads(chinese.read_text())
     edited["cells"][1]["source"] = ["x = 42  # my answer"]
     chinese.write_text(json.dumps(edited))
     _notebook(english, _md("# A"), _code("x = 3"))
-    notes = editions.generate()
-    assert len(notes) == 1 and notes[0].startswith("kept: notebooks/zh/a.ipynb was edited")
+    done = editions.generate()
+    assert done.errors == [] and len(done.kept) == 1 and done.kept[0].startswith("notebooks/zh/a.ipynb was edited")
     assert json.loads(chinese.read_text())["cells"][1]["source"] == ["x = 42  # my answer"]
     chinese.unlink()  # deleting it brings the generated one back
-    assert editions.generate() == [] and json.loads(chinese.read_text())["cells"][1]["source"] == ["x = 3"]
+    assert editions.generate() == ([], []) and json.loads(chinese.read_text())["cells"][1]["source"] == ["x = 3"]
 
 
 def test_the_check_mode_of_the_generator_passes_on_the_repository():

@@ -277,6 +277,24 @@ def test_the_chinese_edition_is_generated_before_it_runs(tmp_path, monkeypatch, 
     assert (tmp_path / "solutions" / "zh" / "03_end_to_end_solutions.ipynb").exists()
 
 
+def test_a_chinese_notebook_that_cannot_be_generated_stops_the_run_and_is_named(tmp_path, monkeypatch, capsys):
+    from helpers import editions
+
+    (tmp_path / "notebooks" / "zh").mkdir(parents=True)
+    english = json.loads((REPO / "notebooks" / "03_end_to_end.ipynb").read_text())
+    english["cells"].append({"cell_type": "markdown", "id": "new", "metadata": {}, "source": ["A new paragraph."]})
+    (tmp_path / "notebooks" / "03_end_to_end.ipynb").write_text(json.dumps(english))
+    (tmp_path / "notebooks" / "zh" / "03_end_to_end.po").write_bytes(
+        (REPO / "notebooks" / "zh" / "03_end_to_end.po").read_bytes())
+    monkeypatch.setattr(editions, "REPO", tmp_path)
+    monkeypatch.setattr(runner, "NOTEBOOKS", tmp_path / "notebooks")
+    monkeypatch.setattr(runner, "SOLUTIONS", tmp_path / "solutions")
+    code = runner.main(["--lang", "zh", "--reports-dir", str(tmp_path / "r"), "--list"])
+    err = capsys.readouterr().err
+    assert code == 2 and "error: notebooks/03_end_to_end.ipynb" in err and "(missing)" in err
+    assert not (tmp_path / "notebooks" / "zh" / "03_end_to_end.ipynb").exists()
+
+
 def test_a_solution_takes_its_chapters_profile_section(tmp_path):
     profile = {"name": "p", "all": {"value": 2}, "notebooks": {"01_ok": {"value": 3}}}
     chosen = runner.notebook_parameters(SOLUTION_FIXTURES / "01_ok_solutions.ipynb", profile, {},
