@@ -192,9 +192,8 @@ def tiny_model():
 # otherwise idle machine. Then two lanes share the two cores: the rest of the English run (--resume keeps
 # chapter 00), and the Chinese run followed by the dtype run, one torch thread each. The English lane
 # keeps two threads but sets OMP_WAIT_POLICY=PASSIVE: OpenMP threads that spin at their barriers while a
-# core is taken lose most of their time (chapter 05's variant loop at two threads: 7.6 s alone, 19.3 s
-# beside one busy thread, 10.7 s passive; beside two such processes, in an earlier layout, 78 s). The
-# figures of these runs are checks that the code runs, not figures to quote (each page records the load).
+# core is taken lose most of their time (docs/testing.md gives the measurement). The figures of these runs
+# are checks that the code runs, not figures to quote (each page records the load).
 DTYPE_CHAPTERS = ("01_operator_verification", "02_ffn_fusion", "03_end_to_end", "05_int8_quantization",
                   "06_optimization_ladder")
 ALL_DTYPES = ("float32", "bfloat16", "float16")
