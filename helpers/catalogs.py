@@ -1,12 +1,12 @@
 """The gettext catalogs every reader-facing word is translated through (layer: foundations; taught
 in 08_report, whose pages a Chinese reader reads in Chinese).
 
-One mechanism: ``locale/<lang>/LC_MESSAGES/<domain>.po``. A one-file chapter template has its own
-domain (``<chapter>.po``, its ``{% trans %}`` blocks); everything else a reader sees is in the
-``runtime`` domain: what the helpers and the worked answers say at run time, each decision's
-phrase (context ``decision``) and the pages' labels (context ``page``, from
-``pages.LABELS``). ``scripts/update_catalogs.py`` extracts them; a .po is read as it is
-committed.
+One mechanism: ``locale/<lang>/LC_MESSAGES/<domain>.po``. A chapter has its own domain
+(``<chapter>.po``: its templates' ``{% trans %}`` blocks and its notebooks' markdown cells); everything
+else a reader sees is in the ``runtime`` domain: what the helpers and the worked answers say at run
+time, each decision's phrase (context ``decision``), the pages' labels (context ``page``, from
+``pages.LABELS``) and the sentences two chapters' templates share. ``scripts/update_catalogs.py``
+extracts them; a .po is read as it is committed.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ RUNTIME_DOMAIN = "runtime"
 
 
 def catalog_path(chapter: str, lang: str) -> Path:
-    """The gettext catalog (``.po``) that translates a one-file chapter template into ``lang``."""
+    """The gettext catalog (``.po``) that translates a chapter (or ``runtime``) into ``lang``."""
     return LOCALE / lang / "LC_MESSAGES" / f"{chapter}.po"
 
 

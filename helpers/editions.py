@@ -3,17 +3,17 @@ chapter, 00_environment_check to 08_report, and its worked answers).
 
     python -m helpers.editions           # write notebooks/zh/*.ipynb and solutions/zh/*.ipynb
     python -m helpers.editions --check   # only check that every one can be generated (exit 1 if not)
-    python -m helpers.editions --update  # after changing English markdown: put the new cells into the
-                                         # catalogs (untranslated; changed ones fuzzy)
 
 The code of a chapter is written once, in the English notebook. The Chinese notebook ``<folder>/zh/
-<name>.ipynb`` is that notebook with each markdown cell replaced by its translation from the gettext
-catalog ``<folder>/zh/<name>.po``, whose messages are the English markdown cells (msgid) and their
-Chinese text (msgstr). Code cells, their tags, the cell ids and the notebook's metadata are the
-English notebook's. Only the catalogs are committed: ``make setup`` and the runner (``--lang zh``)
-write the notebooks. A markdown cell without a translation (new, changed, or marked fuzzy) stops the
-generation and names the cell: translate it in the ``.po`` (any PO editor; terms and style in
-TERMINOLOGY.md) and run this again.
+<name>.ipynb`` is that notebook with each markdown cell replaced by its translation from the
+chapter's gettext catalog (``helpers/locale/zh/LC_MESSAGES/<chapter>.po``, where its templates'
+sentences are too), whose messages include the English markdown cells (msgid) and their Chinese
+text (msgstr). Code cells, their tags, the cell ids and the notebook's metadata are the English
+notebook's. Only the catalogs are committed: ``make setup`` and the runner (``--lang zh``) write the
+notebooks. A markdown cell without a translation (new, changed, or marked fuzzy) stops the
+generation and names the cell: after changing English markdown run ``python
+scripts/update_catalogs.py <chapter>``, translate the cell in the ``.po`` (any PO editor; terms and
+style in TERMINOLOGY.md) and run this again.
 
 A generated notebook records a hash of its cells; one whose cells no longer match it was edited by
 its reader (an exercise worked in JupyterLab) and is never overwritten: regenerating says so, and
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import REPO
+from .catalogs import catalog_path
 
 FOLDERS = ("notebooks", "solutions")
 LANG = "zh"
@@ -39,11 +40,11 @@ STAMP = "workbook_generated"  # the notebook metadata key of the generated cells
 
 
 def pairs():
-    """(English notebook, its catalog, the Chinese notebook) for every English notebook."""
+    """(English notebook, its chapter's catalog, the Chinese notebook) for every English notebook."""
     for folder in FOLDERS:
         for english in sorted((REPO / folder).glob("*.ipynb")):
-            zh = REPO / folder / LANG
-            yield english, zh / f"{english.stem}.po", zh / english.name
+            chapter = english.stem.removesuffix("_solutions")
+            yield english, catalog_path(chapter, LANG), REPO / folder / LANG / english.name
 
 
 def _load(path: Path) -> dict:
@@ -53,11 +54,6 @@ def _load(path: Path) -> dict:
 def _text(cell: dict) -> str:
     source = cell["source"]
     return source if isinstance(source, str) else "".join(source)
-
-
-def markdown_messages(notebook: dict) -> list[str]:
-    """The notebook's markdown cells, each once, in order: the messages of its catalog."""
-    return list(dict.fromkeys(_text(c) for c in notebook["cells"] if c["cell_type"] == "markdown"))
 
 
 def read_catalog(path: Path):
@@ -102,7 +98,7 @@ def translate(english: Path, catalog) -> dict:
         cell["source"] = message.string.splitlines(keepends=True)
     if missing:
         raise Untranslated(f"{_name(english)}: {len(missing)} markdown cell(s) without a translation in the "
-                           f"catalog (run python -m helpers.editions --update, then translate them): "
+                           f"catalog (run python scripts/update_catalogs.py, then translate them): "
                            + "; ".join(missing))
     notebook["metadata"][STAMP] = cells_hash(notebook)
     return notebook
@@ -148,75 +144,21 @@ def generate() -> Generated:
     return done
 
 
-def obsolete(english: Path, catalog) -> list[str]:
-    """Catalog messages that are no markdown cell of the English notebook any more."""
-    wanted = set(markdown_messages(_load(english)))
-    return [m.id for m in catalog if m.id and m.id not in wanted]
-
-
 def problems(english: Path, catalog_path: Path) -> list[str]:
     """What keeps the Chinese notebook from being generated whole from its catalog ([] when none)."""
     if not catalog_path.exists():
         return [f"{_name(catalog_path)} does not exist"]
-    catalog = read_catalog(catalog_path)
-    found = [f"{catalog_path.name}: a message no markdown cell of {english.name} has any more "
-             f"(run with --update): {text.strip().splitlines()[0][:70]!r}" for text in obsolete(english, catalog)]
     try:
-        translate(english, catalog)
+        translate(english, read_catalog(catalog_path))
     except Untranslated as exc:
-        found.append(str(exc))
-    return found
-
-
-def update(english: Path, catalog_path: Path) -> int:
-    """Put the English notebook's markdown cells into its catalog: new ones untranslated, changed ones
-    fuzzy with the old translation as a start (Babel's update), gone ones dropped. Returns how many
-    messages need a translator."""
-    from babel.messages.catalog import Catalog
-
-    template = Catalog(locale=LANG, project="ascend-llama-workbook")
-    for text in markdown_messages(_load(english)):
-        template.add(text)
-    catalog = read_catalog(catalog_path) if catalog_path.exists() else new_catalog(
-        f"{english.parent.name}/{english.name}")
-    catalog.update(template, no_fuzzy_matching=False)
-    catalog.obsolete.clear()
-    write(catalog, catalog_path)
-    return sum(1 for m in catalog if m.id and (not m.string or m.fuzzy))
-
-
-def new_catalog(english_name: str):
-    from babel.messages.catalog import Catalog
-
-    catalog = Catalog(locale=LANG, project="ascend-llama-workbook", version="0.1.0", fuzzy=False,
-                      last_translator="ascend-llama-workbook contributors", language_team="Chinese (zh)")
-    catalog.header_comment = (f"# The Chinese edition of {english_name}: its markdown cells (msgid) and their\n"
-                              "# translations (msgstr). Terms and style: TERMINOLOGY.md. After changing the English\n"
-                              "# notebook: python -m helpers.editions --update, translate, then run it again.")
-    return catalog
-
-
-def write(catalog, path: Path) -> None:
-    from babel.messages.pofile import write_po
-
-    buffer = io.BytesIO()
-    write_po(buffer, catalog, width=0, omit_header=False, no_location=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(buffer.getvalue())
+        return [str(exc)]
+    return []
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.editions", description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="check that every notebook can be generated; write nothing")
-    mode.add_argument("--update", action="store_true", help="put new or changed English markdown into the catalogs")
+    parser.add_argument("--check", action="store_true", help="check that every notebook can be generated; write nothing")
     args = parser.parse_args(argv)
-    if args.update:
-        for english, catalog_path, _ in pairs():
-            todo = update(english, catalog_path)
-            if todo:
-                print(f"{_name(catalog_path)}: {todo} message(s) to translate")
-        return 0
     if args.check:
         done = Generated([p for english, catalog_path, _ in pairs() for p in problems(english, catalog_path)], [])
     else:

@@ -24,6 +24,7 @@ over recorded runs of a float32 CPU, a bf16 CPU, an NPU and a CUDA GPU:
 """
 from __future__ import annotations
 
+import copy
 import functools
 import gettext
 import math
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import decide, pages
-from .catalogs import (LANGUAGES, LOCALE, SOURCE_LANGUAGE, catalog_path, read_catalog,
+from .catalogs import (LANGUAGES, LOCALE, RUNTIME_DOMAIN, SOURCE_LANGUAGE, catalog_path, read_catalog,
                        runtime_translations)
 
 TEMPLATES = pages.TEMPLATES  # one folder for the pages' templates and the chapters'
@@ -382,15 +383,17 @@ def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = 
 
 def translations(chapter: Optional[str], lang: str = "en") -> gettext.NullTranslations:
     """What ``{% trans %}`` says in ``lang`` for ``chapter``'s template: the English source itself for
-    English, else the chapter's catalog (a missing catalog is an error: a Chinese page never falls
-    back to English silently)."""
+    English, else the chapter's catalog, then the runtime one (where the sentences two chapters share
+    are). A missing catalog is an error: a Chinese page never falls back to English silently."""
     if lang == SOURCE_LANGUAGE or chapter is None:
         return gettext.NullTranslations()
     path = catalog_path(chapter, lang)
     if not path.exists():
         raise FileNotFoundError(f"{chapter}.md.j2 has no {lang} catalog: write {path.relative_to(LOCALE.parent)} "
                                 "(see CONTRIBUTING.md, 'One template, two languages')")
-    return read_catalog(path, path.stat().st_mtime)
+    found = copy.copy(read_catalog(path, path.stat().st_mtime))  # the cached catalog keeps no fallback
+    found.add_fallback(runtime_translations(lang))
+    return found
 
 
 def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = None):
@@ -451,17 +454,17 @@ def template_name(chapter: str, lang: str = "en") -> str:
     return f"{chapter}.md.j2"
 
 
-def _catalog_stamp(chapter: Optional[str], lang: str) -> Optional[float]:
-    """When ``chapter``'s catalog for ``lang`` last changed (None without one): part of the key of a
-    cached environment, so an edited catalog is read again."""
+def _catalog_stamp(chapter: Optional[str], lang: str) -> Optional[tuple]:
+    """When ``chapter``'s catalog and the runtime one for ``lang`` last changed (None without one):
+    part of the key of a cached environment, so an edited catalog is read again."""
     if lang == SOURCE_LANGUAGE or chapter is None:
         return None
-    path = catalog_path(chapter, lang)
-    return path.stat().st_mtime if path.exists() else None
+    paths = (catalog_path(chapter, lang), catalog_path(RUNTIME_DOMAIN, lang))
+    return tuple(p.stat().st_mtime if p.exists() else None for p in paths)
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_environment(templates: Path, locale: Path, stamp: Optional[float], audit: bool, lang: str,
+def _cached_environment(templates: Path, locale: Path, stamp: Optional[tuple], audit: bool, lang: str,
                         chapter: Optional[str]):
     # Compiling a chapter's template is most of what a render costs (a few hundred ms for the larger
     # ones); one environment per folder, catalog, mode and language keeps each template compiled once

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from babel.messages import pofile
 
-from helpers import decide, dtype_choice, prose, roofline
+from helpers import catalogs, decide, dtype_choice, prose, roofline
 from page_variants import KEPT_DENSE, VARIANTS, quick
 
 RESULTS = {"chapter": "99_demo", "parameters": {"repeats": 5},
@@ -110,6 +110,7 @@ MORE_DIRECTION_WORDS = {
 }
 MARK = re.compile(f"{prose.AUDIT_OPEN}([^=]*)=([^{prose.AUDIT_CLOSE}]*){prose.AUDIT_CLOSE}")
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+CELL = "no-python-format"  # a notebook markdown cell in a chapter catalog (scripts/update_catalogs.py)
 
 
 def _load(path: Path) -> dict:
@@ -153,12 +154,17 @@ def plain(text: str) -> str:
 def _source_without_comments(path: Path) -> str:
     """A template's text without its comments, and its catalogs' translations, which are what the
     other languages' readers see."""
-    text = re.sub(r"\{#.*?#\}", "", path.read_text(encoding="utf-8"), flags=re.S)
+    source = path.read_text(encoding="utf-8")
+    text = re.sub(r"\{#.*?#\}", "", source, flags=re.S)
     for lang in prose.LANGUAGES:
-        po = prose.catalog_path(path.name.split(".")[0], lang)
-        if po.exists():
-            with open(po, "rb") as handle:
-                text += "\n" + "\n".join(PLACEHOLDER.sub(" ", m.string) for m in pofile.read_po(handle) if m.id)
+        for domain in (path.name.split(".")[0], catalogs.RUNTIME_DOMAIN):
+            po = prose.catalog_path(domain, lang)
+            if po.exists():
+                with open(po, "rb") as handle:
+                    # the template's sentences (not its notebooks' cells; of runtime, the ones it says)
+                    text += "\n" + "\n".join(PLACEHOLDER.sub(" ", m.string) for m in pofile.read_po(handle)
+                                              if m.id and CELL not in m.flags
+                                              and (domain != catalogs.RUNTIME_DOMAIN or f'"{m.id}"' in source))
     return text
 
 
@@ -534,7 +540,7 @@ def _messages(chapter: str) -> dict:
             continue
         with open(prose.catalog_path(chapter, lang), "rb") as handle:
             for m in pofile.read_po(handle):
-                if m.id:
+                if m.id and CELL not in m.flags:
                     found.setdefault(m.id, {prose.SOURCE_LANGUAGE: m.id})[lang] = m.string
     return found
 

@@ -259,14 +259,12 @@ def test_list_shows_type_value_origin_and_comment(tmp_path, capsys):
 
 
 def test_the_chinese_edition_is_generated_before_it_runs(tmp_path, monkeypatch, capsys):
-    """A fresh clone has only the catalogs of notebooks/zh/: --lang zh writes the notebooks first."""
+    """A fresh clone has only the chapters' catalogs: --lang zh writes the notebooks first."""
     from helpers import editions
 
     for folder, name in (("notebooks", "03_end_to_end"), ("solutions", "03_end_to_end_solutions")):
-        (tmp_path / folder / "zh").mkdir(parents=True)
-        for suffix, source in ((".ipynb", REPO / folder / f"{name}.ipynb"), (".po", REPO / folder / "zh" / f"{name}.po")):
-            target = tmp_path / folder / (name + suffix if suffix == ".ipynb" else f"zh/{name}.po")
-            target.write_bytes(source.read_bytes())
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / f"{name}.ipynb").write_bytes((REPO / folder / f"{name}.ipynb").read_bytes())
     monkeypatch.setattr(editions, "REPO", tmp_path)
     monkeypatch.setattr(runner, "NOTEBOOKS", tmp_path / "notebooks")
     monkeypatch.setattr(runner, "SOLUTIONS", tmp_path / "solutions")
@@ -280,12 +278,10 @@ def test_the_chinese_edition_is_generated_before_it_runs(tmp_path, monkeypatch, 
 def test_a_chinese_notebook_that_cannot_be_generated_stops_the_run_and_is_named(tmp_path, monkeypatch, capsys):
     from helpers import editions
 
-    (tmp_path / "notebooks" / "zh").mkdir(parents=True)
+    (tmp_path / "notebooks").mkdir(parents=True)
     english = json.loads((REPO / "notebooks" / "03_end_to_end.ipynb").read_text())
     english["cells"].append({"cell_type": "markdown", "id": "new", "metadata": {}, "source": ["A new paragraph."]})
     (tmp_path / "notebooks" / "03_end_to_end.ipynb").write_text(json.dumps(english))
-    (tmp_path / "notebooks" / "zh" / "03_end_to_end.po").write_bytes(
-        (REPO / "notebooks" / "zh" / "03_end_to_end.po").read_bytes())
     monkeypatch.setattr(editions, "REPO", tmp_path)
     monkeypatch.setattr(runner, "NOTEBOOKS", tmp_path / "notebooks")
     monkeypatch.setattr(runner, "SOLUTIONS", tmp_path / "solutions")

@@ -3,6 +3,7 @@ found in no Chinese file a reader sees: the chapter templates' catalogs, the wor
 the markdown of the Chinese notebooks and worked answers, README.zh.md and the pages of docs/zh/."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -38,22 +39,17 @@ def chinese_files() -> dict:
     """``{relative path: prose text}`` of every Chinese file a reader sees."""
     files = {}
     decisions = []
+    # a chapter's block quotes are the guide's own words, quoted as written (TERMINOLOGY.md); the worked
+    # answers' quotes are the exercises, which follow the terms
+    chapter_cells = {"".join(c["source"]) for path in (REPO / "notebooks").glob("*.ipynb")
+                     for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "markdown"}
     for path in sorted((REPO / "helpers" / "locale" / "zh").rglob("*.po")):
         with open(path, "rb") as handle:
             entries = [m for m in pofile.read_po(handle) if m.id]
         # a placeholder's name (%(kernels)s) is an identifier, not a term
-        files[path] = "\n".join(re.sub(r"%\(\w+\)s", " ", m.string) for m in entries)
+        files[path] = "\n\n".join(re.sub(r"^>.*$", " ", m.string, flags=re.M) if m.id in chapter_cells
+                                   else re.sub(r"%\(\w+\)s", " ", m.string) for m in entries)
         decisions += [m.string for m in entries if m.context == "decision"]
-    for folder in ("notebooks/zh", "solutions/zh"):
-        # the Chinese notebooks' markdown is their catalogs' translations (helpers.editions)
-        for path in sorted((REPO / folder).glob("*.po")):
-            with open(path, "rb") as handle:
-                text = "\n\n".join(m.string for m in pofile.read_po(handle) if m.id)
-            if folder == "notebooks/zh":
-                # a chapter's block quotes are the guide's own words, quoted as written (TERMINOLOGY.md);
-                # the worked answers' quotes are the exercises, which follow the terms
-                text = re.sub(r"^>.*$", " ", text, flags=re.M)
-            files[path] = text
     # the Chinese README and docs pages (a ModelArts user's setup and troubleshooting)
     for path in [REPO / "README.zh.md", *sorted((REPO / "docs" / "zh").glob("*.md"))]:
         if path.exists():
