@@ -127,9 +127,11 @@ def update(domain: str, messages: Catalog, known: dict) -> None:
         else:
             catalog = Catalog(locale=lang, project="ascend-llama-workbook", version="0.1.0", fuzzy=False,
                               last_translator="ascend-llama-workbook contributors", language_team=f"Chinese ({lang})")
-        catalog.update(messages, no_fuzzy_matching=False)
+        catalog.update(messages, no_fuzzy_matching=False, update_creation_date=False)
         catalog.obsolete.clear()
         for message in catalog:
+            if CELL in message.flags:  # Babel's reader flags a cell with "% o" in it python-format again
+                message.flags.discard("python-format")
             if message.id and (not message.string or message.fuzzy) and known.get((lang, message.context, message.id)):
                 message.string = known[(lang, message.context, message.id)]
                 message.flags.discard("fuzzy")
