@@ -30,7 +30,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 KINDS = ("index", "claims", "compare")
 
 
-PAGE, COUNTED = "page", "counted word"  # the catalog contexts of the labels (a unit word's forms apart)
+COUNTED = "counted word"  # the catalog context of a unit word's forms; a label is a plain message
 
 
 def languages() -> list[str]:
@@ -39,7 +39,8 @@ def languages() -> list[str]:
 
 def label_strings() -> list:
     """``(context, English label)`` of every label of ``LABELS`` (what the runtime catalog
-    translates; ``scripts/update_catalogs.py`` extracts them)."""
+    translates; ``scripts/update_catalogs.py`` extracts them). A label is the same message as the
+    same word in a table or a sentence (one translation of "measured" for a page and a chapter)."""
     found = []
     _each_label(_english(), lambda context, text: found.append((context, text)) or text)
     return found
@@ -55,7 +56,7 @@ def _each_label(table, say, counted: bool = False):
     if isinstance(table, dict):
         return {key: _each_label(value, say, counted or key == "units") for key, value in table.items()}
     if isinstance(table, str) and any(c.isalpha() for c in table):
-        return say(COUNTED if counted else PAGE, table)
+        return say(COUNTED if counted else None, table)
     return table
 
 
@@ -64,7 +65,10 @@ def label_table(lang: str) -> dict:
     if lang not in LANGUAGES:
         raise ValueError(f"lang={lang!r}: the pages have labels in {', '.join(LANGUAGES)} "
                          "(add the language's runtime catalog to offer another)")
-    return _english() if lang == SOURCE_LANGUAGE else _each_label(_english(), runtime_translations(lang).pgettext)
+    if lang == SOURCE_LANGUAGE:
+        return _english()
+    found = runtime_translations(lang)
+    return _each_label(_english(), lambda context, text: found.pgettext(context, text) if context else found.gettext(text))
 
 
 def labels(kind: str, lang: str = "en") -> dict:
@@ -178,8 +182,8 @@ def write(path: "str | Path", kind: str, lang: str = "en", **context) -> Path:
 
 
 # Every visible word of the workbook's pages, by page kind, in English; another language translates
-# each label in its runtime catalog (helpers/locale/<lang>/LC_MESSAGES/runtime.po, msgctxt "page"; the
-# forms of a counted word under "counted word"), where scripts/update_catalogs.py puts them. {name}
+# each label in its runtime catalog (helpers/locale/<lang>/LC_MESSAGES/runtime.po; the forms of a
+# counted word under msgctxt "counted word"), where scripts/update_catalogs.py puts them. {name}
 # fields are filled in by the templates (values are escaped); labels may hold simple HTML (<b>, <i>,
 # <code>). helpers.claims names verdicts and verdict classes by their English keys; what a page shows
 # for each key is here (common.verdicts, common.verdict_classes, common.class_meanings), so claims.py
