@@ -7,9 +7,9 @@
 A chapter's catalog ``helpers/locale/<lang>/LC_MESSAGES/<chapter>.po`` holds what a reader of that
 chapter reads in its language: the ``{% trans %}`` blocks of its page template and of its worked
 answers' template (Babel's Jinja2 extractor with babel.cfg's options), then the markdown cells of its
-notebook and of its worked answers' notebook, each cell one message flagged ``no-python-format`` (a
-cell is copied as written: its ``%`` is a ``%``; a template's sentence writes a literal ``%`` as
-``%%``). ``helpers.editions`` writes the Chinese notebooks from those cells.
+notebook and of its worked answers' notebook, each cell one message (a cell is copied as written: its
+``%`` is a ``%``, and one that looks like a placeholder is flagged ``no-python-format``; a template's
+sentence writes a literal ``%`` as ``%%``). ``helpers.editions`` writes the Chinese notebooks from those cells.
 
 The ``runtime`` catalog holds what the helpers say to a reader at run time (reasons, labels, a
 table's words, the worked answers' paragraphs): the calls to ``prose.message`` / ``pmessage`` /
@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 from helpers import catalogs, prose  # noqa: E402
 
 TRANSLATED = [lang for lang in catalogs.LANGUAGES if lang != catalogs.SOURCE_LANGUAGE]
-CELL = "no-python-format"  # the flag of a notebook's markdown cell: no placeholders, % is a %
+CELL = "no-python-format"  # a markdown cell that looks like a format string is none: its % is a %
 HEADER = {"chapter": "# Chinese translation of chapter {name}: its templates' sentences (helpers/templates), then the\n"
                      "# markdown cells of its notebook and worked answers. Terms and style: TERMINOLOGY.md.\n"
                      "# Update with scripts/update_catalogs.py {name}.",
@@ -88,9 +88,14 @@ def cell_messages(chapter: str) -> list[str]:
     return list(dict.fromkeys(cells))
 
 
+def every_cell() -> set:
+    """Every chapter's markdown cells (the messages of the chapters' catalogs that are not %-formatted)."""
+    return {text for chapter in chapters() for text in cell_messages(chapter)}
+
+
 def _add(catalog: Catalog, context, text: str, cell: bool) -> None:
     message = catalog.get(text, context) or catalog.add(text, None, context=context)
-    if cell:
+    if cell and "python-format" in message.flags:  # what xgettext does with a % that is no placeholder
         message.flags.discard("python-format")
         message.flags.add(CELL)
 

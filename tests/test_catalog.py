@@ -20,6 +20,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import update_catalogs  # noqa: E402
 
 SINGLE = update_catalogs.chapters()
+CELLS = update_catalogs.every_cell()
 TRANSLATED = [lang for lang in prose.LANGUAGES if lang != prose.SOURCE_LANGUAGE]
 CASES = [pytest.param(chapter, lang, id=f"{chapter}-{lang}") for chapter in SINGLE for lang in TRANSLATED]
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -44,7 +45,7 @@ def test_the_converted_chapters_are_found():
 def test_every_message_is_translated_with_its_placeholders_and_nothing_is_fuzzy(chapter, lang):
     catalog = _catalog(chapter, lang)
     assert not catalog.fuzzy, f"{chapter}.po: the header is marked fuzzy"
-    messages = [m for m in catalog if m.id and update_catalogs.CELL not in m.flags]  # a cell is not %-formatted
+    messages = [m for m in catalog if m.id and m.id not in CELLS]  # a markdown cell is not %-formatted
     assert messages
     for m in messages:
         assert m.string, f"{chapter}.po ({lang}): {m.id!r} is not translated"
@@ -144,7 +145,7 @@ def test_a_line_break_between_two_chinese_characters_is_joined():
 def test_the_chinese_render_of_every_fixture_shows_no_english_sentence(chapter):
     """Every message the Chinese page shows is a translated one: no English msgid survives there
     (a message that is missing or empty in the catalog would render in English)."""
-    english = [PLACEHOLDER.split(m.id) for m in _catalog(chapter, "zh") if m.id and update_catalogs.CELL not in m.flags]
+    english = [PLACEHOLDER.split(m.id) for m in _catalog(chapter, "zh") if m.id and m.id not in CELLS]
     fragments = {part.strip() for parts in english for part in parts[::2] if len(part.strip().split()) >= 3}
     for path in sorted((REPO / "tests" / "fixtures" / "runs").glob(f"*/{chapter}/results.json")):
         results = json.loads(path.read_text(encoding="utf-8"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from babel.messages import pofile
 
-from helpers import catalogs, decide, dtype_choice, prose, roofline
+from helpers import REPO, catalogs, decide, dtype_choice, prose, roofline
 from page_variants import KEPT_DENSE, VARIANTS, quick
 
 RESULTS = {"chapter": "99_demo", "parameters": {"repeats": 5},
@@ -110,7 +110,9 @@ MORE_DIRECTION_WORDS = {
 }
 MARK = re.compile(f"{prose.AUDIT_OPEN}([^=]*)=([^{prose.AUDIT_CLOSE}]*){prose.AUDIT_CLOSE}")
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-CELL = "no-python-format"  # a notebook markdown cell in a chapter catalog (scripts/update_catalogs.py)
+# the notebooks' markdown cells, which a chapter's catalog holds after its templates' sentences
+CELLS = {"".join(c["source"]) for path in [*(REPO / "notebooks").glob("*.ipynb"), *(REPO / "solutions").glob("*.ipynb")]
+         for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "markdown"}
 
 
 def _load(path: Path) -> dict:
@@ -163,7 +165,7 @@ def _source_without_comments(path: Path) -> str:
                 with open(po, "rb") as handle:
                     # the template's sentences (not its notebooks' cells; of runtime, the ones it says)
                     text += "\n" + "\n".join(PLACEHOLDER.sub(" ", m.string) for m in pofile.read_po(handle)
-                                              if m.id and CELL not in m.flags
+                                              if m.id and m.id not in CELLS
                                               and (domain != catalogs.RUNTIME_DOMAIN or f'"{m.id}"' in source))
     return text
 
@@ -540,7 +542,7 @@ def _messages(chapter: str) -> dict:
             continue
         with open(prose.catalog_path(chapter, lang), "rb") as handle:
             for m in pofile.read_po(handle):
-                if m.id and CELL not in m.flags:
+                if m.id and m.id not in CELLS:
                     found.setdefault(m.id, {prose.SOURCE_LANGUAGE: m.id})[lang] = m.string
     return found
 
