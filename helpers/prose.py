@@ -246,7 +246,7 @@ def other_dtype(dtype: Any, device: Any) -> str:
 
 
 def NC_(context: str, msgid: str) -> str:
-    """Marks a word with a gettext context for the runtime catalog (extracted like ``pmessage``).
+    """Marks a word with a gettext context for the runtime catalog (extracted like ``pgettext``).
     Returns it unchanged."""
     return msgid
 
@@ -605,12 +605,6 @@ def message(msgid: str, **args) -> Message:
     catalog); an argument may be a number (formatted by the placeholder's spec, ``{ratio:.2f}``), a
     text, another message, or a list (joined with the language's list separator)."""
     return Message(msgid, args)
-
-
-def pmessage(context: str, msgid: str, **args) -> Message:
-    """``message`` with a gettext context, for a short word that means different things in
-    different places."""
-    return Message(msgid, args, context)
 
 
 def decision(key: str) -> Message:

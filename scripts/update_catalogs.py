@@ -12,7 +12,7 @@ notebook and of its worked answers' notebook, each cell one message (a cell is c
 sentence writes a literal ``%`` as ``%%``). ``helpers.editions`` writes the Chinese notebooks from those cells.
 
 The ``runtime`` catalog holds what the helpers say to a reader at run time (reasons, labels, a
-table's words, the worked answers' paragraphs): the calls to ``prose.message`` / ``pmessage`` /
+table's words, the worked answers' paragraphs): the calls to ``prose.message`` /
 ``tell`` / ``N_`` / ``NC_`` / ``pgettext`` with a literal msgid in ``helpers/**.py`` and in the code
 cells of the English notebooks and worked answers, read with Babel's Python extractor, the text
 columns of the shipped data the tables show (``RUNTIME_DATA``), the sentences among the claims' rule
@@ -163,7 +163,7 @@ def translations_today(paths) -> dict:
 
 
 # the calls whose literal msgid is a run-time message (Babel keyword specs: "1c" is the context)
-RUNTIME_KEYWORDS = {"message": (1,), "pmessage": ((1, "c"), 2), "tell": (2,), "N_": (1,),
+RUNTIME_KEYWORDS = {"message": (1,), "tell": (2,), "N_": (1,),
                     "NC_": ((1, "c"), 2), "pgettext": ((1, "c"), 2)}
 
 
