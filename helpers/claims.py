@@ -48,7 +48,6 @@ TABLE_WORDS = (
 )
 
 
-
 CLAIMS_CSV = Path(__file__).resolve().parent.parent / "data" / "guide_claims.csv"
 COLUMNS = ("id", "seed", "section", "text_zh", "gloss_en", "kind", "claimed_value", "unit", "hardware", "model",
            "rule", "args")
@@ -180,8 +179,6 @@ def number(text: "str | float | int") -> float:
     text = str(text).strip().lstrip("<>=~").strip()
 
     def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return float(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
@@ -194,7 +191,7 @@ def number(text: "str | float | int") -> float:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
         raise ValueError(f"{text!r} is not a number or arithmetic on numbers") from None
-    return ev(tree)
+    return ev(tree.body)
 
 
 def claimed_range(text: str) -> tuple[float, float]:
@@ -584,10 +581,7 @@ def rule_bound(claim: dict, args: dict, ev: Evidence) -> Verdict:
     want = claim.get("hardware") or ("npu" if "910" in device else "cuda")
     bw, bw_src = ev.spec(device, "bandwidth_gbps")
     flops, fl_src = ev.spec(device, "fp16_dense_tflops")
-    if "bytes" in args:
-        nbytes = number(args["bytes"])
-    else:
-        nbytes = float(llama2_weight_bytes(args.get("weights", "float16")))
+    nbytes = number(args["bytes"]) if "bytes" in args else float(llama2_weight_bytes(args.get("weights", "float16")))
     prompt = int(args.get("prompt_tokens", 0))
     work = 2 * llama_parameter_count(**LLAMA2_7B_CONFIG) * prompt if prompt else 0.0
     low, high = claimed_range(claim["claimed_value"])
@@ -697,13 +691,12 @@ def rule_fits(claim: dict, args: dict, ev: Evidence) -> Verdict:
         return Verdict(NOT_MEASURED, message("no memory size for {device}", device=args["device"]), "none")
     facts = dict(model=args["model"], weights=args.get("weights", "float16"), gb=weights / 1e9,
                  device=src.split(":")[0], memory=mem)
-    if weights < mem * 1e9:
-        return Verdict("disagrees with sources", message("{model} {weights} weights are {gb:.1f} GB; one {device} has "
-                                                         "{memory:g} GB: it fits on one card (tensor parallelism is "
-                                                         "needed on 32 GB cards, and for 70B)", **facts), "bound",
-                       ratio=weights / (mem * 1e9))
-    return Verdict("agrees with sources", message("{model} {weights} weights are {gb:.1f} GB; one {device} has "
-                                                  "{memory:g} GB: it does not fit on one card", **facts), "bound",
+    fits = weights < mem * 1e9
+    detail = (message("{model} {weights} weights are {gb:.1f} GB; one {device} has {memory:g} GB: it fits on one card "
+                      "(tensor parallelism is needed on 32 GB cards, and for 70B)", **facts) if fits
+              else message("{model} {weights} weights are {gb:.1f} GB; one {device} has {memory:g} GB: it does not "
+                           "fit on one card", **facts))
+    return Verdict("disagrees with sources" if fits else "agrees with sources", detail, "bound",
                    ratio=weights / (mem * 1e9))
 
 
@@ -719,10 +712,7 @@ def rule_spec(claim: dict, args: dict, ev: Evidence) -> Verdict:
             return Verdict(NEEDS["npu"], message("no published {column} for {device} in {source}; measure with {where}",
                                                  column=args["column"], device=device, source=ev.specs_source,
                                                  where=where), "none")
-        if args.get("op", "=") == ">":
-            ok = value > claimed
-        else:
-            ok = math.isclose(value, claimed, rel_tol=0.05)
+        ok = value > claimed if args.get("op", "=") == ">" else math.isclose(value, claimed, rel_tol=0.05)
         return Verdict("agrees with sources" if ok else "disagrees with sources",
                        message("specs table: {source}; claimed {claimed} {unit}", source=src,
                                claimed=claim["claimed_value"], unit=unit),
@@ -782,13 +772,11 @@ def rule_consistency(claim: dict, args: dict, ev: Evidence) -> Verdict:
         step = 2.0 ** (math.floor(math.log2(std)) - int(args.get("mantissa_bits", 10)))
         how = message("outputs of {k}-long dot products of standard-normal values have std {std:.3g}; float16 "
                       "values there are {step:.3g} apart", k=k, std=std, step=step)
-        if claimed < step / 2:
-            return Verdict("internally inconsistent", message("{how}, so a threshold of {claimed:g} is below half a "
-                                                              "step: only a bit-identical kernel meets it with the "
-                                                              "guide's own inputs", how=how, claimed=claimed),
-                           "computed", step, ratio=claimed / step)
-        return Verdict("internally consistent", message("{how}: a threshold of {claimed:g} allows for rounding",
-                                                        how=how, claimed=claimed), "computed", step,
+        below = claimed < step / 2
+        detail = (message("{how}, so a threshold of {claimed:g} is below half a step: only a bit-identical kernel "
+                          "meets it with the guide's own inputs", how=how, claimed=claimed) if below
+                  else message("{how}: a threshold of {claimed:g} allows for rounding", how=how, claimed=claimed))
+        return Verdict("internally inconsistent" if below else "internally consistent", detail, "computed", step,
                        ratio=claimed / step)
     if "expr" in args:
         other = number(args["expr"])
@@ -937,15 +925,13 @@ def verdicts(run_dirs, claims=None, specs_path=None):
     for claim in claims.to_dict(orient="records"):
         claim.setdefault("hardware", "")
         claim.setdefault("model", "")
-        judged = [(ev, judge(claim, ev)) for ev in runs]
-        best = min(range(len(judged)), key=lambda i: (*_rank(judged[i][1], judged[i][0], claim["hardware"]), i))
-        ev, v = judged[best]
+        # min keeps the first of equal ranks: ties go to the order the runs were given
+        ev, v = min(((e, judge(claim, e)) for e in runs), key=lambda j: _rank(j[1], j[0], claim["hardware"]))
         decided = v.evidence == "measured" and not v.elsewhere
-        row = {**claim, **asdict(v), "verdict_class": verdict_class(v.verdict, v.elsewhere)}
-        row["decided_by"] = ev.run_name if decided else ""
-        row["device_class"] = v.device_class if decided else ""
-        row["elsewhere_run"] = ev.run_name if v.elsewhere else ""  # the run whose figure ``elsewhere`` shows
-        out.append(row)
+        # decided_by and device_class only where a measurement decided; elsewhere_run: whose figure ``elsewhere`` shows
+        out.append({**claim, **asdict(v), "verdict_class": verdict_class(v.verdict, v.elsewhere),
+                    "decided_by": ev.run_name if decided else "", "device_class": v.device_class if decided else "",
+                    "elsewhere_run": ev.run_name if v.elsewhere else ""})
     return pd.DataFrame(out)
 
 

@@ -150,9 +150,12 @@ class Cell:
 
     @property
     def number(self) -> Optional[float]:
-        if isinstance(self.value, bool) or not isinstance(self.value, (int, float)):
-            return None
-        return float(self.value)
+        return _as_number(self.value)
+
+
+def _as_number(value: Any) -> Optional[float]:
+    """A recorded value as a float; None for anything else (a bool is a yes/no, not a number)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def chapter_cell(run: Run, chapter: str, **figure) -> Cell:
@@ -177,9 +180,8 @@ def figure_cell(run: Run, chapter: str, key: str) -> Cell:
     entry = data["metrics"].get(key)
     if entry is None or entry.get("value") is None:
         return Cell(status=status, missing=f"not recorded (chapter {status})")
-    return chapter_cell(run, chapter, value=entry.get("value"), unit=str(entry.get("unit") or ""),
-                        device=entry.get("device"), dtype=str(entry.get("dtype") or ""),
-                        shape=str(entry.get("shape") or ""), code_path=str(entry.get("code_path") or ""))
+    return chapter_cell(run, chapter, value=entry.get("value"), device=entry.get("device"),
+                        **{k: str(entry.get(k) or "") for k in ("unit", "dtype", "shape", "code_path")})
 
 
 def why_not_comparable(ref: Cell, other: Cell, ref_label: str, other_label: str) -> str:
@@ -228,9 +230,7 @@ KEY_FIGURE = "key figure"
 
 
 def cell_for(run: Run, chapter: str, key: str) -> Cell:
-    if (chapter, key) in DERIVED:
-        return DERIVED[(chapter, key)](run)
-    return figure_cell(run, chapter, key)
+    return DERIVED[(chapter, key)](run) if (chapter, key) in DERIVED else figure_cell(run, chapter, key)
 
 
 def compared(runs: list[Run], reference: int = 0):
@@ -248,7 +248,7 @@ def compared(runs: list[Run], reference: int = 0):
         for run in runs:
             cell = cell_for(run, chapter, key)
             why = "reference run" if run is ref else why_not_comparable(ref_cell, cell, ref.label, run.label)
-            ratio = cell.number / ref_cell.number if run is not ref and not why else None
+            ratio = cell.number / ref_cell.number if not why else None  # the reference's why is "reference run"
             per_run.append((run, cell, ratio, why))
         yield chapter, key, source, per_run
 
@@ -257,13 +257,12 @@ def comparison_table(runs: list[Run], reference: int = 0):
     """Long-form table: one row per figure and run, with the ratio to the reference run or why not."""
     import pandas as pd
 
-    ref = runs[reference].label
     return pd.DataFrame([
         {"chapter": chapter, "figure": key, "source": source, "run": run.label, "value": cell.value,
          "unit": cell.unit, "device": cell.device or run.device, "dtype": cell.dtype,
          "model": cell.model or run.model, "profile": run.profile, "shape": cell.shape,
          "code_path": cell.code_path, "chapter_status": cell.status, "missing": cell.missing,
-         "reference": ref, "ratio_to_reference": ratio, "why_no_ratio": why}
+         "reference": runs[reference].label, "ratio_to_reference": ratio, "why_no_ratio": why}
         for chapter, key, source, per_run in compared(runs, reference)
         for run, cell, ratio, why in per_run])
 
@@ -348,10 +347,9 @@ def guide_table(runs: list[Run], claims_table=None, verdict_table=None, lang: st
     measured = {"tok/s": lambda r: figure_cell(r, *DECODE_B1), "ms": lambda r: figure_cell(r, *TTFT),
                 "GB": memory_cell}
     claims = guide_benchmark_claims(claims_table)
-    decided = {}
-    for v in (verdict_table.to_dict(orient="records") if verdict_table is not None else []):
-        decided[v["id"]] = text["guide_verdict"].format(verdict=pages.say("common.verdicts", v["verdict"], lang)) + (
-            text["guide_decided"].format(run=v["decided_by"]) if v.get("decided_by") else "")
+    decided = {v["id"]: text["guide_verdict"].format(verdict=pages.say("common.verdicts", v["verdict"], lang))
+               + (text["guide_decided"].format(run=v["decided_by"]) if v.get("decided_by") else "")
+               for v in (verdict_table.to_dict(orient="records") if verdict_table is not None else [])}
     rows = []
     for unit, read in measured.items():
         row = {names["figure"]: rows_named[unit]}
@@ -384,27 +382,9 @@ def merged_claims(runs: list[Run]):
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
-def _run_ticks(runs: list[Run]) -> list[str]:
-    return [f"{r.label}\n{r.device_class or r.device or '?'} · {r.dtype or '?'}\n{r.model or '?'}" for r in runs]
-
-
 def _short(value: float) -> str:
     """A bar label without exponents: 1799, 42.8, 2.02."""
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
-def _bars(ax, runs, cells, ylabel, fmt="{}", offset=0.0, width=0.8, color=None, label=None):
-    xs = [i + offset for i in range(len(runs))]
-    heights = [c.number if c.number is not None else 0.0 for c in cells]
-    bars = ax.bar(xs, heights, width=width, color=color or [COLORS[i % len(COLORS)] for i in range(len(runs))],
-                  label=label)
-    top = max(heights + [1e-9])
-    for x, c in zip(xs, cells):
-        text = fmt.format(_short(c.number)) if c.number is not None else "not\nmeasured"
-        ax.text(x, (c.number or 0.0) + top * 0.02, text, ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, top * 1.25)
-    ax.set_ylabel(ylabel)
-    return bars
 
 
 def plot_runs(runs: list[Run], series: list, ylabel: str, title: str, fmt="{}", width=2.0, height=3.6):
@@ -417,14 +397,23 @@ def plot_runs(runs: list[Run], series: list, ylabel: str, title: str, fmt="{}", 
     fig, ax = plt.subplots(figsize=(max(6.0, width * len(runs)), height))
     each = 0.8 / len(series)
     for k, (cells, color, label) in enumerate(series):
-        _bars(ax, runs, cells, ylabel, fmt=fmt, offset=(k - (len(series) - 1) / 2) * each, width=each,
-              color=color, label=label)
+        xs = [i + (k - (len(series) - 1) / 2) * each for i in range(len(runs))]
+        heights = [c.number if c.number is not None else 0.0 for c in cells]
+        ax.bar(xs, heights, width=each, color=color or [COLORS[i % len(COLORS)] for i in range(len(runs))],
+               label=label)
+        top = max(heights + [1e-9])
+        for x, c in zip(xs, cells):
+            text = fmt.format(_short(c.number)) if c.number is not None else "not\nmeasured"
+            ax.text(x, (c.number or 0.0) + top * 0.02, text, ha="center", va="bottom", fontsize=8)
+        ax.set_ylim(0, top * 1.25)
+    ax.set_ylabel(ylabel)
     if len(series) > 1:  # room above the tallest bar for the legend
         top = max([c.number for cells, _, _ in series for c in cells if c.number is not None] + [1e-9])
         ax.set_ylim(0, top * 1.3)
         ax.legend(fontsize=8, loc="upper right")
     ax.set_xticks(range(len(runs)))
-    ax.set_xticklabels(_run_ticks(runs), fontsize=8)
+    ax.set_xticklabels([f"{r.label}\n{r.device_class or r.device or '?'} · {r.dtype or '?'}\n{r.model or '?'}"
+                        for r in runs], fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -450,9 +439,7 @@ def plot_roofline(runs: list[Run]):
     rows = []
     for run in runs:
         entry = (run.chapters.get(ROOFLINE[0]) or {}).get("metrics", {}).get(ROOFLINE[1]) or {}
-        ceiling = entry.get("ceiling_tok_s")
-        rows.append((run.label, figure_cell(run, *DECODE_B1).number,
-                     float(ceiling) if isinstance(ceiling, (int, float)) and not isinstance(ceiling, bool) else None,
+        rows.append((run.label, figure_cell(run, *DECODE_B1).number, _as_number(entry.get("ceiling_tok_s")),
                      figure_cell(run, *ROOFLINE).number))
     return plots.plot_roofline(rows, "Batch-1 decode as a share of each run's own bandwidth roofline (chapter 03)",
                                ceiling_name="its roofline (ch. 03)")
@@ -460,13 +447,9 @@ def plot_roofline(runs: list[Run]):
 
 def ladder_rungs(run: Run) -> list[tuple[str, float]]:
     """Per-rung tok/s (``ladder_tok_s_<rung>``) in the order chapter 06 recorded them."""
-    data = run.chapters.get(LADDER) or {}
-    out = []
-    for key, entry in data.get("metrics", {}).items():
-        value = entry.get("value")
-        if key.startswith(LADDER_PREFIX) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            out.append((key[len(LADDER_PREFIX):], float(value)))
-    return out
+    metrics = (run.chapters.get(LADDER) or {}).get("metrics", {})
+    return [(key[len(LADDER_PREFIX):], value) for key, entry in metrics.items()
+            if key.startswith(LADDER_PREFIX) and (value := _as_number(entry.get("value"))) is not None]
 
 
 def plot_ladder(runs: list[Run]):

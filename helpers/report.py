@@ -9,6 +9,7 @@ index are here too; the pages themselves are ``helpers.pages`` templates.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -21,18 +22,13 @@ def key_figures(results: dict):
     """Every chapter's key figures with unit and context, as recorded."""
     import pandas as pd
 
-    rows = []
-    for chapter in sorted(results):
-        if chapter == REPORT_CHAPTER:
-            continue
-        metrics = results[chapter].get("metrics", {})
-        for key in results[chapter].get("key_figures", []):
-            entry = metrics.get(key)
-            if entry is None:
-                continue
-            rows.append({"chapter": chapter, "key": key, "value": entry.get("value"), "unit": entry.get("unit", ""),
-                         **{k: recorded(entry, k) for k in ("device", "dtype", "shape", "code_path")}})
-    return pd.DataFrame(rows, columns=["chapter", "key", "value", "unit", "device", "dtype", "shape", "code_path"])
+    context = ("device", "dtype", "shape", "code_path")
+    rows = [{"chapter": chapter, "key": key, "value": entry.get("value"), "unit": entry.get("unit", ""),
+             **{k: recorded(entry, k) for k in context}}
+            for chapter in sorted(results) if chapter != REPORT_CHAPTER
+            for key in results[chapter].get("key_figures", [])
+            if (entry := results[chapter].get("metrics", {}).get(key)) is not None]
+    return pd.DataFrame(rows, columns=["chapter", "key", "value", "unit", *context])
 
 
 # The claim as each edition quotes it in its tables: the guide's Chinese, or its English gloss.
@@ -88,16 +84,12 @@ def plot_batching(results: dict, claims_table, lang: str = "en"):
     lang = plots.chart_language(lang)
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.4))
     for ax, (title, key) in zip(axes, series.items()):
-        for label, source, marker in ((N_("measured"), "results", "o-"), (N_("guide's claim"), "claims", "s--")):
-            xs, ys = [1], [1.0 if "ratio" in key else 0.0]
-            for b in (4, 8):
-                dotted = f"04_batching.{key.format(b)}"
-                v = _value(results, dotted) if source == "results" else guide_value(claims_table, dotted)
-                if v is not None:
-                    xs.append(b)
-                    ys.append(v)
-            if len(xs) > 1:
-                ax.plot(xs, ys, marker, label=translate_cell(label, lang))
+        for label, read, marker in ((N_("measured"), lambda dotted: _value(results, dotted), "o-"),
+                                    (N_("guide's claim"), lambda dotted: guide_value(claims_table, dotted), "s--")):
+            points = [(1, 1.0 if "ratio" in key else 0.0)]  # batch 1: the baseline each figure is relative to
+            points += [(b, v) for b in (4, 8) if (v := read(f"04_batching.{key.format(b)}")) is not None]
+            if len(points) > 1:
+                ax.plot(*zip(*points), marker, label=translate_cell(label, lang))
         ax.set_xlabel(tell(lang, "batch size"))
         ax.set_title(translate_cell(title, lang), fontsize=9)
         ax.set_xticks([1, 4, 8])
@@ -135,9 +127,9 @@ def plot_int8(results: dict, claims_table, lang: str = "en"):
         left.set_xlim(0, max(values) * 1.25)
     left.set_xlabel(tell(lang, "INT8 / dense decode tok/s (x, higher is faster)"))
     left.set_title(tell(lang, "INT8 decode speedup"), fontsize=10)
+    right.set_yticks([])
     if ppl is not None:
         right.barh([0], [ppl], color="#1f77b4", height=0.5)
-        right.set_yticks([])
         span = max(abs(ppl) * 1.6, 0.5)
         right.set_xlim(-span, span)
         right.axvline(0, color="black", lw=0.8)
@@ -146,7 +138,6 @@ def plot_int8(results: dict, claims_table, lang: str = "en"):
     else:
         right.text(0.5, 0.5, tell(lang, "perplexity not recorded in this run"), ha="center", va="center",
                    transform=right.transAxes)
-        right.set_yticks([])
         right.set_title(tell(lang, "perplexity change"), fontsize=10)
     right.set_xlabel(tell(lang, "vs dense (%, lower is better)"))
     fig.suptitle(tell(lang, "INT8 on {device} (measured) vs the guide's 910B figures",
@@ -221,8 +212,6 @@ def verdict_legend(lang: str = "en"):
 def without_gloss(text: str) -> str:
     """A heading of the claims table without its English gloss: ``第二步：RMSNorm 性能验证`` from
     ``第二步：RMSNorm 性能验证 (step 2: RMSNorm performance)`` (a Chinese page shows the guide's own words)."""
-    import re
-
     return re.sub(r"\s*\([^()]*[A-Za-z][^()]*\)\s*$", "", str(text)) or str(text)
 
 
@@ -285,9 +274,7 @@ def key_figure_label(key: str, lang: str = "en") -> tuple[str, str]:
 def counted(word, n) -> str:
     """A counted word in the number ``n`` asks for: a label that is ``{one: ..., other: ...}`` gives
     ``one`` for exactly 1 ("1 claim", "1 op"), ``other`` otherwise; a plain label is the same for all."""
-    if isinstance(word, dict):
-        return str(word["one"] if n == 1 else word["other"])
-    return str(word)
+    return str(word["one" if n == 1 else "other"] if isinstance(word, dict) else word)
 
 
 def describe_key_figure(key: str, entry: dict, lang: str = "en", samples: Optional[float] = None) -> dict:

@@ -20,6 +20,7 @@ Imports ``server`` (its errors and its log's tail); ``study`` imports this modul
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -50,7 +51,7 @@ def parse_event(line: str):
     """One line of a server-sent event stream: a dict (a JSON ``data:`` payload), ``DONE``, or None
     for lines that carry nothing (blank lines, ``:`` comments used as pings, ``event:``/``id:``)."""
     line = line.strip()
-    if not line or line.startswith(":") or not line.startswith("data:"):
+    if not line.startswith("data:"):
         return None
     payload = line[len("data:"):].strip()
     if payload == DONE:
@@ -118,10 +119,9 @@ async def stream_completion(client, url: str, model: str, prompt, output_len: in
     failed request comes back with ``ok=False`` and the error."""
     import httpx
 
-    start = time.perf_counter()
-    last = start
+    start = last = time.perf_counter()
     result = RequestResult(ok=False, start_s=start)
-    usage, done = None, False
+    usage = None
     try:
         async with client.stream("POST", f"{url}/v1/completions",
                                  json=completion_payload(model, prompt, output_len)) as response:
@@ -133,7 +133,6 @@ async def stream_completion(client, url: str, model: str, prompt, output_len: in
                 if event is None:
                     continue
                 if event == DONE:
-                    done = True
                     break
                 now = time.perf_counter()
                 if event.get("choices"):
@@ -145,31 +144,25 @@ async def stream_completion(client, url: str, model: str, prompt, output_len: in
                     result.chunks += 1
                 if event.get("usage"):
                     usage = event["usage"]
-        if not done:
-            raise StreamError("the stream ended before [DONE] (cut by the server or the network)")
+            else:
+                raise StreamError("the stream ended before [DONE] (cut by the server or the network)")
         if result.chunks == 0:
             raise StreamError("the stream carried no token chunk, so there is no TTFT")
         check_counts(usage, result.chunks, output_len, input_len)
     except (StreamError, httpx.HTTPError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, StreamError) else str(exc)
         if isinstance(exc, httpx.TimeoutException):
             result.error = f"timed out ({type(exc).__name__}): no data within request_timeout_s"
+        else:
+            result.error = str(exc) if isinstance(exc, StreamError) else f"{type(exc).__name__}: {exc}"
         result.end_s = time.perf_counter()
         return result
-    result.ok = True
-    result.end_s = last
-    result.e2e_s = last - start
+    result.ok, result.end_s, result.e2e_s = True, last, last - start
     result.output_tokens = int(usage["completion_tokens"])
     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
     return result
 
 
 UNWIND_S = 5.0  # how long an interrupted level may take to close its streams
-
-
-def _cancel_all(loop) -> None:
-    for task in asyncio.all_tasks(loop):
-        task.cancel()
 
 
 def _run_coroutine(coro, unwind_s: float = UNWIND_S):
@@ -205,10 +198,9 @@ def _run_coroutine(coro, unwind_s: float = UNWIND_S):
         while not done.wait(0.1):
             pass
     except BaseException:
-        try:
-            loop.call_soon_threadsafe(_cancel_all, loop)
-        except RuntimeError:  # the loop closed in the meantime: nothing left to cancel
-            pass
+        # cancel every task of that loop; a RuntimeError: the loop closed meanwhile, nothing left to cancel
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(lambda: [task.cancel() for task in asyncio.all_tasks(loop)])
         done.wait(unwind_s)
         raise
     worker.join(unwind_s)
@@ -255,8 +247,7 @@ def run_level(url: str, model: str, prompts: Sequence, output_len: int, concurre
               arrivals: Optional[Sequence[float]] = None):
     """``_run_level`` from sync code; each request is bounded by ``request_timeout_s`` between two
     chunks and by ``request_timeout_s x (output_len + 1)`` in all, so a hung server cannot hang the cell."""
-    total = request_timeout_s * (output_len + 1)
-    return _run_coroutine(_run_level(url, model, prompts, output_len, concurrency, total,
+    return _run_coroutine(_run_level(url, model, prompts, output_len, concurrency, request_timeout_s * (output_len + 1),
                                      request_timeout_s, input_len, arrivals))
 
 
@@ -402,12 +393,12 @@ def summarize(results: Sequence[RequestResult], duration_s: float, concurrency: 
            "output_tokens": out, "output_tok_s": out / duration_s if duration_s > 0 else None,
            "request_per_s": len(ok) / duration_s if duration_s > 0 else None,
            "chunks_per_token": (sum(r.chunks for r in ok) / out) if out else None,
-           "errors": "; ".join(sorted({r.error for r in results if not r.ok}))[:500]}
+           "errors": "; ".join(sorted({r.error for r in failed}))[:500]}
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
         row[f"{name}_mean_ms"] = float(np.mean(values)) if values else None
         row[f"{name}_median_ms"] = percentile(values, 50)
         for q in percentiles:
-            row[f"{name}_p{q}_ms"] = percentile(values, q) if q == 50 else percentile(values, q, enough=True)
+            row[f"{name}_p{q}_ms"] = percentile(values, q, enough=q != 50)
     if targets is not None:
         judged = len(steady) + len(failed)
         good = sum(1 for r in steady if is_good(r, *targets))
@@ -577,14 +568,10 @@ def stop_group(proc, grace_s: float = 3.0) -> None:
     """Stop a process started in its own session and everything it started: SIGTERM to the group,
     SIGKILL after ``grace_s``."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def run_bench_serve(command: list, result_path: "str | Path", log_path: "str | Path", timeout_s: float,
@@ -618,19 +605,16 @@ def run_bench_serve(command: list, result_path: "str | Path", log_path: "str | P
 def bench_row(result: dict, input_len: int, output_len: int, plan: Optional[BenchPlan] = None) -> dict:
     """``vllm bench serve``'s JSON in the sweep's column names, so the two sit in one table; with
     ``plan``, also how it ran (``entry``) and the flags its vLLM lacked (``flags_dropped``)."""
+    # vLLM reports 0 for the latencies of a run where every request failed: none was measured.
+    measured = result.get if result.get("completed") else (lambda key: None)
     row = {"concurrency": result.get("max_concurrency"), "input_len": input_len, "output_len": output_len,
            "requests": result.get("num_prompts"), "completed": result.get("completed"), "failed": result.get("failed"),
            "duration_s": result.get("duration"), "output_tokens": result.get("total_output_tokens"),
-           "output_tok_s": result.get("output_throughput"), "request_per_s": result.get("request_throughput")}
-    # vLLM reports 0 for the latencies of a run where every request failed: none was measured.
-    measured = bool(result.get("completed"))
+           "output_tok_s": measured("output_throughput"), "request_per_s": measured("request_throughput")}
     for name in ("ttft", "tpot", "itl", "e2el"):
-        row[f"{name}_mean_ms"] = result.get(f"mean_{name}_ms") if measured else None
-        row[f"{name}_median_ms"] = result.get(f"median_{name}_ms") if measured else None
+        row[f"{name}_mean_ms"], row[f"{name}_median_ms"] = measured(f"mean_{name}_ms"), measured(f"median_{name}_ms")
         for q in PERCENTILES:
-            row[f"{name}_p{q}_ms"] = result.get(f"p{q}_{name}_ms") if measured else None
-    if not measured:
-        row["output_tok_s"] = row["request_per_s"] = None
+            row[f"{name}_p{q}_ms"] = measured(f"p{q}_{name}_ms")
     median_tpot = row["tpot_median_ms"]
     row["decode_tok_s_per_user"] = 1e3 / median_tpot if median_tpot else None
     row["decode_tok_s_aggregate"] = (row["concurrency"] or 0) * 1e3 / median_tpot if median_tpot else None

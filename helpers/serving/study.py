@@ -55,8 +55,6 @@ TABLE_WORDS = (
 )
 
 
-
-
 # --- what the chapter measures: its parameters, a server started here or an endpoint --------------
 
 def check_parameters(ch) -> list[int]:
@@ -226,16 +224,13 @@ def measure_level(url: str, model: str, prompts: PromptSource, *, concurrency: i
     if warmup:
         run_level(url, model, prompts.take(concurrency, input_len), min(4, output_len), concurrency,
                   request_timeout_s=request_timeout_s, input_len=input_len)
-    results, flags, runs, duration, warm, drain = [], [], [], 0.0, 0, 0
-    medians = {name: [] for name in MEDIAN_SPREADS}
+    results, flags, runs, per_run, duration, warm, drain = [], [], [], [], 0.0, 0, 0
     for run in range(int(repeats)):
         batch, seconds = run_level(url, model, prompts.take(requests_for(concurrency, min_requests), input_len),
                                    output_len, concurrency, request_timeout_s=request_timeout_s,
                                    input_len=input_len)
         counted, w, d = steady_state(batch, concurrency)
-        one = summarize(batch, seconds, concurrency, counted=counted, targets=targets)
-        for name in MEDIAN_SPREADS:
-            medians[name].append(one[f"{name}_median_ms"])
+        per_run.append(summarize(batch, seconds, concurrency, counted=counted, targets=targets))
         results += batch
         flags += counted
         runs += [run] * len(batch)
@@ -243,14 +238,12 @@ def measure_level(url: str, model: str, prompts: PromptSource, *, concurrency: i
     row = summarize(results, duration, concurrency, counted=flags, targets=targets)
     row.update(input_len=input_len, output_len=output_len, repeats=int(repeats), warmup_excluded=warm,
                drain_excluded=drain, ttft_target_ms=targets[0], tpot_target_ms=targets[1])
-    for name, values in medians.items():
-        values = [v for v in values if v is not None]
-        spread = len(values) > 1
-        row[f"{name}_p50_lo_ms"] = min(values) if spread else None
-        row[f"{name}_p50_hi_ms"] = max(values) if spread else None
-    extra = [{"run": run, "counted": c, "good": is_good(r, *targets) and c}
-             for r, c, run in zip(results, flags, runs)]
-    return row, list(zip(results, extra))
+    for name in MEDIAN_SPREADS:
+        medians = [one[f"{name}_median_ms"] for one in per_run if one[f"{name}_median_ms"] is not None]
+        spread = (min(medians), max(medians)) if len(medians) > 1 else (None, None)
+        row[f"{name}_p50_lo_ms"], row[f"{name}_p50_hi_ms"] = spread
+    return row, [(r, {"run": run, "counted": c, "good": is_good(r, *targets) and c})
+                 for r, c, run in zip(results, flags, runs)]
 
 
 def measure_sweep(url: str, model: str, prompts: PromptSource, specs: Sequence[tuple], *, min_requests: int,
@@ -416,8 +409,7 @@ def our_path_points(run_dir: "str | Path") -> tuple[list[dict], list[str]]:
         m = ch06.get("metrics", {})
         for key, label in (("ladder_best_batch1_speedup", N_("best batch-1 rung")),
                            ("ladder_batch_throughput_ratio", N_("batch rung"))):
-            rung = (m.get(key) or {}).get("rung")
-            r = ladder.get(rung)
+            r = ladder.get((m.get(key) or {}).get("rung"))
             if r is None:
                 missing.append(f"06_optimization_ladder recorded no {label}")
                 continue
@@ -479,12 +471,10 @@ def users_served(levels: Sequence[dict], key: str = "meets_targets") -> dict:
     measured = sorted((lv for lv in levels if lv.get(key) is not None), key=lambda lv: int(lv["concurrency"]))
     users, failing, limit = 0, None, ""
     for lv in measured:
-        if bool(lv[key]):
-            users = int(lv["concurrency"])
-            continue
-        failing = int(lv["concurrency"])
-        limit = _missed(lv)
-        break
+        if not lv[key]:
+            failing, limit = int(lv["concurrency"]), _missed(lv)
+            break
+        users = int(lv["concurrency"])
     return {"users": users, "first_failing": failing, "at_least": bool(measured) and failing is None and users > 0,
             "levels": [int(lv["concurrency"]) for lv in measured], "limit": limit}
 
@@ -514,24 +504,15 @@ def search_users(meets, known: dict, limit: int) -> dict:
     Returns ``users``, ``first_failing`` (``users + 1`` once the search closed, None when ``limit``
     was reached still passing: then ``at_least``), ``probes`` (the concurrencies it measured, in
     order, with the outcome) and ``resolution`` (1 when closed)."""
-    lo, hi = 0, None
-    for c in sorted(known):
-        if known[c]:
-            lo = c
-        else:
-            hi = c
-            break
+    hi = next((c for c in sorted(known) if not known[c]), None)
+    lo = max((c for c in known if known[c] and (hi is None or c < hi)), default=0)
     probes = []
-    while hi is None and lo and lo * 2 <= limit:
-        c = lo * 2
+    # doubling while no level has failed, then bisecting between the last passing and the first failing
+    while (hi is None and lo and lo * 2 <= limit) or (hi is not None and hi - lo > 1):
+        c = lo * 2 if hi is None else (lo + hi) // 2
         ok = bool(meets(c))
         probes.append((c, ok))
-        lo, hi = (c, None) if ok else (lo, c)
-    while hi is not None and hi - lo > 1:
-        mid = (lo + hi) // 2
-        ok = bool(meets(mid))
-        probes.append((mid, ok))
-        lo, hi = (mid, hi) if ok else (lo, mid)
+        lo, hi = (c, hi) if ok else (lo, c)
     closed = hi is not None
     return {"users": lo, "first_failing": hi, "at_least": not closed and lo > 0, "probes": probes,
             "resolution": 1 if closed else None, "levels": sorted(set(known) | {c for c, _ in probes})}
@@ -676,10 +657,9 @@ def users_of_ours(points: Sequence[dict], ttft_target_ms: float, tpot_target_ms:
     ours = [p for p in ours_within(points, ttft_target_ms, tpot_target_ms) if p["chapter"] == "04_batching"]
     if not ours:
         return None
-    found = users_served(ours)
     return users_row(OURS_04, lengths_of(ours),
                      message("p90 TTFT <= {ttft:g} ms and p90 TPOT <= {tpot:g} ms per batch size (chapter 04 records "
-                             "no single generate)", ttft=ttft_target_ms, tpot=tpot_target_ms), found,
+                             "no single generate)", ttft=ttft_target_ms, tpot=tpot_target_ms), users_served(ours),
                      message("chapter 04's batch sizes"))
 
 
@@ -691,12 +671,11 @@ def users_within_targets(launch: "Launch", sweep, matched, points: Sequence[dict
     Returns the table (``users_table``) and every level the searches measured (a DataFrame)."""
     import pandas as pd
 
-    rows, probes = [], []
+    rows, probes, searches = [], [], []
     rule = goodput_rule(*targets)
-    searches = []
-    sweep_rows = sweep.to_dict(orient="records") if len(sweep) else []
-    if sweep_rows:
-        searches.append((VLLM_SWEEP, int(sweep_rows[0]["input_len"]), int(sweep_rows[0]["output_len"]), sweep))
+    if len(sweep):
+        first = sweep.to_dict(orient="records")[0]
+        searches.append((VLLM_SWEEP, int(first["input_len"]), int(first["output_len"]), sweep))
     ours04 = [p for p in points if p["chapter"] == "04_batching" and p.get("prompt_tokens") and p.get("new_tokens")]
     if ours04 and len(matched):
         a, b = int(ours04[0]["prompt_tokens"]), int(ours04[0]["new_tokens"])
@@ -800,12 +779,10 @@ def record_launch(ch, launch: Launch) -> None:
     if launch.install is not None and launch.install.ascend:
         engine += " + vllm-ascend"
     ch.record("serving_launch", launch.url, code_path="serving.launch", engine=engine,
-              python=launch.install.python if launch.install else "",
-              endpoint=bool(launch.endpoint), served_model_local=launch.local,
-              compile_cache_before_start=launch.cache_warm, enforce_eager=launch.enforce_eager,
-              skip_reason=launch.skip_reason,
-              notes=list(launch.notes), tensor_parallel_size=launch.tensor_parallel_size,
-              devices_found=device_count(launch.device_kind))
+              python=launch.install.python if launch.install else "", endpoint=bool(launch.endpoint),
+              served_model_local=launch.local, compile_cache_before_start=launch.cache_warm,
+              enforce_eager=launch.enforce_eager, skip_reason=launch.skip_reason, notes=list(launch.notes),
+              tensor_parallel_size=launch.tensor_parallel_size, devices_found=device_count(launch.device_kind))
 
 
 def connect(ch, launch: Launch, start_timeout_s: float) -> None:
@@ -823,8 +800,7 @@ def connect(ch, launch: Launch, start_timeout_s: float) -> None:
         ch.record("vllm_server_start_s", start_s, "s", key_figure=True,
                   code_path=" ".join(launch.server.command[1:]), log=launch.server.log_path.name,
                   compile_cache_before_start=launch.cache_warm, enforce_eager=launch.enforce_eager,
-                  server_pgid=launch.server.process.pid,
-                  port=launch.server.port)
+                  server_pgid=launch.server.process.pid, port=launch.server.port)
     launch.model_id = served_model_id(launch.url)
     launch.tokenizer = AutoTokenizer.from_pretrained(launch.served_model)
     launch.prompts = PromptSource(launch.tokenizer, seed=int(ch.parameters.get("prompt_seed", 0)))
@@ -925,9 +901,8 @@ def record_comparison(ch, points: Sequence[dict], matched):
     ch.results.table("matched", matched)
     comparison = comparison_table(points, matched)
     ch.results.table("comparison", comparison)
-    for row in comparison[comparison["no_ratio"] == ""].to_dict(orient="records"):
-        if row["chapter"] != "03_end_to_end":
-            continue
+    at03 = comparison[(comparison["no_ratio"] == "") & (comparison["chapter"] == "03_end_to_end")]
+    for row in at03.to_dict(orient="records"):
         shape = message("batch {batch}, prompt {prompt} tokens, {new} new tokens", batch=1, prompt=row["prompt_tokens"],
                         new=row["new_tokens"])
         ch.record("engine_batch1_decode_ratio", row["vllm_over_ours_decode"], "x", key_figure=True,
