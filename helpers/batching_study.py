@@ -38,10 +38,6 @@ TABLE_WORDS = (
 )
 
 
-
-
-
-
 # --- padding: the guide's call and whether left padding changes greedy outputs --------------------
 
 def guide_padding_call(texts=("Hello", "a longer prompt")) -> dict:
@@ -222,19 +218,12 @@ RATIO_COLUMNS = ("batch", "throughput_ratio", "throughput_low", "throughput_high
 def kv_cache_table(rows: list[dict], weight_bytes: float) -> list[dict]:
     """Per measured batch size: the KV cache the config implies at the request's final length, beside
     the weights, the bytes a decode step reads, the achieved GB/s and the measured memory figures."""
-    out = []
-    for r in rows:
-        if r.get("status") != "ok":
-            continue
-        kv = r["kv_cache_bytes"]
-        out.append({"batch": r["point"], "context_tokens": int(r["prompt_tokens"] + r["new_tokens"]),
-                    "kv_cache_MiB": kv / 2 ** 20, "kv_share_of_weights_pct": 100 * kv / weight_bytes,
-                    "bytes_per_step_MB": r["bytes_per_step"] / 1e6,
-                    "decode_ms_per_token": r.get("decode_ms_per_token"),
-                    "achieved_gbps": r.get("achieved_gbps"),
-                    "measured_growth_MiB": r["memory_growth_bytes"] / 2 ** 20,
-                    "peak_memory_MiB": r["peak_memory_bytes"] / 2 ** 20})
-    return out
+    return [{"batch": r["point"], "context_tokens": int(r["prompt_tokens"] + r["new_tokens"]),
+             "kv_cache_MiB": r["kv_cache_bytes"] / 2 ** 20,
+             "kv_share_of_weights_pct": 100 * r["kv_cache_bytes"] / weight_bytes,
+             "bytes_per_step_MB": r["bytes_per_step"] / 1e6, "decode_ms_per_token": r.get("decode_ms_per_token"),
+             "achieved_gbps": r.get("achieved_gbps"), "measured_growth_MiB": r["memory_growth_bytes"] / 2 ** 20,
+             "peak_memory_MiB": r["peak_memory_bytes"] / 2 ** 20} for r in rows if r.get("status") == "ok"]
 
 
 def highest_bandwidth_point(rows: list[dict]) -> Optional[dict]:
@@ -251,15 +240,11 @@ def llama2_kv_growth(claims_pct: dict, contexts: Iterable[int] = (512, 2048), dt
     the KV cache alone gives at each of ``contexts`` tokens, over the weights in ``dtype``.
     """
     config, weights = roofline.LLAMA2_7B_CONFIG, roofline.llama2_weight_bytes(dtype)
-    out = []
-    for batch, claimed in sorted(claims_pct.items()):
-        row = {"batch": batch, "guide_memory_pct": claimed, "dtype": dtype, "weights_gb": weights / 1e9,
-               "kv_per_token_kib": roofline.kv_cache_bytes_per_token(config, dtype) / 2 ** 10,
-               "context_for_claim": context_for_kv_growth(config, batch, claimed, weights, dtype)}
-        for n in contexts:
-            row[f"kv_growth_pct_{n}"] = kv_memory_growth_pct(config, batch, n, weights, dtype)
-        out.append(row)
-    return out
+    return [{"batch": batch, "guide_memory_pct": claimed, "dtype": dtype, "weights_gb": weights / 1e9,
+             "kv_per_token_kib": roofline.kv_cache_bytes_per_token(config, dtype) / 2 ** 10,
+             "context_for_claim": context_for_kv_growth(config, batch, claimed, weights, dtype),
+             **{f"kv_growth_pct_{n}": kv_memory_growth_pct(config, batch, n, weights, dtype) for n in contexts}}
+            for batch, claimed in sorted(claims_pct.items())]
 
 
 # --- chapter 04: how the KV cache grows with the context ------------------------------------------

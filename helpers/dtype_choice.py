@@ -15,6 +15,7 @@ import json
 import math
 import os
 import statistics
+from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
@@ -83,28 +84,24 @@ def linear_shapes(config) -> dict:
 def widths_of(model=None):
     """The widths to time for ``model`` without loading its weights: a config / model / dict as it
     is; ``tiny-random``'s config; a local folder's, a local GGUF's converted copy's or the embedded
-    cache's ``config.json``; a hub
-    id's config only if it is in the local cache (no download just to pick a dtype); else the
-    embedded model's widths. Returns ``(widths, source)``."""
+    cache's ``config.json``; a hub id's config only if it is in the local cache (no download just to
+    pick a dtype); else the embedded model's widths. Returns ``(widths, source)``."""
     if model is not None and not isinstance(model, str):
         return model, "the model's config"
     name = (model or "").strip()
     if name == model_files.TINY_MODEL:
         return model_files.tiny_llama()[0].config, "tiny-random's config"
-    folder = Path(name).expanduser() if name and name != model_files.EMBEDDED_MODEL else model_files.embedded_cache_path()
-    if name and name != model_files.EMBEDDED_MODEL and (gguf := model_files.local_gguf(name)) is not None:
+    local = name and name != model_files.EMBEDDED_MODEL
+    folder = Path(name).expanduser() if local else model_files.embedded_cache_path()
+    if local and (gguf := model_files.local_gguf(name)) is not None:
         folder = model_files.ensure_gguf_cache(gguf)  # converted once; load_model reads the same folder
-    try:
+    with suppress(OSError, ValueError):
         return json.loads((folder / "config.json").read_text()), f"{folder.name}/config.json"
-    except (OSError, ValueError):
-        pass
     if "/" in name and not folder.exists():
-        try:
+        with suppress(Exception):  # not cached: fall back, never download here
             from transformers import AutoConfig
 
             return AutoConfig.from_pretrained(name, local_files_only=True), f"{name} (cached config)"
-        except Exception:  # noqa: BLE001  (not cached: fall back, never download here)
-            pass
     return dict(EMBEDDED_WIDTHS), "the embedded SmolLM2-135M's widths"
 
 
@@ -154,18 +151,12 @@ def probe_layers(widths, budget: int = PROBE_BYTES) -> tuple[int, int]:
     """``(layers built, layers of the model)``: the decoder layers whose float32 weights fit ``budget``
     beside the embedding, lm_head and final norm (always built whole), at least one."""
     shapes = linear_shapes(widths)
-    config = probe_config(widths)
     hidden = shapes["o_proj"][0]
     per_layer = 4 * (sum(shapes[k][0] * shapes[k][1] for k in LAYER_LINEARS) + 2 * hidden)
-    vocab_rows = shapes["lm_head"][0] * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    vocab_rows = shapes["lm_head"][0] * (1 if getattr(probe_config(widths), "tie_word_embeddings", False) else 2)
     fixed = 4 * (vocab_rows * hidden + hidden)
     fit = (budget - fixed) // max(per_layer, 1)
     return max(1, min(shapes["layers"], fit)), shapes["layers"]
-
-
-def _quantiles(samples: list) -> dict:
-    t = Timing("probe", samples)
-    return {"ms": 1e3 * t.median, "p10_ms": 1e3 * t.p10, "p90_ms": 1e3 * t.p90}
 
 
 class _ForwardProbe:
@@ -247,8 +238,8 @@ class _ForwardProbe:
                # step and both prefills): decide reads it, so no direction is said from fewer than 5
                "n_samples": min(len(self.samples[part]) for part in self.PARTS)}
         for part in self.PARTS:
-            for key, value in _quantiles(self.scaled(part)).items():
-                row[f"{part}_{key}"] = value
+            t = Timing("probe", self.scaled(part))
+            row.update({f"{part}_ms": 1e3 * t.median, f"{part}_p10_ms": 1e3 * t.p10, f"{part}_p90_ms": 1e3 * t.p90})
         return {**row, **request_times(row, prompt_tokens, new_tokens)}
 
 
@@ -317,9 +308,7 @@ def pick_cpu_dtype(rows: list[dict], prompt_tokens: Optional[int] = None,
     winners = [r for r in halves if clears_margin(r, usable["float32"])]
     if not winners:
         return "float32", "float32_not_slower"
-    best = winners[0]
-    if len(winners) > 1 and clears_margin(winners[1], winners[0]):
-        best = winners[1]
+    best = winners[1] if len(winners) > 1 and clears_margin(winners[1], winners[0]) else winners[0]
     return best["dtype"], "16bit_faster"
 
 
@@ -336,11 +325,8 @@ def _crossings(rows: list[dict], new_tokens: int) -> list[float]:
             lines.append((r["dtype"], slope, _line(r, q, 0) + new_tokens * r[f"decode_{q}"]))
             if q == "ms":
                 lines.append((r["dtype"], keep * slope, keep * lines[-1][2]))
-    found = []
-    for i, (d1, s1, c1) in enumerate(lines):
-        for d2, s2, c2 in lines[i + 1:]:
-            if d1 != d2 and s1 != s2:
-                found.append((c2 - c1) / (s1 - s2))
+    found = [(c2 - c1) / (s1 - s2) for i, (d1, s1, c1) in enumerate(lines) for d2, s2, c2 in lines[i + 1:]
+             if d1 != d2 and s1 != s2]
     return sorted(x for x in found if x == x)  # NaN-free
 
 
@@ -357,17 +343,13 @@ def flip_lengths(rows: list[dict], prompt_tokens: int = REQUEST_PROMPT_TOKENS,
     crossings = _crossings(rows, new_tokens)
     # The pick is constant between crossings, so the first whole length past each one decides.
     longer = sorted({int(x) + 1 for x in crossings if prompt_tokens <= x < horizon})
-    for p in longer:
-        other = pick_cpu_dtype(rows, p, new_tokens)[0]
-        if other != chosen:
-            out.update(flip_longer_tokens=p, flip_longer_dtype=other)
-            break
-    shorter = sorted({math.ceil(x) - 1 for x in crossings if 1 < x <= prompt_tokens}, reverse=True)
-    for p in shorter:
-        other = pick_cpu_dtype(rows, p, new_tokens)[0]
-        if p >= 1 and other != chosen:
-            out.update(flip_shorter_tokens=p, flip_shorter_dtype=other)
-            break
+    shorter = sorted({math.ceil(x) - 1 for x in crossings if 1 < x <= prompt_tokens}, reverse=True)  # all >= 1
+    for side, lengths in (("longer", longer), ("shorter", shorter)):
+        for p in lengths:
+            other = pick_cpu_dtype(rows, p, new_tokens)[0]
+            if other != chosen:
+                out.update({f"flip_{side}_tokens": p, f"flip_{side}_dtype": other})
+                break
     return out
 
 
@@ -442,10 +424,7 @@ def _probe_models(widths, budget: int, dtypes: list) -> tuple[dict, int]:
         torch.manual_seed(0)
         base = AutoModelForCausalLM.from_config(config)
     base.float().eval().requires_grad_(False)
-    models = {d: (base if d == torch.float32 else copy.deepcopy(base).to(d)) for d in dtypes}
-    if torch.float32 not in dtypes:
-        del base
-    return models, layers
+    return {d: (base if d == torch.float32 else copy.deepcopy(base).to(d)) for d in dtypes}, layers
 
 
 def measure_cpu_dtype(model=None, *, prompt_tokens: int = REQUEST_PROMPT_TOKENS,
@@ -495,9 +474,8 @@ def recorded_dtype_choice(run_dir=None) -> Optional[DtypeChoice]:
         return None
     metrics = (load_results(folder, "00_environment_check") or {}).get("metrics") or {}
     entry = metrics.get(DTYPE_CHOICE_KEY)
-    if not entry or entry.get("value") not in DTYPES:
-        return None
-    if entry.get("cpu_capability") != cpu_capability() or entry.get("threads") != torch.get_num_threads():
+    if (not entry or entry.get("value") not in DTYPES or entry.get("cpu_capability") != cpu_capability()
+            or entry.get("threads") != torch.get_num_threads()):
         return None
     kept = {f.name: entry[f.name] for f in fields(DtypeChoice)
             if f.name not in ("dtype", "reason", "source") and f.name in entry}
@@ -515,10 +493,8 @@ def choose_dtype(device, model=None, *, run_dir=None, reuse: bool = True) -> Dty
     if kind in ("npu", "cuda"):
         return DtypeChoice(torch.float16, message("float16: the guides' inference dtype and native on {device}",
                                                   device=kind), message("fixed for {device}", device=kind))
-    if reuse:
-        recorded = recorded_dtype_choice(run_dir)
-        if recorded is not None:
-            return recorded
+    if reuse and (recorded := recorded_dtype_choice(run_dir)) is not None:
+        return recorded
     widths, _ = widths_of(model)
     key = (repr(linear_shapes(widths)), cpu_capability(), torch.get_num_threads())
     if key not in _MEASURED or not reuse:

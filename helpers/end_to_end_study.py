@@ -44,10 +44,6 @@ TABLE_WORDS = (
 )
 
 
-
-
-
-
 # --- the prefill's logits: the slice transformers takes against plain rows ------------------------
 
 def logits_of_last_position(model, prompt_tokens: int, device=None, *, min_iters: int = 5,
@@ -200,8 +196,7 @@ def prompt_of_length(tokenizer, n_tokens: int, text: Optional[str] = None) -> tu
     while len(ids) < n_tokens + 8:
         ids += tokenizer(base, add_special_tokens=False)["input_ids"]
     prompt = tokenizer.decode(ids[:n_tokens], skip_special_tokens=True)
-    count = len(tokenizer(prompt)["input_ids"])
-    return prompt, count
+    return prompt, len(tokenizer(prompt)["input_ids"])
 
 
 def prompt_length_sweep(model, tokenizer, lengths, new_tokens: int, device=None, *, repeats: int = 3):

@@ -36,8 +36,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 def prompt_inputs(model, tokenizer, prompts, device, chat: bool):
     """The tokenized batch of ``prompts`` on ``device`` (None: the model's), as every timing here uses."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
+    prompts = [prompts] if isinstance(prompts, str) else prompts
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of non-empty strings")
     return chat_inputs(tokenizer, list(prompts), device or backend.model_device(model), chat)
@@ -134,10 +133,9 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     extra = dict(generate_kwargs or {})
     torch.manual_seed(seed)
     compiled = static_decode.compiled_forward_of(model)
-    cache = None
-    if static_cache:
-        cache, static_kwargs = static_decode.static_generate_kwargs(model, inputs, max_new_tokens)
-        extra.update(static_kwargs)
+    cache, static_kwargs = (static_decode.static_generate_kwargs(model, inputs, max_new_tokens) if static_cache
+                            else (None, {}))
+    extra.update(static_kwargs)
 
     def generate(n_tokens: int, stamps: Optional[StepStamps] = None):
         if cache is not None:
@@ -174,9 +172,8 @@ def measure_generation(model, tokenizer, prompts, max_new_tokens: int, device=No
     if wrong:
         raise RuntimeError(f"generate produced {sorted(wrong)} new tokens instead of {max_new_tokens}")
 
-    kernels = {}
-    if kernel_profile:
-        kernels = kernel_time_by_kind(generate, min(max_new_tokens, KERNEL_PROFILE_TOKENS), device)
+    kernels = (kernel_time_by_kind(generate, min(max_new_tokens, KERNEL_PROFILE_TOKENS), device) if kernel_profile
+               else {})
     # The timed samples are the last calls bench.measure made; the calls before them were warm-up.
     decode_samples = [x for run in steps[max(len(steps) - len(full.samples), 0):] for x in run]
     two_generates = [(f - p) / (max_new_tokens - 1) for f, p in zip(full.samples, prefill.samples)]
@@ -331,12 +328,9 @@ def run_sweep(points: Iterable, fn: Callable[[Any], dict], device,
         row: dict = {"point": point, "status": "ok", "error": ""}
         t0 = time.perf_counter()
         try:
-            result = fn(point)
-            if result:
-                row.update(result)
+            row.update(fn(point) or {})
         except Exception as exc:  # noqa: BLE001  a sweep reports every failure and goes on
-            oom = backend.is_out_of_memory(exc)
-            row["status"] = "oom" if oom else "failed"
+            row["status"] = "oom" if backend.is_out_of_memory(exc) else "failed"
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
             del exc
             backend.free_memory(device)

@@ -39,8 +39,6 @@ TABLE_WORDS = (
 )
 
 
-
-
 # Greedy answers shown side by side; the timed request is the chapter's ``prompt`` parameter.
 ANSWER_PROMPTS = ["What is the capital of France? Answer in one sentence.",
                   "Give two reasons why lighthouses flash in patterns.",
@@ -83,14 +81,12 @@ def measure_variants(names: Iterable[str], model_name: str, device, dtype, eval_
             if name not in LIBRARY_VARIANTS:
                 raise
             skipped.append({"variant": name, "reason": str(exc)})
-            del lm
-            gc.collect()
-            continue
-        row = rows[name] = {**info, **quality_figures, "timings": {}}
-        for b in batch_sizes if info["speed_is_meaningful"] else []:
-            row["timings"][b] = generation.measure_generation(lm, tok, [prompt] * b, new_tokens,
-                                                              device, repeats=repeats)
-        row["answers"] = [models.generate_text(lm, tok, p, new_tokens) for p in ANSWER_PROMPTS]
+        else:
+            row = rows[name] = {**info, **quality_figures, "timings": {}}
+            for b in batch_sizes if info["speed_is_meaningful"] else []:
+                row["timings"][b] = generation.measure_generation(lm, tok, [prompt] * b, new_tokens,
+                                                                  device, repeats=repeats)
+            row["answers"] = [models.generate_text(lm, tok, p, new_tokens) for p in ANSWER_PROMPTS]
         del lm
         gc.collect()
     return rows, skipped
@@ -137,7 +133,7 @@ def time_pair(model_name: str, device, dtype, tokenizer, *, prompt: str, new_tok
     the load drifts over minutes; alternating makes it hit both models alike."""
     pair = {n: build_variant(n, model_name, device, dtype)[0] for n in ("dense", "w8a16")}
     out = {b: measure_interleaved(pair, tokenizer, [prompt] * b, new_tokens, device,
-                                             rounds=rounds, repeats=repeats) for b in batch_sizes}
+                                  rounds=rounds, repeats=repeats) for b in batch_sizes}
     del pair
     gc.collect()
     return out
@@ -312,8 +308,7 @@ def plot_speed_vs_quality(rows: dict, ref_ppl: float, *, reference: str, device:
               title_fontsize=8)
     if no_speed:
         ax.text(1.02, 0.02, prose.tell(lang, "no speed figure:") + "\n" + "\n".join(no_speed), transform=ax.transAxes,
-                fontsize=8,
-                va="bottom")
+                fontsize=8, va="bottom")
     fig.tight_layout()
     return fig
 
@@ -336,9 +331,6 @@ def emulated_w8a8(model_name: str, device, tokenizer, calibration: list, mode: s
     inputs with one scale ``per layer`` or ``per channel`` (static, the max |input| over the
     ``calibration`` sentences) or ``per token`` (dynamic). Quality only: an int8 GEMM cannot apply a
     per-input-channel scale itself (SmoothQuant folds it into the weights)."""
-    import torch
-    import torch.nn as nn
-
     if mode not in ("per layer", "per channel", "per token"):
         raise ValueError(f"mode={mode!r} is not valid; choose per layer, per channel or per token")
     lm, _ = models.load_model(model_name, dtype=torch.float32, device=device)
@@ -410,9 +402,8 @@ def build_variant(name: str, model_name: str, device, dtype: torch.dtype, *,
     info = {"variant": name, "description": quant.VARIANTS[name], "dtype": backend.dtype_name(load_dtype),
             "device": str(device), "bytes_before": weight_bytes(model)}
     if name in quant.INT8_VARIANTS:
-        impl, scheme = quant.INT8_VARIANTS[name]
-        scales = act_scales if name == "w8a8_static" else None
-        info.update(quant.quantize_model_int8(model, impl, scheme, act_scales=scales))
+        info.update(quant.quantize_model_int8(model, *quant.INT8_VARIANTS[name],
+                                              act_scales=act_scales if name == "w8a8_static" else None))
     elif name == "torchao":
         info.update(quant.torchao_int8_weight_only(model))
     elif name == "quantize_dynamic":

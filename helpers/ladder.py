@@ -39,8 +39,6 @@ TABLE_WORDS = (
 )
 
 
-
-
 def _known(value) -> bool:
     """Not None and not NaN (pandas turns a gap in a numeric column into NaN)."""
     return value is not None and value == value
@@ -91,8 +89,7 @@ def best_batch1_speedup(table) -> Optional[dict]:
         return (row["rung"], float(row["tokens_per_s"]), per_s("decode_p90_ms"), per_s("decode_p10_ms"))
 
     # the fewest decode samples of any rung compared (the per-token samples its spread comes from)
-    counts = [decode_sample_count(r) for _, r in same.iterrows()]
-    samples = None if any(c is None for c in counts) else min(counts)
+    samples = _fewest_samples(r for _, r in same.iterrows())
     found = best_gain([option(r) for _, r in same.iloc[1:].iterrows()], option(same.iloc[0]), samples=samples)
     if found is None:
         return None
@@ -156,12 +153,9 @@ COUNT_COLUMNS = ("batch_size", "prompt_tokens", "new_tokens", "compiled_graphs")
 def ladder_rows(table) -> list[dict]:
     """The ladder table as recorded: counts as whole numbers (pandas holds a column with gaps as
     floats; a template shows "2 graphs", not "2.00 graphs")."""
-    def whole(value):
-        return int(value) if _known(value) else None
-
     # n_samples: the pooled decode count (decode_sample_count), which decide.samples_of reads
     # before the row's rounds
-    return [{**{k: whole(v) if k in COUNT_COLUMNS else v for k, v in row.items()},
+    return [{**{k: (int(v) if _known(v) else None) if k in COUNT_COLUMNS else v for k, v in row.items()},
              "n_samples": decode_sample_count(row)} for row in table.to_dict("records")]
 
 
@@ -288,17 +282,19 @@ def decode_ratio(row, reference) -> Optional[dict]:
     if not all(v > 0 for v in (ms, ref, p10, p90, r10, r90)):
         return None
     # the fewer samples of the two sides (None when either does not say): what decide needs
-    counts = [decode_sample_count(x) for x in (row, reference)]
-    return {"ratio": ref / ms, "low": r10 / p90, "high": r90 / p10,
-            "n_samples": None if any(c is None for c in counts) else min(counts)}
+    return {"ratio": ref / ms, "low": r10 / p90, "high": r90 / p10, "n_samples": _fewest_samples((row, reference))}
+
+
+def _fewest_samples(rows) -> Optional[float]:
+    """The fewest ``decode_sample_count`` of ``rows``; None when any of them does not say."""
+    counts = [decode_sample_count(r) for r in rows]
+    return None if any(c is None for c in counts) else min(counts)
 
 
 def reference_columns(table, reference: Optional[dict], name: str):
     """``vs_<name>`` (with ``_low`` / ``_high``): each ok batch-1 rung's decode speed over the
     reference's. Rungs at another batch size get none: the reference decodes one sequence."""
-    table = table.copy()
-    for suffix in ("", "_low", "_high"):
-        table[f"vs_{name}{suffix}"] = None
+    table = table.assign(**{f"vs_{name}{suffix}": None for suffix in ("", "_low", "_high")})
     if not reference:
         return table
     for i, row in _batch1(table).iterrows():
@@ -367,11 +363,8 @@ def decode_step_parts(model, tokenizer, prompts: Sequence[str], *, decode_ms: fl
     sized for ``cache_tokens`` (the measurement's), so a compiled forward builds no graph here.
     """
     inputs = chat_inputs(tokenizer, list(prompts), device, chat=False)
-    kwargs: dict = {}
-    cache = None
-    if static_cache:
-        cache, kwargs = static_decode.static_generate_kwargs(model, inputs, max(cache_tokens or 0, steps + 1))
-
+    cache, kwargs = (static_decode.static_generate_kwargs(model, inputs, max(cache_tokens or 0, steps + 1))
+                     if static_cache else (None, {}))
     with torch.inference_mode():
         split = profiling.decode_step_split(lambda n: generate_tokens(model, tokenizer, inputs, n, **kwargs),
                                             steps + 1, device, part_of=step_part, device_kernels=False,
@@ -485,8 +478,7 @@ class References:
         self.measure, self.fp32_model, self.bandwidth = measure, fp32_model, bandwidth_gbps
         self.args = (llamacpp_on, device, model, prompt_ids, new_tokens, repeats)
         self.new_tokens, self.prompt_tokens = new_tokens, len(prompt_ids)
-        self.llama_runs: list = []
-        self.fp32_runs: list = []
+        self.llama_runs, self.fp32_runs = [], []
 
     def __call__(self, round_index: int = 0) -> None:
         if not self.llama_runs or self.llama_runs[-1].get("status") == "ok":
@@ -528,10 +520,9 @@ def reference_facts(table, llama: dict, fp32: Optional[dict],
         ratio = decode_ratio(best, llama) if llama.get("status") == "ok" else None
         facts["best"] = {"rung": best["rung"], "tok_s": float(best["tokens_per_s"]),
                          "decode_ms": float(best["decode_ms_per_token"]), "ratio": ratio,
-                         "decision": goal_decision(ratio, fraction)}
+                         "decision": goal_decision(ratio, fraction), "bytes_per_step": best.get("bytes_per_step"),
+                         "roofline_share": best.get("roofline_share"), "dtype": best.get("dtype")}
         parts = {k: best.get(f"{k.split()[0]}_ms") for k in STEP_PARTS}
-        facts["best"].update(bytes_per_step=best.get("bytes_per_step"), roofline_share=best.get("roofline_share"),
-                             dtype=best.get("dtype"))
         if ratio and facts["best"]["decision"] != "met" and all(_known(v) for v in parts.values()):
             found = what_stands_in_the_way(parts, float(llama["decode_ms_per_token"]), fraction)
             if found["over_ms"] > 0:  # a step already within the target is held back by the spread, no part
@@ -875,12 +866,10 @@ def best_gain(options: Iterable[tuple[str, float, float, float]],
     _, _, low, high = next(r for r in rows if r[0] == found.best)
     others = [n for n in found.tied if n != found.best]
     _, _, base_low, base_high = baseline
-    if not decide.finite(low, high, base_low, base_high) or decide.spreads_overlap((low, high), (base_low, base_high)) \
-            or min(low, high) < min(base_low, base_high):
-        decision = "no gain beyond the noise"
-    else:
-        decision = "best, clear" if not others else "best, tied"
-    return Gain(found.best, decision, others)
+    noise = not decide.finite(low, high, base_low, base_high) \
+        or decide.spreads_overlap((low, high), (base_low, base_high)) or min(low, high) < min(base_low, base_high)
+    return Gain(found.best, "no gain beyond the noise" if noise else "best, clear" if not others else "best, tied",
+                others)
 
 
 # --- chapter 06's worked answers (solutions/06): the facts each answer's paragraph is said from ----

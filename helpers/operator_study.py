@@ -31,10 +31,6 @@ TABLE_WORDS = (
 )
 
 
-
-
-
-
 # --- chapters 01 and 02: each variant checked against its reference, then timed ---------------------
 
 def check_and_time(variants: list, device, *, expected=None, measure: Optional[Callable] = None,
@@ -63,9 +59,8 @@ def check_and_time(variants: list, device, *, expected=None, measure: Optional[C
             raise ValueError(f"baseline={baseline!r}: the first variant must be the baseline, got {key}")
         out, first = bench.timed_calls(fn, device)
         got = out if isinstance(out, (tuple, list)) else (out,)
-        want = expected if isinstance(expected, (tuple, list)) else (expected,)
         if expected is not None:
-            for g, w in zip(got, want):
+            for g, w in zip(got, expected if isinstance(expected, (tuple, list)) else (expected,)):
                 # a wrong kernel fails the chapter, not just its figure
                 if callable(tolerance) or isinstance(tolerance, dict):
                     tol = tolerance(w) if callable(tolerance) else tolerance
@@ -402,9 +397,8 @@ def ffn_precision(weights, device, variant: str, seed: int = 3) -> tuple:
             (f"{variant} float16 vs float64", facts["fused_vs_float64"], ""),
             (message("{variant}, non-contiguous weights vs contiguous", variant=variant), facts["noncontig_vs_contig"],
              message("> {threshold} if misaligned", threshold="1e-2"))]
-    rows = [{"comparison": c, "max_abs_diff": d, "output max |y|": out_max, "guide threshold": t}
-            for c, d, t in rows]
-    return rows, facts
+    return [{"comparison": c, "max_abs_diff": d, "output max |y|": out_max, "guide threshold": t}
+            for c, d, t in rows], facts
 
 
 def fused_model_check(model: nn.Module, tokens: int, measure: Callable, seed: int = 5) -> dict:
@@ -413,10 +407,8 @@ def fused_model_check(model: nn.Module, tokens: int, measure: Callable, seed: in
     ulps of the dtype (``bench.tolerance_for(dtype, "model")``: both forwards in the working dtype,
     since the question is what fusing changed, and a float32 copy of a 7B model would not fit), the
     next-token argmax agreement, and what was replaced. The model keeps its fused modules."""
-    first = next(model.parameters())
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
-    ids = ids.to(first.device)
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed))
+    ids = ids.to(next(model.parameters()).device)
     with torch.inference_mode():
         def forward():
             return model(input_ids=ids, use_cache=False)
@@ -460,7 +452,7 @@ def check_time_count(variants: list, device, *, expected, baseline: str, measure
     """``check_and_time`` against a baseline, for a block whose variants round differently
     (chapter 02's FFN: ``tolerance="ffn"``, ``count=profiling.count_ops``)."""
     return check_and_time(variants, device, expected=expected, measure=measure, tolerance=tolerance,
-                                baseline=baseline, count=count)
+                          baseline=baseline, count=count)
 
 
 # --- chapters 01 and 02: a timing as a table row --------------------------------------------------

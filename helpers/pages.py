@@ -28,8 +28,6 @@ from .results import load_warning as _load_sentences
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 KINDS = ("index", "claims", "compare")
-
-
 COUNTED = "counted word"  # the catalog context of a unit word's forms; a label is a plain message
 
 
@@ -42,12 +40,8 @@ def label_strings() -> list:
     translates; ``scripts/update_catalogs.py`` extracts them). A label is the same message as the
     same word in a table or a sentence (one translation of "measured" for a page and a chapter)."""
     found = []
-    _each_label(_english(), lambda context, text: found.append((context, text)) or text)
+    _each_label(LABELS, lambda context, text: found.append((context, text)) or text)
     return found
-
-
-def _english() -> dict:
-    return LABELS
 
 
 def _each_label(table, say, counted: bool = False):
@@ -66,9 +60,9 @@ def label_table(lang: str) -> dict:
         raise ValueError(f"lang={lang!r}: the pages have labels in {', '.join(LANGUAGES)} "
                          "(add the language's runtime catalog to offer another)")
     if lang == SOURCE_LANGUAGE:
-        return _english()
+        return LABELS
     found = runtime_translations(lang)
-    return _each_label(_english(), lambda context, text: found.pgettext(context, text) if context else found.gettext(text))
+    return _each_label(LABELS, lambda context, text: found.pgettext(context, text) if context else found.gettext(text))
 
 
 def labels(kind: str, lang: str = "en") -> dict:
@@ -124,9 +118,7 @@ def cell_text(value) -> str:
     """A table cell: no 'nan' or 'None', floats at 4 significant digits."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def template_environment(lang: str = "en", *, autoescape: bool, folder: Path = TEMPLATES):

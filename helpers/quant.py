@@ -166,8 +166,7 @@ def npu_int8_choice(impl: str, dtype: torch.dtype, scheme: str = "w8a16", static
         return fallback, (f"{backend.dtype_name(dtype)} activations: {names} take float16 or bfloat16 only, so "
                           f"the {fallback} kernel runs; load the model with dtype=float16 to use them")
     torch_npu = backend.import_torch_npu().module
-    missing = [m for m in (versions.npu_op_missing(name, torch_npu) for name in ops_needed) if m]
-    if missing:
+    if missing := [m for m in (versions.npu_op_missing(name, torch_npu) for name in ops_needed) if m]:
         if impl == "npu":
             raise ValueError(f"impl='npu' for {scheme} needs {names}, but {'; '.join(missing)}; use impl='auto' "
                              "to fall back")
@@ -181,9 +180,7 @@ def npu_shape_problem(in_features: int, out_features: int, scheme: str = "w8a16"
     otherwise why not, e.g. ``"N=128256 > 65535, the limit of npu_weight_quant_batchmatmul"``."""
     over = [f"{axis}={size} > {NPU_INT8_MAX_DIM}" for axis, size in (("K", in_features), ("N", out_features))
             if size > NPU_INT8_MAX_DIM]
-    if not over:
-        return None
-    return f"{', '.join(over)}, the limit of {NPU_INT8_KERNEL[scheme]}"
+    return f"{', '.join(over)}, the limit of {NPU_INT8_KERNEL[scheme]}" if over else None
 
 
 def act_dtype_for(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") -> torch.dtype:
@@ -198,10 +195,9 @@ def act_dtype_for(impl: str, device, dtype: torch.dtype, scheme: str = "w8a16") 
 def activations_label(act_dtype: torch.dtype, model_dtype: torch.dtype) -> str:
     """What ``quantize_model_int8`` returns as ``activations``: the dtype, and the cast if any."""
     name = backend.dtype_name(act_dtype)
-    if act_dtype == model_dtype:
-        return name
-    return message("{dtype} (cast from {model_dtype} at each quantized linear, output cast back)", dtype=name,
-                   model_dtype=backend.dtype_name(model_dtype))
+    return name if act_dtype == model_dtype else message(
+        "{dtype} (cast from {model_dtype} at each quantized linear, output cast back)", dtype=name,
+        model_dtype=backend.dtype_name(model_dtype))
 
 
 # --- the modules -----------------------------------------------------------------------------
@@ -239,13 +235,11 @@ class Int8Linear(_QuantizedLinear):
         self.scheme, self.act_scale = scheme, act_scale
         self.impl, self.impl_reason = choose_impl(impl, weight.device, weight.dtype, scheme,
                                                   static=act_scale is not None)
-        if self.impl == "npu":
-            problem = npu_shape_problem(self.in_features, self.out_features, scheme)
-            if problem:
-                # aclnn would reject it at the first call; say so here, with what to do instead
-                raise ValueError(f"this linear ({self.out_features} x {self.in_features}) cannot use the NPU INT8 "
-                                 f"kernel: {problem}; keep it dense (quantize_model_int8 does) or use "
-                                 "impl='dequant'")
+        if self.impl == "npu" and (problem := npu_shape_problem(self.in_features, self.out_features, scheme)):
+            # aclnn would reject it at the first call; say so here, with what to do instead
+            raise ValueError(f"this linear ({self.out_features} x {self.in_features}) cannot use the NPU INT8 "
+                             f"kernel: {problem}; keep it dense (quantize_model_int8 does) or use "
+                             "impl='dequant'")
         self.act_dtype = act_dtype_for(self.impl, weight.device, weight.dtype, scheme)
         q, scale = quantize_weight(weight)
         if self.impl == "npu" and scheme == "w8a8":
@@ -296,11 +290,10 @@ class Int8Linear(_QuantizedLinear):
             acc = _int8_matmul(xq, self.qweight).float()
             return (acc * self.scale[None, :] * token_scale[:, None]).to(x.dtype)
         work = x if x.dtype == self.act_dtype else x.to(self.act_dtype)
+        scale = self.scale_act if self.scale_act.dtype == work.dtype else self.scale.to(work.dtype)
         if self.impl == "int8pack":
-            scale = self.scale_act if self.scale_act.dtype == work.dtype else self.scale.to(work.dtype)
             y = torch._weight_int8pack_mm(work, self.qweight, scale)
         else:
-            scale = self.scale_act if self.scale_act.dtype == work.dtype else self.scale.to(work.dtype)
             y = dequant_matmul(work, self.qweight, scale)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
@@ -390,11 +383,9 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
     if act_scales is not None and scheme != "w8a8":
         raise ValueError("act_scales only applies to scheme='w8a8'")
     names = check_model(model, skip)
-    if act_scales is not None:
-        missing = [n for n in names if n not in act_scales]
-        if missing:
-            raise ValueError(f"act_scales has no scale for {len(missing)} layers, e.g. {missing[0]!r}; "
-                             "calibrate the same model before quantizing")
+    if act_scales is not None and (missing := [n for n in names if n not in act_scales]):
+        raise ValueError(f"act_scales has no scale for {len(missing)} layers, e.g. {missing[0]!r}; "
+                         "calibrate the same model before quantizing")
     before = weight_bytes(model)
     timed: dict = {}
     if impl == "auto" and scheme == "w8a16" and \
@@ -417,11 +408,9 @@ def quantize_model_int8(model: nn.Module, impl: str = "auto", scheme: str = "w8a
         raise ValueError(f"no linear of this model fits the NPU INT8 kernel: {kept_dense[0][1]}")
     dense = {n for n, _ in kept_dense}
     names = [n for n in names if n not in dense]
-    made = replace_linears(model, names,
-                            lambda n, lin: Int8Linear(lin, impl, scheme, scales.get(n)))
-    acts = {activations_label(m.act_dtype, m.model_dtype) for m in made}
-    if scheme == "w8a8":
-        acts = {"dynamic per-token int8" if act_scales is None else "static per-tensor int8 (calibrated)"}
+    made = replace_linears(model, names, lambda n, lin: Int8Linear(lin, impl, scheme, scales.get(n)))
+    acts = ({"dynamic per-token int8" if act_scales is None else "static per-tensor int8 (calibrated)"}
+            if scheme == "w8a8" else {activations_label(m.act_dtype, m.model_dtype) for m in made})
     return {"bytes_before": before, "bytes_after": weight_bytes(model), "layers": len(names),
             "impl": ",".join(sorted({m.impl for m in made})),
             "impl_reason": "; ".join(sorted({m.impl_reason for m in made})), "scheme": scheme,
@@ -479,8 +468,7 @@ class Int4Linear(_QuantizedLinear):
     """
 
     def __init__(self, linear: nn.Linear, group_size: int = INT4_GROUP, act_dtype: torch.dtype = torch.bfloat16):
-        problem = int4_problem(linear.weight.device)
-        if problem:
+        if problem := int4_problem(linear.weight.device):
             raise ValueError(problem)
         if act_dtype not in INT4_ACT_DTYPES:
             raise ValueError(f"act_dtype={act_dtype!r} is not valid for the INT4 kernel; choose from "
@@ -498,9 +486,8 @@ class Int4Linear(_QuantizedLinear):
                 f"group_size={self.group_size}, activations={backend.dtype_name(self.act_dtype)}")
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int4pack_mm_for_cpu(x.to(self.act_dtype), self.qweight, self.group_size,
-                                              self.scales_and_zeros)
-        return y.to(x.dtype)
+        return torch._weight_int4pack_mm_for_cpu(x.to(self.act_dtype), self.qweight, self.group_size,
+                                                 self.scales_and_zeros).to(x.dtype)
 
 
 # --- the CPU W8A16 kernel, chosen by timing at the model's shapes -----------------------------
@@ -519,6 +506,15 @@ def shape_groups(model: nn.Module, skip: Iterable[str] = ()) -> dict:
     return groups
 
 
+def _sample(groups: dict) -> tuple:
+    """``(model_dtype, weights, sampled, stretch)`` of ``shape_groups``: a shape above ``KERNEL_BUDGET_BYTES``
+    is timed on its first weights, each sampled weight standing for its share of the whole count of layers."""
+    weights = sum(len(ws) * s[0] * s[1] for s, ws in groups.items())
+    keep = max(1e-9, min(1.0, KERNEL_BUDGET_BYTES / max(weights, 1)))
+    sampled = [(shape, w) for shape, ws in groups.items() for w in ws[:max(1, int(round(len(ws) * keep)))]]
+    return next(iter(groups.values()))[0].dtype, weights, sampled, sum(len(ws) for ws in groups.values()) / len(sampled)
+
+
 def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8A16_CPU_KERNELS,
                        min_iters: int = 5, min_seconds: float = 0.1) -> list[dict]:
     """One batch-1 decode step's linears, every candidate kernel on the model's own int8 weights.
@@ -528,18 +524,11 @@ def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8
     GB/s. Activations are 16-bit (``act_dtype_for``). A shape with more weights than
     ``KERNEL_BUDGET_BYTES`` allows is timed on its first ones and scaled by the count.
     """
-    unknown = [k for k in kernels if k not in W8A16_CPU_KERNELS]
-    if unknown:
+    if unknown := [k for k in kernels if k not in W8A16_CPU_KERNELS]:
         raise ValueError(f"kernels contains {unknown[0]!r}; choose from {', '.join(W8A16_CPU_KERNELS)}")
     groups = shape_groups(model, skip)
-    model_dtype = next(iter(groups.values()))[0].dtype
+    model_dtype, weights, sampled, stretch = _sample(groups)
     act = act_dtype_for("int8pack", "cpu", model_dtype)
-    weights = sum(len(ws) * s[0] * s[1] for s, ws in groups.items())
-    keep = max(1e-9, min(1.0, KERNEL_BUDGET_BYTES / max(weights, 1)))
-    sampled = [(shape, w) for shape, ws in groups.items()
-               for w in ws[:max(1, int(round(len(ws) * keep)))]]
-    # each sampled weight stands for its share of the whole count of layers
-    stretch = sum(len(ws) for ws in groups.values()) / len(sampled)
     x_act = {s: torch.full((1, s[1]), 0.5, dtype=act) for s in groups}
     x_model = {s: torch.full((1, s[1]), 0.5, dtype=model_dtype) for s in groups}
     quantized = [(s, q, sc.to(act), sc) for s, w in sampled for q, sc in [quantize_weight(w)]]
@@ -566,8 +555,7 @@ def time_w8a16_kernels(model: nn.Module, skip: Iterable[str] = (), *, kernels=W8
         except VariantUnavailable as exc:
             problems["torchao"] = str(exc)
     steps = {
-        "int8pack": lambda: [torch._weight_int8pack_mm(x_act[s], q, sc)
-                             for s, q, sc, _ in quantized],
+        "int8pack": lambda: [torch._weight_int8pack_mm(x_act[s], q, sc) for s, q, sc, _ in quantized],
         "dequant": lambda: [dequant_matmul(x_act[s], q, sc) for s, q, sc, _ in quantized],
         "torchao": lambda: [m(x_act[s]) for s, m in mods],
     }
@@ -607,11 +595,7 @@ def time_int4_activations(model: nn.Module, skip: Iterable[str] = (), group_size
     groups = {s: ws for s, ws in shape_groups(model, skip).items() if s[1] % group_size == 0 and s[0] % 16 == 0}
     if not groups:
         raise ValueError(f"no linear has in_features divisible by group_size={group_size} and out_features by 16")
-    model_dtype = next(iter(groups.values()))[0].dtype
-    weights = sum(len(ws) * s[0] * s[1] for s, ws in groups.items())
-    keep = max(1e-9, min(1.0, KERNEL_BUDGET_BYTES / max(weights, 1)))
-    sampled = [(shape, w) for shape, ws in groups.items() for w in ws[:max(1, int(round(len(ws) * keep)))]]
-    stretch = sum(len(ws) for ws in groups.values()) / len(sampled)
+    model_dtype, _, sampled, stretch = _sample(groups)
     packed = []
     for shape, w in sampled:
         q, scale, zero = quantize_weight_int4(w, group_size)
@@ -639,7 +623,7 @@ def time_int4_activations(model: nn.Module, skip: Iterable[str] = (), group_size
                 continue
         rows.append({"kernel": name, "decode_ms": t.median * 1e3 * stretch, "decode_p10_ms": t.p10 * 1e3 * stretch,
                      "decode_p90_ms": t.p90 * 1e3 * stretch, "problem": None,
-                     "activations": backend.dtype_name(act) if act is not None else backend.dtype_name(model_dtype),
+                     "activations": backend.dtype_name(act if act is not None else model_dtype),
                      "act_dtype": act})
     usable = [r for r in rows if r["act_dtype"] is not None and not r["problem"]]
     if not usable:
@@ -713,9 +697,7 @@ def calibrate(model: nn.Module, tokenizer, texts: list[str], max_tokens: int = 1
     finally:
         for h in hooks:
             h.remove()
-    if per_channel:
-        return amax
-    return {n: float(amax[n].max()) if n in amax else 0.0 for n in names}
+    return amax if per_channel else {n: float(amax[n].max()) if n in amax else 0.0 for n in names}
 
 
 # --- library baselines -----------------------------------------------------------------------
@@ -802,8 +784,7 @@ def quantize_model_int4(model: nn.Module, group_size: int = INT4_GROUP, skip: It
     """Replace every ``nn.Linear`` (in place) by an ``Int4Linear`` computing in ``act_dtype``;
     returns what ``quantize_model_int8`` does."""
     names = check_model(model, skip)
-    problem = int4_problem(model.get_submodule(names[0]).weight.device)
-    if problem:
+    if problem := int4_problem(model.get_submodule(names[0]).weight.device):
         raise ValueError(problem)
     # The packing needs in_features in whole groups and out_features in multiples of 16; a linear
     # that is not stays as it is (named in the result).

@@ -48,10 +48,6 @@ def _jsonable(value: Any) -> Any:
     if torch is not None:
         if isinstance(value, torch.dtype):
             return str(value).replace("torch.", "")
-        if isinstance(value, torch.device):
-            return str(value)
-        if isinstance(value, torch.Size):
-            return list(value)
         if isinstance(value, torch.Tensor):
             return value.tolist()
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
@@ -187,7 +183,7 @@ def _this_run(procs: dict) -> set[int]:
     while pid > 1 and pid not in mine:
         mine.add(pid)
         pid = procs.get(pid, ("", 0, 0.0))[1]
-    children = {pid: [] for pid in procs}
+    children = {}
     for pid, (_, parent, _) in procs.items():
         children.setdefault(parent, []).append(pid)
     todo = [os.getpid()]

@@ -154,8 +154,7 @@ def _failed(row: dict, exc: Exception) -> None:
 def _ratios(rows: list, roofline_tok_s: Optional[float]) -> None:
     """Each ok row's roofline share and speedup: over the first ok row at its batch size, or (another
     batch size) its throughput over the ok batch-1 row just before it."""
-    baseline: Optional[dict] = None
-    previous: Optional[dict] = None
+    baseline = previous = None  # the first ok row; the last ok row at the baseline's batch size
     for row in rows:
         if row["status"] != "ok":
             continue

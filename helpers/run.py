@@ -180,12 +180,8 @@ def list_parameters(books: list[Path], profile: dict, overrides: dict, run_dir: 
             with contextlib.suppress(ValueError, SyntaxError):  # an expression stays as written
                 default = ast.literal_eval(default)
             value = chosen.get(name, default)
-            if name in RUNNER_OPTIONS:
-                origin = "  [runner]"
-            elif name in overrides:
-                origin = "  [-p]"
-            else:
-                origin = f"  [profile {profile['name']}]" if value != default else ""
+            origin = ("  [runner]" if name in RUNNER_OPTIONS else "  [-p]" if name in overrides
+                      else f"  [profile {profile['name']}]" if value != default else "")
             kind = f": {info['type']}" if info["type"] else ""
             comment = f"  # {info['comment']}" if info["comment"] else ""
             lines.append(f"  {name}{kind} = {json.dumps(value)}{origin}{comment}")
@@ -395,8 +391,7 @@ def _run_notebook(entry: dict, path: Path, run_dir: Path, cell_timeout: Optional
             log_output=False, request_save_on_cell_execute=True,
             # ipykernel warns on stderr that local TCP is unencrypted; it is harmless noise here.
             extra_arguments=["--IPKernelApp.log_level=ERROR"])
-        results = load_results(run_dir, path.stem) or {}
-        entry["status"] = "skipped" if results.get("status") == "skipped" else "ok"
+        entry["status"] = "skipped" if (load_results(run_dir, path.stem) or {}).get("status") == "skipped" else "ok"
     except KeyboardInterrupt:
         entry.update(status="failed", error="interrupted (Ctrl-C)", failure="interrupted",
                      duration_s=time.perf_counter() - start)
@@ -461,10 +456,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     edition = "" if args.lang == "en" else args.lang
     if edition and not (args.notebooks_dir and args.solutions_dir):
         done = editions.generate()
-        for note in done.kept:
-            print(f"warning: {note}", file=sys.stderr)
-        for note in done.errors:
-            print(f"error: {note}", file=sys.stderr)
+        for word, notes in (("warning", done.kept), ("error", done.errors)):
+            for note in notes:
+                print(f"{word}: {note}", file=sys.stderr)
         if done.errors:
             return 2
 
@@ -472,8 +466,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     overrides = parse_overrides(args.param)
     books = select_notebooks(Path(args.notebooks_dir or NOTEBOOKS / edition), args.only)
     solutions_dir = Path(args.solutions_dir or SOLUTIONS / edition)
-    solutions = {b: solution_for(b, solutions_dir) for b in books} if args.solutions else {}
-    solutions = {b: s for b, s in solutions.items() if s is not None}
+    solutions = {b: s for b in books if args.solutions and (s := solution_for(b, solutions_dir)) is not None}
     check_overrides(overrides, books + list(solutions.values()))
     reports = Path(args.reports_dir).resolve()
     latest = reports / "latest"
@@ -481,8 +474,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not latest.is_symlink():
             raise SystemExit("--resume needs --run-id of an earlier run (no reports/latest to resume)")
         args.run_id = os.readlink(latest)
-    default_id = [time.strftime("%Y%m%d-%H%M%S"), profile["name"], edition]
-    run_id = args.run_id or "-".join(filter(None, default_id))
+    run_id = args.run_id or "-".join(filter(None, [time.strftime("%Y%m%d-%H%M%S"), profile["name"], edition]))
     run_dir = reports / run_id
     if args.list:
         print(list_parameters(books, profile, overrides, run_dir, solutions))
@@ -548,8 +540,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 entry.update(resumed(step, earlier))
             else:
                 run_one(step, book, book.stem, entry)
-            solution = solutions.get(book)
-            done = earlier.get("solution") or {}
+            solution, done = solutions.get(book), earlier.get("solution") or {}
             if solution is not None and entry.get("resumed") and done.get("status") == "ok":
                 entry["solution"] = resumed(step, done)
             elif solution is not None and entry["status"] != "ok":

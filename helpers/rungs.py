@@ -16,11 +16,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Optional
 
-import torch
-
 from . import ladder, models, ops, quant, static_decode
 from .backend import as_device, dtype_name
-from .models import weight_bytes
 from .prose import Message, N_, message
 from .round_robin import Rung, RungSkipped
 
@@ -138,8 +135,7 @@ def int8_weights(c: Climb):
 def int4_weights(c: Climb):
     if not c.int4:
         raise RungSkipped(message("int4 is off in this profile"))
-    problem = quant.int4_problem(c.device)
-    if problem:
+    if problem := quant.int4_problem(c.device):
         raise RungSkipped(problem)
     fresh = c.load()  # from the unquantized weights, not from INT8's, with the earlier changes
     if c.fusion:
