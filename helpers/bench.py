@@ -13,7 +13,6 @@ NPU its numbers would measure kernel *launch* time. Hence this small, device-awa
 from __future__ import annotations
 
 import math
-
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -58,9 +57,7 @@ class Timing:
 
     @property
     def stdev_pct(self) -> float:
-        if len(self.samples) < 2:
-            return 0.0
-        return 100.0 * statistics.stdev(self.samples) / statistics.mean(self.samples)
+        return 100.0 * statistics.stdev(self.samples) / statistics.mean(self.samples) if len(self.samples) > 1 else 0.0
 
     @property
     def noisy(self) -> bool:

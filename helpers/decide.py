@@ -127,6 +127,15 @@ def _side(low: float, high: float, mark: float, above: str, below: str, between:
     return between
 
 
+def _against(low: float, high: float, mark: float, samples: Optional[float], above: str, below: str,
+             between: str, ties: str) -> str:
+    """``_side`` of a measured spread against a goal or bound ``mark``: ``not measured`` when a figure
+    is not a number, ``too_few`` from fewer than ``MIN_SAMPLES`` samples."""
+    if not finite(low, high, mark):
+        return "not measured"
+    return _side(low, high, mark, above, below, between, ties) if enough(samples) else too_few(samples)
+
+
 def direction(low: float, high: float, neutral: float = 1.0, *, samples: Optional[float] = None) -> str:
     """``faster`` when the whole spread of a speedup is above ``neutral``, ``slower`` when below.
 
@@ -152,11 +161,7 @@ def met(low: float, high: float, goal: float, *, samples: Optional[float] = None
     """A goal against a measured spread: ``met`` (all of it at or above the goal), ``not met``
     (all of it below) or ``within the noise of the goal``; ``too_few`` from fewer than
     ``MIN_SAMPLES`` samples (``EXACT`` for a computed figure against a threshold)."""
-    if not finite(low, high, goal):
-        return "not measured"
-    if not enough(samples):
-        return too_few(samples)
-    return _side(low, high, goal, "met", "not met", "within the noise of the goal", ties="above")
+    return _against(low, high, goal, samples, "met", "not met", "within the noise of the goal", "above")
 
 
 def byte_bound(low: float, high: float, bound: float, *, samples: Optional[float] = None) -> str:
@@ -165,12 +170,8 @@ def byte_bound(low: float, high: float, bound: float, *, samples: Optional[float
     ``above the byte bound`` when the whole spread is above it (the gain is not the bytes alone),
     ``within the byte bound`` when the whole spread is at or below it, else
     ``at the byte bound within the noise``."""
-    if not finite(low, high, bound):
-        return "not measured"
-    if not enough(samples):
-        return too_few(samples)
-    return _side(low, high, bound, "above the byte bound", "within the byte bound",
-                 "at the byte bound within the noise", ties="below")
+    return _against(low, high, bound, samples, "above the byte bound", "within the byte bound",
+                    "at the byte bound within the noise", "below")
 
 
 def spreads_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -282,16 +283,10 @@ def changed(values: Sequence[float], spreads: Sequence[tuple[float, float]] = ()
         return "not measured"
     first, last = vals[0], vals[-1]
     if spreads and (samples is EXACT or not enough(samples)):
-        samples = None if samples is EXACT else samples
-        return too_few(samples)
+        return too_few(None if samples is EXACT else samples)
     if spreads and len(spreads) == len(values) and all(finite(*s) for s in spreads):
         apart = not spreads_overlap(spreads[0], spreads[-1])
     else:
         apart = bool(first) and abs(last / first - 1) > 0.10
-    if apart:
-        return "grows" if last > first else "shrinks"
-    return "no change beyond the noise"
-
-
-# --- chapter 06: the ladder's best rung ------------------------------------------------------------
+    return ("grows" if last > first else "shrinks") if apart else "no change beyond the noise"
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import io
 import json
 import os
 import sys
@@ -89,10 +88,10 @@ def translate(english: Path, catalog) -> dict:
     for index, cell in enumerate(notebook["cells"]):
         if cell["cell_type"] != "markdown":
             continue
-        message = catalog.get(_text(cell))
+        message = catalog.get(text := _text(cell))
         if message is None or not message.string or message.fuzzy:
             state = "missing" if message is None else "fuzzy" if message.fuzzy else "untranslated"
-            first = _text(cell).strip().splitlines()[0][:70] if _text(cell).strip() else ""
+            first = text.strip().splitlines()[0][:70] if text.strip() else ""
             missing.append(f"cell {index} ({state}): {first!r}")
             continue
         cell["source"] = message.string.splitlines(keepends=True)
@@ -163,10 +162,9 @@ def main(argv=None) -> int:
         done = Generated([p for english, catalog_path, _ in pairs() for p in problems(english, catalog_path)], [])
     else:
         done = generate()
-    for line in done.errors:
-        print(f"error: {line}", file=sys.stderr)
-    for line in done.kept:
-        print(f"kept: {line}", file=sys.stderr)
+    for label, lines in (("error", done.errors), ("kept", done.kept)):
+        for line in lines:
+            print(f"{label}: {line}", file=sys.stderr)
     return 1 if done.errors else 0
 
 

@@ -30,11 +30,6 @@ TABLE_WORDS = (
     N_("before importing"), N_("after importing"), N_("sum (read)"), N_("copy (read+write)"),
 )
 
-
-
-
-
-
 # --- the device and the dtype choice (from backend and dtype_choice) -----------------------------
 
 def environment_table(report: dict):

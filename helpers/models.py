@@ -23,19 +23,15 @@ SOURCES = ("hf", "modelscope")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-# --- a shared, checked cache (workshops: one prepared cache, read by every attendee) ----------
-
 def _hub_load(name_or_path: str, dtype: torch.dtype, trust_remote_code: bool, attn: Optional[str],
               local_files_only: bool = False):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code, low_cpu_mem_usage=True,
-                  local_files_only=local_files_only)
-    if attn:
-        kwargs["attn_implementation"] = attn
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code,
                                               local_files_only=local_files_only)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                 low_cpu_mem_usage=True, local_files_only=local_files_only,
+                                                 **({"attn_implementation": attn} if attn else {}))
     return model, tokenizer
 
 
@@ -74,9 +70,8 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
         if name == TINY_MODEL:
             lm, tokenizer = tiny_llama(seed=seed, dtype=torch_dtype)
         elif name == EMBEDDED_MODEL:
-            folder = ensure_embedded_cache(cache_dir)
-            lm, tokenizer = _hub_load(str(folder), torch_dtype, False, attn_implementation,
-                                      local_files_only=True)
+            lm, tokenizer = _hub_load(str(ensure_embedded_cache(cache_dir)), torch_dtype, False,
+                                      attn_implementation, local_files_only=True)
         elif (gguf := local_gguf(name)) is not None:
             try:
                 lm, tokenizer = _hub_load(str(ensure_gguf_cache(gguf, cache_dir)), torch_dtype, False,
@@ -97,8 +92,7 @@ def load_model(model: str = EMBEDDED_MODEL, dtype="auto", device="auto", *,
         else:  # a hub id (anything else was refused above)
             lm, tokenizer = _load_from_hub(name, torch_dtype, trust_remote_code,
                                            attn_implementation, source)
-    lm.eval()
-    lm.requires_grad_(False)  # inference only: no op anywhere records an autograd graph
+    lm.eval().requires_grad_(False)  # inference only: no op anywhere records an autograd graph
     lm.to(target)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

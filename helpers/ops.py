@@ -43,13 +43,17 @@ RMS_IMPLS = ("auto", "reference", "npu", "torch", "compiled")
 SWIGLU_IMPLS = ("auto", "reference", "npu", "compiled")
 # --- argument checks: fail before any work, naming the parameter -----------------------------
 
+def _shape(value) -> "tuple | str":
+    """A tensor's shape, or the type of what came instead, for an error message."""
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
 def _check_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         raise ValueError(f"x must be a tensor with at least one dim; got {type(x).__name__}")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
         raise ValueError(f"weight (gamma) must have shape ({x.shape[-1]},) to match the last dim of x "
-                         f"{tuple(x.shape)}; got {shape}")
+                         f"{tuple(x.shape)}; got {_shape(weight)}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ValueError(f"eps={eps!r} is not valid; it must be a number > 0 such as 1e-6")
 
@@ -68,8 +72,7 @@ def resolve_impl(impl: str, device, op: str = "rms_norm") -> str:
     resolved); ``op`` is ``"rms_norm"``, ``"add_rms_norm"`` or ``"swiglu"``."""
     check_choice("impl", impl, SWIGLU_IMPLS if op == "swiglu" else RMS_IMPLS)
     if impl == "auto":
-        on_npu = backend.device_kind(device) == "npu"
-        if on_npu and versions.npu_op_missing(NPU_OPS[op], _loaded_torch_npu()) is None:
+        if backend.device_kind(device) == "npu" and versions.npu_op_missing(NPU_OPS[op], _loaded_torch_npu()) is None:
             return "npu"
         impl = "reference" if op == "swiglu" else "torch"
     if impl == "npu":
@@ -174,10 +177,9 @@ def npu_graph_plan(mode: Optional[str] = None) -> dict:
             f"CompilerConfig.mode takes {', '.join(modes)}): {mode} arrived with {TORCHAIR_MODE_SINCE[mode]}.")
     else:
         config.mode = mode
-        plan["mode_set"] = mode
-        plan["graph"] = "GE" if mode == "max-autotune" else "aclgraph"
-        plan["reason"] = f"CompilerConfig.mode = {mode!r}: " + (
-            "the whole graph to GE" if mode == "max-autotune" else "aclgraph capture and replay")
+        ge = mode == "max-autotune"
+        plan.update(mode_set=mode, graph="GE" if ge else "aclgraph", reason=f"CompilerConfig.mode = {mode!r}: "
+                    + ("the whole graph to GE" if ge else "aclgraph capture and replay"))
         if mode == "reduce-overhead" and "npugraph_ex" in (modes or ()):
             plan["reason"] += "; deprecated on this torchair in favour of npugraph_ex"
     return plan
@@ -288,8 +290,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     """
     _check_norm(x, weight, eps)
     if not isinstance(residual, torch.Tensor) or residual.shape != x.shape:
-        shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
-        raise ValueError(f"residual must have the shape of x {tuple(x.shape)}; got {shape}")
+        raise ValueError(f"residual must have the shape of x {tuple(x.shape)}; got {_shape(residual)}")
     impl = resolve_impl(impl, x, "add_rms_norm")
     if impl == "npu":
         y, _rstd, new_residual = backend.npu_op("npu_add_rms_norm")(x, residual, weight, eps)
@@ -313,8 +314,7 @@ def swiglu_reference(gate_up: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def swiglu(gate_up: torch.Tensor, dim: int = -1, impl: str = "auto") -> torch.Tensor:
     """SwiGLU activation of a merged gate_up tensor; ``impl`` in ``SWIGLU_IMPLS``."""
     if not isinstance(gate_up, torch.Tensor) or gate_up.dim() == 0 or gate_up.shape[dim] % 2:
-        shape = tuple(gate_up.shape) if isinstance(gate_up, torch.Tensor) else type(gate_up).__name__
-        raise ValueError(f"gate_up must have an even size along dim={dim} (gate and up halves); got {shape}")
+        raise ValueError(f"gate_up must have an even size along dim={dim} (gate and up halves); got {_shape(gate_up)}")
     impl = resolve_impl(impl, gate_up, "swiglu")
     if impl == "npu":
         return backend.npu_op("npu_swiglu")(gate_up, dim=dim)

@@ -84,12 +84,10 @@ def plot_decode_gap(gap, title: str = "", figsize=(7, 4.5), lang: str = "en"):
     lang = chart_language(lang)
     bars = decode_gap_parts(gap)
     fig, ax = plt.subplots(figsize=figsize)
-    names = [b["path"] for b in bars]
-    matmul = [b["matmul_ms"] for b in bars]
-    rest = [b["rest_ms"] for b in bars]
+    names, matmul = [b["path"] for b in bars], [b["matmul_ms"] for b in bars]
     ax.bar(names, matmul, color=PART_COLOURS["matmul_ms"],
            label=prose.tell(lang, "weight-matmul kernels this path ran"))
-    ax.bar(names, rest, bottom=matmul, color=PART_COLOURS["rest_ms"],
+    ax.bar(names, [b["rest_ms"] for b in bars], bottom=matmul, color=PART_COLOURS["rest_ms"],
            label=prose.tell(lang, "rest of the step: attention, norms, launches, Python"))
     for i, b in enumerate(bars):
         share = (prose.tell(lang, "\nmatmul {pct:.0f} %", pct=100 * b["matmul_ms"] / b["step_ms"])
@@ -175,8 +173,8 @@ def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7
     speed.plot(ok["point"], ok["tokens_per_s_aggregate"], marker="o", label=prose.tell(lang, "aggregate"))
     speed.plot(ok["point"], ok["tokens_per_s_per_user"], marker="o", label=prose.tell(lang, "per user"))
     speed.set(ylabel="tokens/s", title=prose.tell(lang, "throughput vs batch"))
-    latency.errorbar(ok["point"], ok["decode_ms_per_token"], marker="o", capsize=3, label=prose.tell(lang, "decode "
-                                                                                                           "per step"),
+    latency.errorbar(ok["point"], ok["decode_ms_per_token"], marker="o", capsize=3,
+                     label=prose.tell(lang, "decode per step"),
                      yerr=error_bars(ok["decode_ms_per_token"], ok["decode_p10_ms"], ok["decode_p90_ms"]))
     latency.plot(ok["point"], ok["ttft_ms"], marker="s", label="TTFT")
     latency.set(ylabel=prose.tell(lang, "ms (median, p10-p90)"), title=prose.tell(lang, "latency vs batch"))
@@ -189,10 +187,10 @@ def plot_batch_sweep(sweep, ratios, guide: dict, title: str = "", figsize=(11, 7
     gain.plot([1] + [b for b, _ in claimed], [1.0] + [x for _, x in claimed], marker="x", ls="none",
               color="tab:red", label=prose.tell(lang, "guide's claim (Llama-2-7B)"))
     gain.set(ylabel=prose.tell(lang, "aggregate throughput / batch 1 (x)"), title=prose.tell(lang, "throughput gain"))
-    memory.plot(ok["point"], ok["memory_growth_bytes"] / 2 ** 20, marker="o", label=prose.tell(lang, "growth over "
-                                                                                                     "the region"))
-    memory.plot(ok["point"], ok["kv_cache_bytes"] / 2 ** 20, marker="s", ls="--", label=prose.tell(lang, "KV cache "
-                                                                                                         "(config)"))
+    memory.plot(ok["point"], ok["memory_growth_bytes"] / 2 ** 20, marker="o",
+                label=prose.tell(lang, "growth over the region"))
+    memory.plot(ok["point"], ok["kv_cache_bytes"] / 2 ** 20, marker="s", ls="--",
+                label=prose.tell(lang, "KV cache (config)"))
     memory.set(yscale="log", ylabel=prose.tell(lang, "MiB (log scale)"),
                title=prose.tell(lang, "memory the request adds"))
     ticks = sorted({1, *ok["point"].astype(int), *guide})
@@ -222,22 +220,18 @@ def plot_roofline(runs: list, title: str, *, measured_name: str = "", ceiling_na
     lang = chart_language(lang)
     measured_name = prose.tr(measured_name, lang) or prose.tell(lang, "measured decode (ch. 03)")
     ceiling_name = prose.tr(ceiling_name, lang) or prose.tell(lang, "bandwidth ceiling")
-    labels, values, colours, texts = [], [], [], []
+    bars = []  # (label, value, colour, text) per bar
     for label, measured, ceiling, pct in runs:
         prefix = f"{prose.tr(label, lang)}: " if label else ""
         if pct is None and measured is not None and ceiling:
             pct = 100 * measured / ceiling
-        labels.append(prefix + measured_name)
-        values.append(measured or 0.0)
-        colours.append("#1f77b4")
-        texts.append(prose.tell(lang, " not measured") if measured is None
+        bars.append((prefix + measured_name, measured or 0.0, "#1f77b4",
+                     prose.tell(lang, " not measured") if measured is None
                      else f" {measured:.1f}" + (prose.tell(lang, " = {pct:.0f}% of the ceiling", pct=pct)
-                                                if pct is not None else ""))
+                                                if pct is not None else "")))
         if ceiling:
-            labels.append(prefix + ceiling_name)
-            values.append(ceiling)
-            colours.append("#cccccc")
-            texts.append(f" {ceiling:.1f}")
+            bars.append((prefix + ceiling_name, ceiling, "#cccccc", f" {ceiling:.1f}"))
+    labels, values, colours, texts = map(list, zip(*bars))
     fig, ax = plt.subplots(figsize=(max(8.5, 4.0 + 1.5 * len(runs)), 1.0 + 0.6 * len(labels)))
     rows = list(range(len(labels)))[::-1]  # the first run on top
     ax.barh(rows, values, color=colours)
@@ -267,8 +261,8 @@ def plot_ladder(ladders: list, title: str = "", lang: str = "en"):
     if not any(known(v) for ladder in ladders for _, v in ladder["rungs"]):
         return None
     lang = chart_language(lang)
-    title = prose.tr(title, lang) or prose.tell(lang, "Optimisation ladders: each rung's ratio to its ladder's first "
-                                                      "rung")
+    title = prose.tr(title, lang) or prose.tell(
+        lang, "Optimisation ladders: each rung's ratio to its ladder's first rung")
     fig, axes = plt.subplots(1, len(ladders), figsize=(min(13.0, max(6.0, 3.6 * len(ladders))), 3.8),
                              squeeze=False)
     for ax, ladder in zip(axes[0], ladders):
@@ -278,8 +272,7 @@ def plot_ladder(ladders: list, title: str = "", lang: str = "en"):
         if first is None:
             empty = prose.tr(ladder.get("empty") or prose.message("no ladder"), lang)
             ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, fontsize=8)
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(xticks=[], yticks=[])
             continue
         heights = [float(v) if known(v) else 0.0 for _, v in rungs]
         ax.bar(range(len(rungs)), heights, color=ladder.get("colour", "#1f77b4"))

@@ -1,8 +1,6 @@
 """What ``torch.profiler`` sees: launches per call, the top operators, kernel time by kind
 (layer: measurement; taught in 01_operator_verification, 02_ffn_fusion and 03_end_to_end).
 
-Layer: measurement; taught in 01_operator_verification, 02_ffn_fusion and 03_end_to_end.
-
 ``01_operator_verification.ipynb`` and ``02_ffn_fusion.ipynb`` count launches (fusion's first
 effect is fewer of them, so the chapters count them instead of guessing); ``03_end_to_end.ipynb``
 shows where decode time goes (``kernel_time_by_kind`` splits a decode step into the weight-matmul
@@ -56,23 +54,16 @@ def _is_generated_kernel(name: str) -> bool:
 
 
 def _copies(event) -> bool:
-    if event.name in _COPY_OPS:
-        return True
-    return any(_copies(child) for child in event.cpu_children)
+    return event.name in _COPY_OPS or any(_copies(child) for child in event.cpu_children)
 
 
 def _counted(event) -> bool:
-    name = event.name
-    if not name.startswith(("aten::", "npu::")):
+    name, parent = event.name, event.cpu_parent
+    if not name.startswith(("aten::", "npu::")) or name in NO_KERNEL_OPS:
         return False
-    parent = event.cpu_parent
     if parent is not None and parent.name.startswith(("aten::", "npu::")):
         return False
-    if name in NO_KERNEL_OPS:
-        return False
-    if name in PASS_THROUGH_OPS:
-        return _copies(event)
-    return True
+    return name not in PASS_THROUGH_OPS or _copies(event)
 
 
 @contextmanager
@@ -176,10 +167,8 @@ def time_by_part(fn: Callable[[], object], device, part_of: Callable[[str], Opti
     totals: Counter = Counter()
     names: dict = {}
     for event in profile_calls(timed, device, device_kernels).key_averages():
-        if on_device:
-            value = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0))
-        else:
-            value = event.self_cpu_time_total
+        value = (getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0)) if on_device
+                 else event.self_cpu_time_total)
         part = part_of(event.key) if value > 0 else None
         if part is None:
             continue
@@ -224,13 +213,11 @@ def decode_step_split(run: Callable[[int], object], new_tokens: int, device="cpu
         fulls.append(profiled(new_tokens))
     parts = dict.fromkeys(part for r in ones + fulls for part in r["ms"])
 
-    def step(values_of_full, values_of_one) -> float:
-        return (statistics.median(values_of_full) - statistics.median(values_of_one)) / (new_tokens - 1)
+    def step(value: Callable[[dict], float]) -> float:
+        return (statistics.median(map(value, fulls)) - statistics.median(map(value, ones))) / (new_tokens - 1)
 
-    return {"ms": {part: step([r["ms"].get(part, 0.0) for r in fulls], [r["ms"].get(part, 0.0) for r in ones])
-                   for part in parts},
-            "wall_ms": step([r["wall_ms"] for r in fulls], [r["wall_ms"] for r in ones]),
-            "names": fulls[-1]["names"]}
+    return {"ms": {part: step(lambda r: r["ms"].get(part, 0.0)) for part in parts},
+            "wall_ms": step(lambda r: r["wall_ms"]), "names": fulls[-1]["names"]}
 
 
 def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="cpu", repeats: int = 3) -> dict:
@@ -250,9 +237,8 @@ def kernel_time_by_kind(run: Callable[[int], object], new_tokens: int, device="c
         return {"kernel_profile": "not measured: the NPU's kernel times need torch_npu.profiler"}
     device = as_device(device)
     split = decode_step_split(run, new_tokens, device, repeats=repeats)
-    per_token = {kind: split["ms"].get(kind, 0.0) for kind in ("weight matmul", "attention", "other")}
-    return {"weight_matmul_ms": per_token["weight matmul"], "attention_ms": per_token["attention"],
-            "other_kernel_ms": per_token["other"],
+    return {"weight_matmul_ms": split["ms"].get("weight matmul", 0.0),
+            "attention_ms": split["ms"].get("attention", 0.0), "other_kernel_ms": split["ms"].get("other", 0.0),
             "matmul_kernels": ", ".join(sorted(split["names"].get("weight matmul", {}))),
             "kernel_profile": "torch.profiler self " + ("device" if device.type == "cuda" else "CPU")
                               + f" time, (generate {new_tokens} - generate 1) / {new_tokens - 1}, medians of {repeats}"}

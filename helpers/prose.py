@@ -105,8 +105,7 @@ class Record(dict):
 
 def _wrap(value: Any, source: str, unit: str = "", samples: Optional[float] = None):
     if isinstance(value, dict):
-        return Record(value, source, value.get("unit", "") if isinstance(value.get("unit"), str) else "",
-                      samples)
+        return Record(value, source, value["unit"] if isinstance(value.get("unit"), str) else "", samples)
     if isinstance(value, list):
         return [_wrap(v, f"{source}[{i}]", "", samples) for i, v in enumerate(value)]
     return Fig(value, source, unit, samples)
@@ -354,9 +353,7 @@ def samples_in(values: Any) -> Optional[float]:
                 walk(v)
 
     walk(values)
-    if not counts:
-        return None
-    return None if any(c is None for c in counts) else min(counts)
+    return None if not counts or any(c is None for c in counts) else min(counts)
 
 
 def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = "p90_ms",
@@ -373,12 +370,10 @@ def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = 
         return {"names": "", "decision": "not measured", "clear": False}
     # each name is a recorded word (marked as one in audit mode, like ``| text``)
     source = {str(_plain(r[name])): r[name] for r in rows}
-    shown = lambda names: ", ".join(f"`{mark(source.get(n), n)}`" for n in names)  # noqa: E731
-    if found.too_few:
-        return {"names": shown(found.tied), "clear": False, "decision": found.too_few}
     kind = "most" if higher_is_better else "least time"
-    return {"names": shown(found.tied), "clear": found.clear,
-            "decision": f"{kind}, {'clear' if found.clear else 'tied'}"}
+    # a too_few ranking is never clear (decide.rank): its decision is the too_few one
+    return {"names": ", ".join(f"`{mark(source.get(n), n)}`" for n in found.tied), "clear": found.clear,
+            "decision": found.too_few or f"{kind}, {'clear' if found.clear else 'tied'}"}
 
 
 def translations(chapter: Optional[str], lang: str = "en") -> gettext.NullTranslations:
@@ -406,9 +401,6 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
     env.install_gettext_translations(translations(chapter, lang), newstyle=True)
     env.filters.update(num=renderer.num, fig=renderer.fig, text=renderer.text, size=renderer.size,
                        count=renderer.count, unit=renderer.unit)
-    plain = {name: getattr(decide, name) for name in ("direction", "time_ratio_direction", "met", "effect",
-                                                      "bandwidth_regime", "changed", "byte_bound")}
-
     def deep(value):
         return [deep(v) for v in value] if isinstance(value, (list, tuple)) else _plain(value)
 
@@ -421,7 +413,8 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
         call.__name__ = fn.__name__
         return call
 
-    env.globals.update({name: unwrap(fn) for name, fn in plain.items()})
+    env.globals.update({name: unwrap(getattr(decide, name)) for name in (
+        "direction", "time_ratio_direction", "met", "effect", "bandwidth_regime", "changed", "byte_bound")})
     env.globals.update(pct=pct, ranking=lambda *a, **k: ranking(*a, mark=renderer.mark, **k),
                        column=lambda rows, name: [r[name] for r in rows],
                        spreads=lambda rows, low, high: [(r[low], r[high]) for r in rows],

@@ -120,10 +120,8 @@ def decode_inductor_config(device, backend: str, quantized: bool = True) -> dict
             owner = getattr(owner, part)
         return True
 
-    found = {k: v for k, v in CPU_DECODE_INDUCTOR.items() if known(k)}
-    if not quantized:
-        found = {k: v for k, v in found.items() if not k.startswith("max_autotune")}
-    return found
+    return {k: v for k, v in CPU_DECODE_INDUCTOR.items()
+            if known(k) and (quantized or not k.startswith("max_autotune"))}
 
 
 def module_guard_filter() -> dict:
@@ -243,26 +241,15 @@ def _own_frame() -> Callable:
     return types.FunctionType(code, _forward_frame.__globals__, code.co_name)
 
 
-def _call_tokens(args, kwargs) -> Optional[torch.Tensor]:
-    """A forward call's ``input_ids`` (or ``inputs_embeds``), sequences first and positions second."""
+def _token_shape(args, kwargs) -> Optional[tuple]:
+    """``(sequences, positions)`` of a forward call's ``input_ids`` (or ``inputs_embeds``), None when it
+    has neither; a decode step has one position per sequence."""
     tokens = kwargs.get("input_ids")
     if tokens is None and args and isinstance(args[0], torch.Tensor):
         tokens = args[0]
     if tokens is None:
         tokens = kwargs.get("inputs_embeds")
-    return tokens if isinstance(tokens, torch.Tensor) and tokens.dim() >= 2 else None
-
-
-def _one_token_per_sequence(args, kwargs) -> bool:
-    """Whether a forward call is a decode step: ``input_ids`` (or ``inputs_embeds``) one position long."""
-    tokens = _call_tokens(args, kwargs)
-    return tokens is not None and tokens.shape[1] == 1
-
-
-def _batch1_decode_step(args, kwargs) -> bool:
-    """A decode step of one sequence: the calls max-autotune is kept for (``decode_inductor_config``)."""
-    tokens = _call_tokens(args, kwargs)
-    return tokens is not None and tuple(tokens.shape[:2]) == (1, 1)
+    return tuple(tokens.shape[:2]) if isinstance(tokens, torch.Tensor) and tokens.dim() >= 2 else None
 
 
 class CompiledForward:
@@ -360,7 +347,7 @@ class CompiledForward:
         settings = self.inductor_config
         if not settings:
             return nullcontext()
-        if not self.autotune_prefill and not _batch1_decode_step(args, kwargs):
+        if not self.autotune_prefill and _token_shape(args, kwargs) != (1, 1):  # only batch-1 decode steps
             settings = {k: v for k, v in settings.items() if not k.startswith("max_autotune")}
         import torch._inductor.config as config
 
@@ -379,7 +366,8 @@ class CompiledForward:
             tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
 
     def __call__(self, *args, **kwargs):
-        if not self.compile_prefill and not _one_token_per_sequence(args, kwargs):
+        shape = _token_shape(args, kwargs)
+        if not self.compile_prefill and (shape is None or shape[1] != 1):  # not a decode step
             return self.eager(*args, **kwargs)
         key = self._shape_key(args, kwargs)
         if key in self._compiled_shapes and _STANCE is not None:
@@ -482,7 +470,3 @@ def graph_fields(compiled: Optional[CompiledForward], before: tuple = (0, 0.0)) 
         fields["npu_graph"] = {k: compiled.npu_plan[k] for k in ("requested", "mode_set", "graph", "reason", "torch_npu")}
         fields["ge_fallbacks"] = list(compiled.ge_fallbacks)
     return fields
-
-
-# --- a hand-written greedy loop in place of generate ------------------------------------------
-

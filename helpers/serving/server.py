@@ -85,10 +85,8 @@ def probe_python(python: str, timeout: float = 60.0) -> Optional[dict]:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if out.returncode != 0:
-        return None
     try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
     except (ValueError, IndexError):
         return None
 
@@ -270,11 +268,7 @@ def prefix_caching_of(command: Sequence[str]) -> Optional[bool]:
     """Whether a server command turns prefix caching on (True), off (False), or leaves vLLM's
     default (None: on in the V1 engine)."""
     flags = set(command)
-    if PREFIX_CACHING_FLAGS[False] in flags:
-        return False
-    if PREFIX_CACHING_FLAGS[True] in flags:
-        return True
-    return None
+    return next((value for value in (False, True) if PREFIX_CACHING_FLAGS[value] in flags), None)
 
 
 # The guard leads the server's process group. It asks the kernel to signal it when the kernel dies
@@ -375,12 +369,10 @@ class VllmServer:
                 self.stop()
                 raise ServerError(f"the vLLM server exited before it became healthy (exit "
                                   f"{self.process.returncode}); log {self.log_path.name}:\n{log_tail(self.log_path)}")
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=min(5.0, poll_s * 5)).status_code == 200:
                     self.healthy_after_s = time.perf_counter() - self.started_at
                     return self.healthy_after_s
-            except httpx.HTTPError:
-                pass
             if time.perf_counter() > deadline:
                 self.stop()
                 raise ServerError(f"the vLLM server was not healthy after {timeout_s:.0f} s "
@@ -392,18 +384,12 @@ class VllmServer:
         _RUNNING.discard(self)
         if self.process is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait()
 
     def __enter__(self) -> "VllmServer":
@@ -541,8 +527,6 @@ def loaded_kernels(pgid: int) -> list[str]:
 
 
 _LOG_PREFIX = re.compile(r"^(\(\S+ pid=\d+\)\s+)?(INFO|WARNING|DEBUG)\s+\S+\s+\S+\s+\[[^\]]+\]\s*")
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -561,6 +545,18 @@ def last_start(log_text: str) -> str:
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in re.findall(r"\d+", text)]
+
+
+# The facts parse_engine_log keeps the first of: (key, pattern, group, conversion).
+_LOG_FACTS = (
+    ("binding_logged", r"VLLM_CPU_OMP_THREADS_BIND='([^']*)'", 1, str),
+    ("reserved_cores", r"reserved_cpus=\[([\d, ]*)\]", 1, _ints),
+    ("torch_threads", r"Reducing Torch threads from (\d+) to (\d+)", 2, int),
+    ("kv_cache_tokens", r"(\w+) KV cache size: ([\d,]+) tokens", 2, lambda s: int(s.replace(",", ""))),
+    ("kv_cache_blocks", r"# (\w+) blocks: (\d+)", 2, int),  # the first on a line is the device's
+    ("kv_cache_gib", r"Available KV cache memory: ([\d.]+) GiB", 1, float),
+    ("kv_cache_gib", r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache", 1, float),  # the CPU worker's
+)
 
 
 def parse_engine_log(text: str) -> dict:
@@ -591,25 +587,10 @@ def parse_engine_log(text: str) -> dict:
         m = re.search(r"local_rank=(\d+), core ids=\[([\d, ]*)\]", line)
         if m:
             binding.setdefault(f"rank {m.group(1)}", _ints(m.group(2)))
-        m = re.search(r"VLLM_CPU_OMP_THREADS_BIND='([^']*)'", line)
-        if m:
-            facts.setdefault("binding_logged", m.group(1))
-        m = re.search(r"reserved_cpus=\[([\d, ]*)\]", line)
-        if m:
-            facts.setdefault("reserved_cores", _ints(m.group(1)))
-        m = re.search(r"Reducing Torch threads from (\d+) to (\d+)", line)
-        if m:
-            facts.setdefault("torch_threads", int(m.group(2)))
-        m = re.search(r"(\w+) KV cache size: ([\d,]+) tokens", line)
-        if m:
-            facts.setdefault("kv_cache_tokens", int(m.group(2).replace(",", "")))
-        m = re.search(r"# (\w+) blocks: (\d+)", line)  # the first on a line is the device's
-        if m:
-            facts.setdefault("kv_cache_blocks", int(m.group(2)))
-        m = re.search(r"Available KV cache memory: ([\d.]+) GiB", line) or \
-            re.search(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache", line)  # the CPU worker's
-        if m:
-            facts.setdefault("kv_cache_gib", float(m.group(1)))
+        for key, pattern, group, convert in _LOG_FACTS:
+            m = re.search(pattern, line)
+            if m and key not in facts:
+                facts[key] = convert(m.group(group))
         m = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", line)
         if m and "max_concurrency" not in facts:
             facts.update(max_concurrency=float(m.group(2)),
@@ -626,17 +607,13 @@ def parse_engine_log(text: str) -> dict:
 
 def core_ranges(cores: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"``: a core list as ``taskset`` writes it."""
-    out, run = [], []
+    runs: list = []
     for c in sorted(set(cores)):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 def our_engine_facts() -> dict:
@@ -716,10 +693,8 @@ def record_engines(ch, launch) -> dict:
     install = getattr(launch, "install", None)
     log = ""
     if server is not None:
-        try:
+        with contextlib.suppress(OSError):
             log = Path(server.log_path).read_text(errors="replace")
-        except OSError:
-            log = ""
     ours = our_engine_facts()
     loaded = loaded_kernels(server.process.pid) if server is not None and server.running() else []
     vllm = vllm_engine_facts(install, log, server.env if server else None, server.command if server else (),
