@@ -7,6 +7,7 @@ and CPU share one code path. The dtype names are here too (``named_dtype``, ``dt
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -142,9 +143,7 @@ def pick_device(requested: str = "auto") -> DeviceChoice:
 
 
 def as_device(device: "torch.device | str | DeviceChoice") -> torch.device:
-    if isinstance(device, DeviceChoice):
-        return device.device
-    return torch.device(device)
+    return device.device if isinstance(device, DeviceChoice) else torch.device(device)
 
 
 def device_kind(device) -> str:
@@ -231,9 +230,7 @@ def cpu_contention(device) -> Optional[str]:
 def device_module(device) -> Any:
     """``torch.npu`` / ``torch.cuda`` for accelerators, None for the CPU."""
     kind = as_device(device).type
-    if kind == "cpu":
-        return None
-    return getattr(torch, kind)
+    return None if kind == "cpu" else getattr(torch, kind)
 
 
 def synchronize(device) -> None:
@@ -246,14 +243,11 @@ def synchronize(device) -> None:
 def _file_field(path, name: str, separator: str = ":") -> Optional[str]:
     """The value of a text file's first ``name<separator> value`` line (``/proc`` files,
     CANN's install.info), or None."""
-    try:
-        with open(path) as fh:
-            for line in fh:
-                key, found, value = line.partition(separator)
-                if found and key.strip() == name:
-                    return value.strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(path) as fh:
+        for line in fh:
+            key, found, value = line.partition(separator)
+            if found and key.strip() == name:
+                return value.strip()
     return None
 
 
@@ -271,10 +265,8 @@ def return_freed_heap() -> None:
     a region is memory in use, and the region's allocations show up as growth instead of reusing
     pages an earlier, larger allocation left resident."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _reset_cpu_high_water_mark() -> bool:
@@ -449,8 +441,7 @@ def cann_version() -> Optional[str]:
              "/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann"]
     for root in filter(None, roots):
         for info in sorted(Path(root).glob("*-linux/ascend_toolkit_install.info")):
-            version = _file_field(info, "version", "=")
-            if version:
+            if version := _file_field(info, "version", "="):
                 return version
     return None
 
@@ -488,11 +479,9 @@ def device_properties(device) -> dict:
     module = device_module(device)
     index = device.index or 0
     props: dict = {"name": module.get_device_name(index), "count": module.device_count()}
-    try:
+    with contextlib.suppress(Exception):
         free, total = module.mem_get_info(index)
         props.update(total_memory_bytes=int(total), free_memory_bytes=int(free))
-    except Exception:
-        pass
     return props
 
 

@@ -96,8 +96,6 @@ class Chapter:
         return Markdown(self.render(block, **words))
 
 
-
-
 def parameter_names(name: str) -> list[str]:
     """The names a notebook's ``parameters`` cell declares (``notebooks/`` or ``solutions/``)."""
     for folder in ("notebooks", "solutions"):
@@ -182,7 +180,7 @@ def _show_choice(chapter: Chapter, contention: Optional[str], unseen: Optional[s
     if unseen:
         text = f"**{warning}** {prose.tr(unseen, lang)}\n\n" + text
     if share:
-        text += f"\n\n{prose.tr(share, chapter.lang)}"
+        text += f"\n\n{prose.tr(share, lang)}"
     if contention:
         text += f"\n\n**{warning}** {contention}"
     try:

@@ -99,12 +99,8 @@ def ge_fallbacks(model: nn.Module, backend_fn) -> list:
     for name, modules in users.items():
         # an Int8Linear holds buffers only; its activations are in scale_act's dtype
         first = modules[0]
-        if hasattr(first, "scale_act"):
-            device, dtype = first.scale_act.device, first.scale_act.dtype
-        else:
-            weight = next(first.parameters())
-            device, dtype = weight.device, weight.dtype
-        error = ge_probe(name, backend_fn, device, dtype)
+        like = first.scale_act if hasattr(first, "scale_act") else next(first.parameters())
+        error = ge_probe(name, backend_fn, like.device, like.dtype)
         if error is None:
             continue
         version = versions.torch_npu_version(backend.import_torch_npu().module)

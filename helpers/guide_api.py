@@ -51,5 +51,3 @@ def api_check(torch_npu_module=None) -> list[dict]:
         exists = has_attribute(roots[root], rest) if checkable else None
         rows.append({**claim, "exists_here": exists})
     return rows
-
-

@@ -116,13 +116,12 @@ def measure(gguf, prompt_ids, new_tokens: int, *, threads: Optional[int] = None,
         reason = failure[1] if not note else f"{failure[1]} (and before that, {note.split('; ')[0]})"
         return {"status": "failed", "reason": reason}
     used = request["extra_buffers"] and not note
-    buffers = "" if used else ", use_extra_bufts=False"
     return {**summarize(out, new_tokens), "version": found["version"], "quantization": weights,
             "gguf": gguf.name, "gguf_path": str(gguf), "threads": int(threads), "prompt_tokens": len(ids),
             "new_tokens": new_tokens, "repeats": repeats, "note": note, "extra_buffers": used,
             "code_path": (f"llama-cpp-python {found['version']} (llama.cpp), Llama.eval + argmax, greedy, "
                           f"{new_tokens} new tokens, decode stamped per step, {threads} threads, "
-                          f"weights {weights} from the GGUF{buffers}")}
+                          f"weights {weights} from the GGUF{'' if used else ', use_extra_bufts=False'}")}
 
 
 # Exit codes of a child killed by a signal: subprocess gives -N; a shell in between gives 128 + N.

@@ -114,18 +114,14 @@ def evaluate(model, input_ids: torch.Tensor, reference_logits: Optional[torch.Te
     """
     window = min(window, getattr(model.config, "max_position_embeddings", None) or 2048)
     ids = input_ids.to(backend.model_device(model))
-    chunks = []
-    for start in range(0, ids.shape[1], window):
-        out = model(input_ids=ids[:, start:start + window], use_cache=False)
-        chunks.append(out.logits[0].float().cpu())
-    logits = torch.cat(chunks)
+    logits = torch.cat([model(input_ids=ids[:, start:start + window], use_cache=False).logits[0].float().cpu()
+                        for start in range(0, ids.shape[1], window)])
     label = label or type(model).__name__
     check_finite_logits(logits, f"perplexity of {label}", _dtype_of(model))
     targets = input_ids[0].cpu()
     keep = torch.ones(targets.shape[0] - 1, dtype=torch.bool)
     keep[window - 1::window] = False
-    nll = F.cross_entropy(logits[:-1][keep], targets[1:][keep], reduction="mean")
-    nll = nll.item()
+    nll = F.cross_entropy(logits[:-1][keep], targets[1:][keep], reduction="mean").item()
     ppl = _finite(math.exp(nll) if nll < 709 else math.inf, "perplexity", label)  # exp(709) ~ float max
     out = {"perplexity": ppl, "tokens": int(input_ids.shape[1])}
     if reference_logits is not None:

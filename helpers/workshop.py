@@ -129,9 +129,8 @@ def prepare(workshop_dir: "str | Path", report: bool = False, profile: str = "de
     model_files.share_readable(env_file)
     private = unreadable_by_others(workshop_dir)
     if private:
-        mask = results.current_umask()
         shown = ", ".join(str(p) for p in private[:5]) + (" ..." if len(private) > 5 else "")
-        print(f"warning: other users cannot read {shown}. Your umask is {mask:03o}; prepare with "
+        print(f"warning: other users cannot read {shown}. Your umask is {results.current_umask():03o}; prepare with "
               f"'umask 022' for a class, or give a shared group access with "
               f"'chmod -R g+rX {shlex.quote(str(workshop_dir))}'.", file=out)
     print(f"prepared {folder}; each attendee's kernel gets {threads} of the {cores} cores.\n"
@@ -239,7 +238,6 @@ def register_kernel(name: Optional[str] = None, prefix: Optional[str] = None, ou
     with tempfile.TemporaryDirectory() as tmp:
         source = write_kernel_spec(Path(tmp) / name, overrides=spec)
         where = Path(KernelSpecManager().install_kernel_spec(source, name, user=prefix is None, prefix=prefix))
-    jupyter = Path(sys.executable).parent / "jupyter"
     print(f"registered the Jupyter kernel '{spec['display_name']}' ({name}) in {where}: {sys.executable} "
           f"with the helpers of {REPO}.", file=out)
     if facts.get("cann_set_env"):
@@ -253,7 +251,7 @@ def register_kernel(name: Optional[str] = None, prefix: Optional[str] = None, ou
         print("It carries " + ", ".join(f"{k}={spec['env'][k]}" for k in facts["carried"])
               + " from the environment it was registered in (workshop.env).", file=out)
     print(f"In JupyterLab (reload the page if it is open): Kernel > Change Kernel... > {spec['display_name']}. "
-          f"Remove it with: {jupyter} kernelspec uninstall -y {name}", file=out)
+          f"Remove it with: {Path(sys.executable).parent / 'jupyter'} kernelspec uninstall -y {name}", file=out)
     return where
 
 
