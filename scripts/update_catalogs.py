@@ -61,6 +61,7 @@ def chapters() -> list[str]:
                   if p.name.count(".") == 2)
 
 
+@functools.lru_cache(maxsize=None)
 def _template_options() -> dict:
     config = configparser.ConfigParser()
     config.read(REPO / "babel.cfg", encoding="utf-8")
@@ -154,7 +155,7 @@ def translations_today(paths) -> dict:
     """``{(lang, context, msgid): translation}`` of the given catalogs (not fuzzy, not empty)."""
     known = {}
     for path in paths:
-        lang = path.parent.parent.name if path.parent.name == "LC_MESSAGES" else path.parent.name
+        lang = path.parent.parent.name  # locale/<lang>/LC_MESSAGES/<domain>.po
         with path.open("rb") as handle:
             for m in read_po(handle):
                 if m.id and m.string and not m.fuzzy:

@@ -13,12 +13,16 @@ import copy
 import functools
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 from babel.messages import pofile
 
 from helpers import REPO, catalogs, decide, dtype_choice, prose, roofline
+
+sys.path.insert(0, str(REPO / "scripts"))
+import update_catalogs  # noqa: E402
 from page_variants import KEPT_DENSE, VARIANTS, quick
 
 RESULTS = {"chapter": "99_demo", "parameters": {"repeats": 5},
@@ -110,9 +114,7 @@ MORE_DIRECTION_WORDS = {
 }
 MARK = re.compile(f"{prose.AUDIT_OPEN}([^=]*)=([^{prose.AUDIT_CLOSE}]*){prose.AUDIT_CLOSE}")
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-# the notebooks' markdown cells, which a chapter's catalog holds after its templates' sentences
-CELLS = {"".join(c["source"]) for path in [*(REPO / "notebooks").glob("*.ipynb"), *(REPO / "solutions").glob("*.ipynb")]
-         for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "markdown"}
+CELLS = update_catalogs.every_cell()  # the notebooks' markdown cells, after the templates' sentences
 
 
 def _load(path: Path) -> dict:
