@@ -133,6 +133,7 @@ def template_environment(lang: str = "en", *, autoescape: bool, folder: Path = T
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), autoescape=autoescape,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["label"] = lambda key, table: say(table, str(key), lang)
+    env.globals["sep"] = list_separator(lang)  # what joins a list's items in ``lang``
     return env
 
 
@@ -154,12 +155,12 @@ def environment(lang: str = "en"):
 
 
 def render(kind: str, lang: str = "en", **context) -> str:
-    """The page ``templates/<kind>.html.j2`` with its labels (``L``), the common ones (``C``), the list
-    separator of ``lang`` (``sep``) and ``context``."""
+    """The page ``templates/<kind>.html.j2`` with its labels (``L``), the common ones (``C``) and
+    ``context``."""
     table = labels(kind, lang)
     return environment(lang).get_template(f"{kind}.html.j2").render(
         kind=kind, lang=lang, html_lang=HTML_LANG.get(lang, lang), L=table, C=label_table(lang)["common"],
-        sep=list_separator(lang), css=stylesheet(), generated=time.strftime("%Y-%m-%d %H:%M:%S"), **context)
+        css=stylesheet(), generated=time.strftime("%Y-%m-%d %H:%M:%S"), **context)
 
 
 def write(path: "str | Path", kind: str, lang: str = "en", **context) -> Path:
