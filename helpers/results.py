@@ -397,6 +397,17 @@ def load_results(run_dir: "str | Path", chapter: str) -> Optional[dict]:
     return read_results_file(Path(run_dir) / chapter / RESULTS_NAME)[0]
 
 
+def chapter_results(run_dir: "str | Path", chapter: str) -> tuple[Path, dict]:
+    """A worked answers notebook's start: the run folder (``run_dir``, or ``default_run_dir()`` when
+    empty) and ``chapter``'s results there; FileNotFoundError with the command that writes them."""
+    folder = Path(run_dir) if run_dir else default_run_dir()
+    found = load_results(folder, chapter)
+    if found is None:
+        raise FileNotFoundError(f"run_dir={str(folder)!r} has no {chapter}/results.json; run the chapter first, "
+                                f"for example python -m helpers.run --profile quick --only {chapter[:2]}")
+    return folder, found
+
+
 def chapter_status(data: Optional[dict], problem: str, entry: dict) -> tuple[str, str]:
     """The status (one of ``STATUSES``) and its reason, from results.json and the runner's entry.
 

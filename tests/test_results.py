@@ -30,6 +30,16 @@ def test_record_keeps_value_unit_and_context(tmp_path):
     assert data["parameters"] == {"device": "auto"} and data["status"] == "running"
 
 
+def test_an_answers_notebook_reads_its_chapter_or_says_how_to_write_it(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"run_dir=.* has no 04_batching/results.json.*--only 04"):
+        results.chapter_results(str(tmp_path), "04_batching")
+    Results("04_batching", tmp_path).record("a", 1)
+    folder, found = results.chapter_results(str(tmp_path), "04_batching")
+    assert folder == tmp_path and metric(found, "a") == 1
+    monkeypatch.setenv("WORKBOOK_RUN_DIR", str(tmp_path))  # an empty run_dir is the interactive folder
+    assert results.chapter_results("", "04_batching")[0] == tmp_path
+
+
 def test_every_call_is_saved_immediately_and_finish_sets_status(tmp_path):
     r = Results("x", tmp_path)
     r.record("a", 1)
