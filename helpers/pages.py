@@ -6,9 +6,9 @@ The runner's ``index.html`` (``helpers.run``), the report chapter's ``claims_rep
 ``templates/<kind>.html.j2``, each extending ``base.html.j2`` with ``workbook.css`` inlined, so a page
 stays a single file that can be mailed or archived; figures are PNG data URIs (``png_data_uri``).
 Every visible word comes from ``LABELS`` (at the end of this file), one table per page kind, in English;
-another language reads each label through the runtime catalog (``helpers.catalogs``, context ``page``; a
-counted word's forms under ``counted word``), so a page in Chinese is the same table translated the
-way every other sentence is. The verdicts and verdict classes of ``helpers.claims`` are English keys;
+another language reads each label through the runtime catalog (``helpers.catalogs``; a counted
+word's forms under the context ``counted word``), so a page in Chinese is the same table translated
+the way every other sentence is. The verdicts and verdict classes of ``helpers.claims`` are English keys;
 their names and meanings are in the labels' ``common`` table, so a Chinese page
 (``lang="zh"``, ``<html lang="zh-CN">``) names them in Chinese while the data keeps one vocabulary.
 """
@@ -29,6 +29,11 @@ from .results import load_warning as _load_sentences
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 KINDS = ("index", "claims", "compare")
 COUNTED = "counted word"  # the catalog context of a unit word's forms; a label is a plain message
+
+
+def _same(*words: str) -> dict:
+    """A label table whose keys are English words shown as they are (in English)."""
+    return {word: word for word in words}
 
 
 def languages() -> list[str]:
@@ -194,16 +199,8 @@ LABELS = {
         "load_when": {"start": "start", "end": "end"},
         "generated": "Generated {when} from the runs' results.json files; nothing re-measured.",
         # one status per chapter (helpers.results.STATUSES) and the runner's words for a run or a solution
-        "status": {
-            "ok": "ok",
-            "skipped": "skipped",
-            "failed": "failed",
-            "unfinished": "unfinished",
-            "not run": "not run",
-            "unreadable": "unreadable",
-            "running": "running",
-            "interrupted": "interrupted",
-        },
+        "status": _same("ok", "skipped", "failed", "unfinished", "not run", "unreadable", "running",
+                        "interrupted"),
         "columns": {
             "chapter": "chapter",
             "status": "status",
@@ -225,19 +222,10 @@ LABELS = {
         "boolean_no": "no",
         # helpers.claims.VERDICT_CLASSES: its keys, the name a page shows for each, and what each means
         # (in English, the same words as claims.py; tests/test_labels.py keeps them equal)
-        "verdict_classes": {
-            "reproduced": "reproduced",
-            "contradicted": "contradicted",
-            "physically impossible": "physically impossible",
-            "contradicted by sources": "contradicted by sources",
-            "supported by sources": "supported by sources",
-            "guide inconsistent": "guide inconsistent",
-            "guide consistent": "guide consistent",
-            "measured on other hardware": "measured on other hardware",
-            "needs the claimed hardware": "needs the claimed hardware",
-            "not for inference": "not for inference",
-            "not measured": "not measured",
-        },
+        "verdict_classes": _same("reproduced", "contradicted", "physically impossible",
+                                 "contradicted by sources", "supported by sources", "guide inconsistent",
+                                 "guide consistent", "measured on other hardware",
+                                 "needs the claimed hardware", "not for inference", "not measured"),
         "class_meanings": {
             "reproduced": (
                 "measured on the claimed hardware class with a comparable model (or computed, for "
@@ -263,21 +251,11 @@ LABELS = {
             "not measured": "the chapter that measures it did not run or failed, or nothing measures it",
         },
         # helpers.claims.VERDICTS: the verdict of one claim, as its badge shows it
-        "verdicts": {
-            "reproduced": "reproduced",
-            "contradicted": "contradicted",
-            "physically impossible": "physically impossible",
-            "API does not exist": "API does not exist",
-            "API exists": "API exists",
-            "disagrees with sources": "disagrees with sources",
-            "agrees with sources": "agrees with sources",
-            "internally inconsistent": "internally inconsistent",
-            "internally consistent": "internally consistent",
-            "needs an NPU to check": "needs an NPU to check",
-            "needs a CUDA GPU to check": "needs a CUDA GPU to check",
-            "does not apply to inference": "does not apply to inference",
-            "not measured in this run": "not measured in this run",
-        },
+        "verdicts": _same("reproduced", "contradicted", "physically impossible", "API does not exist",
+                          "API exists", "disagrees with sources", "agrees with sources",
+                          "internally inconsistent", "internally consistent", "needs an NPU to check",
+                          "needs a CUDA GPU to check", "does not apply to inference",
+                          "not measured in this run"),
     },
     "index": {
         "load_summary": (
@@ -388,14 +366,7 @@ LABELS = {
         "shown_by": "(run {run})",
         "evidence": "evidence: {evidence}",
         # what decided a verdict (helpers.claims.Verdict.evidence)
-        "evidence_kinds": {
-            "measured": "measured",
-            "bound": "bound",
-            "computed": "computed",
-            "documentation": "documentation",
-            "guide": "guide",
-            "none": "none",
-        },
+        "evidence_kinds": _same("measured", "bound", "computed", "documentation", "guide", "none"),
         "decided_by": "; decided by {by}",
         "run": "run {run}",
         "runs": "Runs",
