@@ -83,10 +83,8 @@ def best_batch1_speedup(table) -> Optional[dict]:
         return None
 
     def option(row) -> tuple:  # decode tok/s from ms per token: p90 of the time is p10 of the speed
-        def per_s(key):
-            ms = _float(row.get(key))
-            return 1e3 / ms if ms > 0 else math.nan
-        return (row["rung"], float(row["tokens_per_s"]), per_s("decode_p90_ms"), per_s("decode_p10_ms"))
+        return (row["rung"], float(row["tokens_per_s"]), _float(_per_s(row.get("decode_p90_ms"), 1)),
+                _float(_per_s(row.get("decode_p10_ms"), 1)))
 
     # the fewest decode samples of any rung compared (the per-token samples its spread comes from)
     samples = _fewest_samples(r for _, r in same.iterrows())
