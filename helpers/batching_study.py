@@ -20,7 +20,7 @@ from .generation import (achieved_bandwidth_gbps, decode_bytes_per_step, decode_
                          measure_generation, run_sweep, ttft_timing)
 from .model_files import byte_tokenizer
 from .params import check_positive_int
-from .prose import N_
+from .prose import N_, message
 
 # The words of this chapter's tables (column names, categories in cells): ``prose.show`` translates
 # them on the page through the runtime catalog; the recorded tables keep the English.
@@ -145,7 +145,7 @@ def batch_sweep(model, tokenizer, batch_sizes: Iterable[int], max_new_tokens: in
             r["achieved_gbps"] = achieved_bandwidth_gbps(r["bytes_per_step"], r["decode_ms_per_token"])
         return r
 
-    return run_sweep(sorted(set(batch_sizes)), point, device, name=lambda b: f"batch {b}")
+    return run_sweep(sorted(set(batch_sizes)), point, device, name=lambda b: message("batch {b}", b=b))
 
 
 # The columns of a batch sweep a reader compares first (the recorded table keeps every column).

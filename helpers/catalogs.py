@@ -53,3 +53,10 @@ def runtime_translations(lang: str) -> gettext.NullTranslations:
         raise FileNotFoundError(f"no {lang} catalog of the helpers' run-time messages: write "
                                 f"{path.relative_to(LOCALE.parent)} (scripts/update_catalogs.py {RUNTIME_DOMAIN})")
     return read_catalog(path, path.stat().st_mtime)
+
+
+def edition_language(lang: str = "auto") -> str:
+    """``en`` or ``zh``: ``auto`` is the edition the notebook belongs to. A kernel runs in its
+    notebook's folder (JupyterLab and the runner both start it there), and the Chinese edition is
+    ``notebooks/zh`` / ``solutions/zh``, so the folder's name says which edition this is."""
+    return ("zh" if Path.cwd().name == "zh" else "en") if lang == "auto" else lang

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import REPO, backend, bench, dtype_choice, pages, params, prose
+from .catalogs import edition_language  # noqa: F401  (the answers notebooks import it from here)
 from .results import Results, read_run
 from .run import declared_parameters
 
@@ -105,13 +106,6 @@ def parameter_names(name: str) -> list[str]:
     else:
         raise FileNotFoundError(f"no notebook {name}.ipynb in notebooks/ or solutions/")
     return list(declared_parameters(path))
-
-
-def edition_language(lang: str = "auto") -> str:
-    """``en`` or ``zh``: ``auto`` is the edition the notebook belongs to. A kernel runs in its
-    notebook's folder (JupyterLab and the runner both start it there), and the Chinese edition is
-    ``notebooks/zh`` / ``solutions/zh``, so the folder's name says which edition this is."""
-    return ("zh" if Path.cwd().name == "zh" else "en") if lang == "auto" else lang
 
 
 def resolve_dtype(parameters: dict, device, *, reuse: bool = True) -> tuple[Any, str, str, Any]:

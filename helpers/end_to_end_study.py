@@ -207,7 +207,7 @@ def prompt_length_sweep(model, tokenizer, lengths, new_tokens: int, device=None,
         r = measure_generation(model, tokenizer, [prompt], new_tokens, device, repeats=repeats)
         return {"requested_tokens": n_tokens, **r}
 
-    return sweep_table(run_sweep(lengths, point, device, name=lambda n: f"{n} prompt tokens"))
+    return sweep_table(run_sweep(lengths, point, device, name=lambda n: message("{n} prompt tokens", n=n)))
 
 
 # --- graph mode needs static shapes ---------------------------------------------------------------

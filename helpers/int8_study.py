@@ -250,7 +250,7 @@ def calibration_sweep(model_name: str, device, dtype, tokenizer, pool: list, cou
                          "calibration sentences; lower it or lower eval_tokens")
     calib_model = build_variant("dense", model_name, device, dtype)[0]
     rows = []
-    for n in progress.steps(list(counts), lambda n: f"{n} calibration samples"):
+    for n in progress.steps(list(counts), lambda n: message("{n} calibration samples", n=n)):
         scales = quant.calibrate(calib_model, tokenizer, pool[:n], max_tokens=max_tokens)
         lm, _, info = build_variant("w8a8_static", model_name, device, dtype, act_scales=scales)
         rows.append({"calibration_samples": n, "kernel": info["impl"],

@@ -18,6 +18,9 @@ from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
 from tqdm.std import tqdm
 
+from .catalogs import edition_language
+from .prose import translate_cell
+
 T = TypeVar("T")
 
 # A refresh at most this often between two steps (each step's start is always shown), so a wait of
@@ -26,11 +29,13 @@ MIN_INTERVAL_S = 10.0
 
 
 def steps(items: Iterable[T], name: Callable[[T], str] = str, total: Optional[int] = None) -> Iterator[T]:
-    """Each of ``items``, while one line says ``i/n name(item)`` and the time since the loop began.
+    """Each of ``items``, while one line says ``i/n name(item)`` (in the notebook's edition: a message
+    or a catalog word is translated) and the time since the loop began.
 
     ``total`` defaults to ``len(items)``; an iterable without a length and no ``total`` (a wait
     polled until it ends) shows ``name(item)`` and the elapsed time only.
     """
+    lang = edition_language()  # a label is a message or a table's word: said in the notebook's edition
     if total is None and hasattr(items, "__len__"):
         total = len(items)
     shape = "{desc} |{bar:12}| {elapsed}" if total else "{desc} {elapsed}"
@@ -38,7 +43,8 @@ def steps(items: Iterable[T], name: Callable[[T], str] = str, total: Optional[in
                bar_format=shape, dynamic_ncols=False, leave=True)
     try:
         for i, item in enumerate(items, 1):
-            desc = f"{i}/{total} {name(item)}" if total else name(item)
+            label = translate_cell(name(item), lang)
+            desc = f"{i}/{total} {label}" if total else str(label)
             if desc != bar.desc:
                 bar.set_description_str(desc)
             yield item

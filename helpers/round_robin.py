@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from . import progress
+from .prose import N_
 from .bench import Timing, speedup
 
 
@@ -119,7 +120,7 @@ def run_ladder(rungs: Iterable, measure: Callable[[Any], dict], *,
             if on_rung is not None:
                 on_rung(row)
         outs: dict = {id(row): [] for row, _ in kept}
-        for i in progress.steps(range(rounds), lambda _: "round of every rung"):
+        for i in progress.steps(range(rounds), lambda _: N_("round of every rung")):
             if between_rounds is not None:
                 between_rounds(i)
             for row, variant in kept:

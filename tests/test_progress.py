@@ -30,3 +30,20 @@ def test_a_failing_step_still_closes_the_line(capsys):
     except RuntimeError:
         pass
     assert capsys.readouterr().out.endswith("\n")
+
+
+def test_a_label_is_said_in_the_notebooks_edition(capsys, monkeypatch, tmp_path):
+    from helpers.prose import message, tr, translate_cell
+
+    label = message("{n} calibration samples", n=8)
+    said = tr(label, "zh"), translate_cell("+ static cache", "zh")  # a message, a table's word
+    assert said != ("8 calibration samples", "+ static cache")  # the catalog translates both
+    (tmp_path / "zh").mkdir()
+    monkeypatch.chdir(tmp_path / "zh")  # a Chinese notebook's kernel runs in notebooks/zh
+    list(progress.steps([8], lambda n: message("{n} calibration samples", n=n)))
+    list(progress.steps(["+ static cache"]))
+    out = capsys.readouterr().out
+    assert f"1/1 {said[0]}" in out and f"1/1 {said[1]}" in out
+    monkeypatch.chdir(tmp_path)
+    list(progress.steps([8], lambda n: message("{n} calibration samples", n=n)))
+    assert "1/1 8 calibration samples" in capsys.readouterr().out

@@ -364,7 +364,7 @@ class VllmServer:
         import httpx
 
         deadline = self.started_at + timeout_s
-        for _ in progress.steps(itertools.count(), lambda _: "waiting for the server's /health"):
+        for _ in progress.steps(itertools.count(), lambda _: message("waiting for the server's /health")):
             if not self.running():
                 self.stop()
                 raise ServerError(f"the vLLM server exited before it became healthy (exit "
