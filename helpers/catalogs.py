@@ -5,8 +5,8 @@ One mechanism: ``locale/<lang>/LC_MESSAGES/<domain>.po``. A chapter has its own 
 (``<chapter>.po``: its templates' ``{% trans %}`` blocks and its notebooks' markdown cells); everything
 else a reader sees is in the ``runtime`` domain: what the helpers and the worked answers say at run
 time, each decision's phrase (context ``decision``), the pages' labels (``pages.LABELS``: the same
-message as the same word in a table) and the sentences two chapters' templates share. ``scripts/update_catalogs.py``
-extracts them; a .po is read as it is committed.
+message as the same word in a table) and the sentences two chapters' templates share.
+``scripts/update_catalogs.py`` extracts them; a .po is read as it is committed.
 """
 from __future__ import annotations
 

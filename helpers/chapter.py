@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import REPO, backend, bench, dtype_choice, pages, params, prose
-from .catalogs import edition_language  # noqa: F401  (the answers notebooks import it from here)
+from .catalogs import edition_language  # the answers notebooks import it from here too
 from .results import Results, read_run
 from .run import declared_parameters
 

@@ -451,7 +451,8 @@ def measure_cpu_dtype(model=None, *, prompt_tokens: int = REQUEST_PROMPT_TOKENS,
     models, layers = _probe_models(widths, budget, [d for d, p in problems.items() if not p])
     try:
         probes = {d: _ForwardProbe(m, d, tuple(probe_prompts), layers) for d, m in models.items()}
-        for _ in progress.steps(range(rounds), lambda _: prose.N_("dtype probe round")):  # dtypes in turn, samples pooled: a load change hits all of them alike
+        # dtypes in turn, samples pooled: a load change hits all of them alike
+        for _ in progress.steps(range(rounds), lambda _: prose.N_("dtype probe round")):
             for probe in probes.values():
                 probe.sample(decode_iters, prefill_iters)
         rows = [probes[d].row(prompt_tokens, new_tokens) if d in probes

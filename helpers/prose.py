@@ -358,9 +358,9 @@ def samples_in(values: Any) -> Optional[float]:
 
 def ranking(rows: list, name: str, value: str, low: str = "p10_ms", high: str = "p90_ms",
             higher_is_better: bool = False, mark=lambda fig, text: text, sep: str = ", ") -> dict:
-    """``decide.rank`` over table rows: ``names`` (the best, or every option tied with it, as one
-    text, joined by ``sep``) and ``decision`` (a key of the phrase table: ``least time, clear`` / ``least time, tied`` or,
-    for ``higher_is_better``, ``most, clear`` / ``most, tied``; a ``decide.too_few`` decision when
+    """``decide.rank`` over table rows: ``names`` (the best, or every option tied with it, joined by
+    ``sep``) and ``decision`` (a key of the phrase table: ``least time, clear`` / ``least time, tied``
+    or, for ``higher_is_better``, ``most, clear`` / ``most, tied``; a ``decide.too_few`` decision when
     the rows have too few samples)."""
     rows = list(rows)
     found = decide.rank([(str(_plain(r[name])), _plain(r[value]), _plain(r.get(low)), _plain(r.get(high)))
@@ -415,7 +415,8 @@ def environment(renderer: Renderer, lang: str = "en", chapter: Optional[str] = N
 
     env.globals.update({name: unwrap(getattr(decide, name)) for name in (
         "direction", "time_ratio_direction", "met", "effect", "bandwidth_regime", "changed", "byte_bound")})
-    env.globals.update(pct=pct, ranking=lambda *a, **k: ranking(*a, mark=renderer.mark, sep=env.globals["sep"], **k),
+    sep = env.globals["sep"]
+    env.globals.update(pct=pct, ranking=lambda *a, **k: ranking(*a, mark=renderer.mark, sep=sep, **k),
                        column=lambda rows, name: [r[name] for r in rows],
                        spreads=lambda rows, low, high: [(r[low], r[high]) for r in rows],
                        rows_where=lambda rows, name, value: [r for r in rows if r.get(name) == value])

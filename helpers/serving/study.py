@@ -255,7 +255,8 @@ def measure_sweep(url: str, model: str, prompts: PromptSource, specs: Sequence[t
     import pandas as pd
 
     levels, requests = [], []
-    for concurrency, input_len, output_len in progress.steps(list(specs), lambda s: message("concurrency {n}", n=s[0])):
+    for concurrency, input_len, output_len in progress.steps(list(specs),
+                                                             lambda s: message("concurrency {n}", n=s[0])):
         row, results = measure_level(url, model, prompts, concurrency=int(concurrency), input_len=int(input_len),
                                      output_len=int(output_len), min_requests=min_requests, targets=targets,
                                      repeats=repeats, request_timeout_s=request_timeout_s)
